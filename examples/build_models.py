@@ -1,0 +1,98 @@
+"""Build the example ONNX models from fixed seeds (no model binaries live in git).
+
+    python examples/build_models.py [REPOSITORY]   # default: examples/models
+
+Also imported by the tests, which build their own small models with the same helpers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def _ir(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8  # readable by every onnxruntime >= 1.14
+    return model
+
+
+def mlp(sizes: list[int], seed: int, batch_dim: str | int = "batch") -> onnx.ModelProto:
+    """An MLP classifier: input -> (Gemm, Relu)* -> Gemm -> probabilities, label."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    current = "input"
+    for k, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
+        w = rng.normal(0, 1 / np.sqrt(n_in), (n_in, n_out)).astype(np.float32)
+        b = rng.normal(0, 0.01, n_out).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{k}"), numpy_helper.from_array(b, f"b{k}")]
+        out = f"h{k}"
+        nodes.append(helper.make_node("Gemm", [current, f"w{k}", f"b{k}"], [out]))
+        current = out
+        if k < len(sizes) - 2:
+            nodes.append(helper.make_node("Relu", [current], [f"r{k}"]))
+            current = f"r{k}"
+    nodes.append(helper.make_node("Softmax", [current], ["probabilities"], axis=1))
+    nodes.append(helper.make_node("ArgMax", ["probabilities"], ["label"], axis=1, keepdims=1))
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch_dim, sizes[0]])],
+        [
+            helper.make_tensor_value_info(
+                "probabilities", TensorProto.FLOAT, [batch_dim, sizes[-1]]
+            ),
+            helper.make_tensor_value_info("label", TensorProto.INT64, [batch_dim, 1]),
+        ],
+        inits,
+    )
+    return _ir(graph)
+
+
+def linear(n_in: int, n_out: int, seed: int) -> onnx.ModelProto:
+    """y = x @ W + b with a variable batch dimension."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 1, (n_in, n_out)).astype(np.float32)
+    b = rng.normal(0, 1, n_out).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "B"], ["y"])],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", n_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n_out])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
+    )
+    return _ir(graph)
+
+
+def identity(onnx_type: int, dims: list[str | int]) -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0, for any element type: exercises every datatype end to end."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        "identity",
+        [helper.make_tensor_value_info("INPUT0", onnx_type, dims)],
+        [helper.make_tensor_value_info("OUTPUT0", onnx_type, dims)],
+    )
+    return _ir(graph)
+
+
+def build(repository: Path) -> None:
+    _save(mlp([64, 1024, 1024, 16], seed=0), repository / "mlp" / "1" / "model.onnx")
+    _save(linear(4, 2, seed=1), repository / "linear_noconfig" / "1" / "model.onnx")
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "models"
+    build(target)
+    print(f"built example models in {target}")

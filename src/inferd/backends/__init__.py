@@ -1,0 +1,22 @@
+"""Backends turn a model version on disk into instances that execute batches."""
+
+from __future__ import annotations
+
+from inferd.backends.base import Backend
+from inferd.errors import invalid
+
+
+def get_backend(name: str) -> Backend:
+    # Imported lazily so that a backend's heavy dependency loads only when a model needs it.
+    if name == "onnxruntime":
+        from inferd.backends.onnx import OnnxBackend
+
+        return OnnxBackend()
+    if name == "python":
+        from inferd.backends.python import PythonBackend
+
+        return PythonBackend()
+    raise invalid(f"unknown backend '{name}'; supported: onnxruntime, python")
+
+
+__all__ = ["Backend", "get_backend"]

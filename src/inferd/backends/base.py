@@ -1,0 +1,54 @@
+"""The contract between the scheduler and a backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferd.types import Array
+
+
+@dataclass(frozen=True, slots=True)
+class LoadContext:
+    model_name: str
+    version: str
+    version_dir: Path
+    config: mc.ModelConfig
+    instance_index: int
+    instance_count: int
+
+
+class Instance(Protocol):
+    """One loaded copy of a model. `execute` is called from one worker thread at a time."""
+
+    device: str  # where it actually runs, e.g. "cpu" or "cuda:0"
+
+    def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        """Run one batch: inputs carry the batch dimension first when the model batches.
+
+        Returns every output the model produces, each with the same leading batch size.
+        The caller owns the arrays afterwards; raising fails every request in the batch.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the instance's memory; it is not called again afterwards."""
+        ...
+
+
+class Backend(Protocol):
+    model_file: str  # the file a version directory must hold, e.g. "model.onnx"
+
+    def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
+        """Fill what the config leaves out (inputs, outputs, batching) from the model file.
+
+        Raises `ConfigError` when the config contradicts the model file.
+        """
+        ...
+
+    def load(self, ctx: LoadContext) -> Instance:
+        """Load one instance; raises with a readable message when the model can't load."""
+        ...

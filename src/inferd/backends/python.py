@@ -1,0 +1,93 @@
+"""Python backend: `<version>/model.py` defining class `Model` (see `inferd.python_model`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferd.backends.base import LoadContext
+from inferd.model_output import running_model
+from inferd.python_model import ModelContext
+from inferd.repository.config import ConfigError
+from inferd.types import Array
+
+_module_ids = itertools.count()
+
+
+class PythonBackend:
+    model_file = "model.py"
+
+    def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
+        # A Python file says nothing about its tensors: the config must declare them.
+        if not config.input or not config.output:
+            raise ConfigError(
+                f"{config.name}/config.pbtxt: input/output: a Python model must declare "
+                "its inputs and outputs"
+            )
+
+    def load(self, ctx: LoadContext) -> PythonInstance:
+        return PythonInstance(ctx)
+
+
+class PythonInstance:
+    device = "cpu"
+
+    def __init__(self, ctx: LoadContext) -> None:
+        self._name = ctx.model_name
+        path = ctx.version_dir / PythonBackend.model_file
+        module_name = f"inferd_model_{next(_module_ids)}_{ctx.model_name}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise RuntimeError(f"cannot import {ctx.model_name}/{ctx.version}/model.py")
+        module = importlib.util.module_from_spec(spec)
+        # Registered so that pickling and dataclasses inside the model module work.
+        sys.modules[module_name] = module
+        self._module_name = module_name
+        with running_model(self._name):
+            spec.loader.exec_module(module)
+            cls = getattr(module, "Model", None)
+            if cls is None:
+                hint = (
+                    " (Triton Python-backend models, class TritonPythonModel, are not "
+                    "supported yet)"
+                    if hasattr(module, "TritonPythonModel")
+                    else ""
+                )
+                raise RuntimeError(f"model.py defines no class 'Model'{hint}")
+            self._model: Any = cls()
+            context = ModelContext(
+                name=ctx.model_name,
+                version=ctx.version,
+                version_dir=ctx.version_dir,
+                max_batch_size=int(ctx.config.max_batch_size),
+                parameters={k: v.string_value for k, v in ctx.config.parameters.items()},
+                instance_index=ctx.instance_index,
+                config=ctx.config,
+            )
+            if hasattr(self._model, "load"):
+                self._model.load(context)
+
+    def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        with running_model(self._name):
+            outputs = self._model.predict(inputs)
+        if not isinstance(outputs, dict):
+            raise TypeError(
+                f"predict() must return a dict of output name to array, got "
+                f"{type(outputs).__name__}"
+            )
+        return {name: np.asarray(value) for name, value in outputs.items()}
+
+    def close(self) -> None:
+        try:
+            if hasattr(self._model, "unload"):
+                with running_model(self._name):
+                    self._model.unload()
+        finally:
+            sys.modules.pop(self._module_name, None)
+            del self._model

@@ -1,0 +1,86 @@
+"""The `inferd` command line: parse arguments into Settings and run. No logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from inferd import __version__
+from inferd.settings import MIB, Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inferd",
+        description="inferd: a model inference server speaking KServe v2 / Triton's protocol.",
+    )
+    parser.add_argument("--version", action="version", version=f"inferd {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model repository over HTTP",
+        description="Serve a Triton-layout model repository over the KServe v2 HTTP protocol.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    defaults = Settings()
+    serve.add_argument(
+        "--model-repository",
+        type=Path,
+        default=defaults.model_repository,
+        metavar="DIR",
+        help="model repository: DIR/<model>/config.pbtxt and DIR/<model>/<version>/model.*",
+    )
+    serve.add_argument("--host", default=defaults.host, help="address to listen on")
+    serve.add_argument(
+        "--http-port", type=int, default=defaults.http_port, help="port of the HTTP endpoint"
+    )
+    serve.add_argument(
+        "--max-request-mib",
+        type=float,
+        default=defaults.max_request_bytes / MIB,
+        help="largest request body accepted, in MiB; larger ones get HTTP 413",
+    )
+    serve.add_argument(
+        "--log-level",
+        default=defaults.log_level,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="least severe log level printed",
+    )
+    serve.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=defaults.exit_timeout_s,
+        help="on shutdown, how long queued and running requests may take to finish",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from inferd import log, server
+
+        log.configure(args.log_level)
+        if not args.model_repository.is_dir():
+            print(
+                f"inferd: model repository {args.model_repository} is not a directory",
+                file=sys.stderr,
+            )
+            return 2
+        server.run(
+            Settings(
+                model_repository=args.model_repository,
+                host=args.host,
+                http_port=args.http_port,
+                max_request_bytes=int(args.max_request_mib * MIB),
+                log_level=args.log_level,
+                exit_timeout_s=args.exit_timeout_secs,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The protocol-neutral core that the HTTP and gRPC adapters both call.
+
+Adapters translate their wire format into `InferRequest` and back; everything else (lookup,
+checks, scheduling, output conformance) happens here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from inferd import __version__
+from inferd.datatypes import V2_TO_NUMPY
+from inferd.errors import ErrorKind, InferdError
+from inferd.repository.config import to_json
+from inferd.repository.registry import ModelRegistry, ModelVersion
+from inferd.signature import TensorSpec
+from inferd.types import Array, InferRequest, InferResponse, Tensor
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters"]
+
+
+class DataPlane:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+        self.is_shutting_down = False
+
+    # -- health and metadata ------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return not self.is_shutting_down and self.registry.is_ready()
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "inferd", "version": __version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.registry.get(name, version)
+        except InferdError as exc:
+            if exc.kind is ErrorKind.NOT_FOUND:
+                raise
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        mv = self.registry.get(name, version)
+        sig = mv.signature
+        model = self.registry.models[name]
+        versions = (
+            [version]
+            if version
+            else sorted((v.version for v in model.versions.values() if v.is_ready), key=int)
+        )
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": mv.config.platform or mv.config.backend,
+            "inputs": [_tensor_meta(s, sig.metadata_shape(s)) for s in sig.inputs.values()],
+            "outputs": [_tensor_meta(s, sig.metadata_shape(s)) for s in sig.outputs.values()],
+        }
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return to_json(self.registry.get(name, version).config)
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.registry.index(ready_only)
+
+    # -- inference ----------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        mv = self.registry.get(request.model_name, request.model_version)
+        bound = mv.signature.bind(request)
+        assert mv.batcher is not None  # a READY version always has one
+        outputs = await mv.batcher.submit(bound)
+        tensors = [
+            _conform_output(mv, mv.signature.outputs[name], outputs, bound.rows)
+            for name in bound.output_names
+        ]
+        return InferResponse(
+            model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
+        )
+
+
+def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": shape}
+
+
+def _model_error(mv: ModelVersion, message: str) -> InferdError:
+    return InferdError(ErrorKind.MODEL_ERROR, f"model '{mv.name}' version {mv.version}: {message}")
+
+
+def _conform_output(
+    mv: ModelVersion, spec: TensorSpec, outputs: dict[str, Array], rows: int
+) -> Tensor:
+    """Check one output against the config: dtype (cast when safe), shape, reshape."""
+    array = outputs.get(spec.name)
+    if array is None:
+        raise _model_error(mv, f"produced no output '{spec.name}'")
+    if spec.datatype == "BYTES":
+        if array.dtype.kind not in "OSU":
+            raise _model_error(
+                mv, f"output '{spec.name}' is {array.dtype}, but the config declares BYTES"
+            )
+    else:
+        want = V2_TO_NUMPY[spec.datatype]
+        if array.dtype != want:
+            if not np.can_cast(array.dtype, want, casting="same_kind"):
+                raise _model_error(
+                    mv,
+                    f"output '{spec.name}' is {array.dtype}, which does not convert to the "
+                    f"config's {spec.datatype}",
+                )
+            array = array.astype(want)
+    batched = mv.signature.is_batched
+    if spec.reshape is not None and -1 not in spec.dims:
+        lead = (rows,) if batched else ()
+        array = array.reshape(lead + spec.dims)
+    inner = array.shape[1:] if batched else array.shape
+    if not spec.matches(inner):
+        raise _model_error(
+            mv,
+            f"output '{spec.name}' has shape {list(array.shape)}, but the config declares "
+            f"{mv.signature.metadata_shape(spec)}",
+        )
+    return Tensor(spec.name, spec.datatype, tuple(array.shape), array)

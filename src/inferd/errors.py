@@ -1,0 +1,37 @@
+"""One protocol-neutral error type; each adapter maps `ErrorKind` to its own status table."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    INVALID_ARGUMENT = "invalid_argument"  # the request is wrong: fix it, don't retry
+    NOT_FOUND = "not_found"  # no such model or version
+    UNAVAILABLE = "unavailable"  # the model cannot serve right now (not ready, unloading)
+    RESOURCE_EXHAUSTED = "resource_exhausted"  # shed: retry later
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # body over the configured limit
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    MODEL_ERROR = "model_error"  # the model's own code raised
+    INTERNAL = "internal"  # a bug in inferd
+
+
+class InferdError(Exception):
+    """An error that reaches the client with a kind and a message naming what was wrong."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def invalid(message: str) -> InferdError:
+    return InferdError(ErrorKind.INVALID_ARGUMENT, message)
+
+
+def not_found(message: str) -> InferdError:
+    return InferdError(ErrorKind.NOT_FOUND, message)
+
+
+def unavailable(message: str) -> InferdError:
+    return InferdError(ErrorKind.UNAVAILABLE, message)

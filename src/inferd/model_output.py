@@ -1,0 +1,70 @@
+"""Route whatever model code prints to the log, tagged with the model (field lesson 1).
+
+`sys.stdout`/`sys.stderr` are replaced once by a proxy. While a thread runs model code it
+marks itself with the model's name; writes from a marked thread become log lines of logger
+`inferd.model.<name>`, writes from any other thread pass through untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TextIO
+
+_current = threading.local()
+
+
+class _ModelStream:
+    def __init__(self, original: TextIO, level: int) -> None:
+        self._original = original
+        self._level = level
+
+    def write(self, text: str) -> int:
+        model = getattr(_current, "model", None)
+        if model is None:
+            return self._original.write(text)
+        pending = getattr(_current, "partial", "") + text
+        *lines, rest = pending.split("\n")
+        _current.partial = rest
+        logger = logging.getLogger(f"inferd.model.{model}")
+        for line in lines:
+            if line:
+                logger.log(self._level, line, extra={"model": model})
+        return len(text)
+
+    def flush(self) -> None:
+        self._original.flush()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._original, name)
+
+
+_installed = False
+_install_lock = threading.Lock()
+
+
+def install() -> None:
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        sys.stdout = _ModelStream(sys.stdout, logging.INFO)
+        sys.stderr = _ModelStream(sys.stderr, logging.WARNING)
+        _installed = True
+
+
+@contextlib.contextmanager
+def running_model(name: str) -> Iterator[None]:
+    """Mark the current thread as running `name`'s code for the duration of the block."""
+    _current.model = name
+    try:
+        yield
+    finally:
+        partial = getattr(_current, "partial", "")
+        if partial:
+            logging.getLogger(f"inferd.model.{name}").info(partial, extra={"model": name})
+        _current.partial = ""
+        _current.model = None

@@ -1,0 +1,274 @@
+"""The v2 tensor codec: JSON tensors and Triton's binary tensor extension <-> numpy.
+
+Decoding is vectorised: binary tensors are `np.frombuffer` views of the request body, JSON
+tensors one `np.asarray` call; only BYTES elements (variable length) are walked one by one.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+
+from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
+from inferd.errors import invalid
+from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+
+_LEN = struct.Struct("<I")
+
+
+# -- request ----------------------------------------------------------------------------------
+
+
+def decode_request(
+    body: bytes, header_length: int | None, model_name: str, model_version: str
+) -> InferRequest:
+    """Decode an HTTP infer body: JSON, optionally followed by binary tensor data."""
+    header: bytes | memoryview
+    if header_length is None:
+        header, binary = body, memoryview(b"")
+    else:
+        if header_length < 0 or header_length > len(body):
+            raise invalid(
+                f"Inference-Header-Content-Length {header_length} is outside the body's "
+                f"{len(body)} bytes"
+            )
+        view = memoryview(body)
+        header, binary = view[:header_length], view[header_length:]
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"malformed JSON request: {exc}") from None
+    if not isinstance(doc, dict):
+        raise invalid("malformed request: the JSON body must be an object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise invalid("malformed request: 'inputs' must be a non-empty list")
+    offset = 0
+    inputs: list[Tensor] = []
+    for i, raw in enumerate(raw_inputs):
+        tensor, offset = _decode_input(raw, i, binary, offset)
+        inputs.append(tensor)
+    if offset != len(binary):
+        raise invalid(
+            f"binary data holds {len(binary) - offset} bytes more than the inputs' "
+            "binary_data_size values account for"
+        )
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise invalid("'id' must be a string")
+    parameters = _parameters(doc.get("parameters"), "request")
+    outputs = None
+    if "outputs" in doc:
+        raw_outputs = doc["outputs"]
+        if not isinstance(raw_outputs, list):
+            raise invalid("'outputs' must be a list")
+        outputs = []
+        for j, raw in enumerate(raw_outputs):
+            if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+                raise invalid(f"outputs[{j}] must be an object with a string 'name'")
+            params = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
+            if "classification" in params:
+                raise invalid(
+                    f"output '{raw['name']}': the classification extension is not supported"
+                )
+            outputs.append(RequestedOutput(raw["name"], params))
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=inputs,
+        id=request_id,
+        outputs=outputs,
+        parameters=parameters,
+    )
+
+
+def _parameters(raw: Any, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise invalid(f"{where}: 'parameters' must be an object")
+    return raw
+
+
+def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tuple[Tensor, int]:
+    if not isinstance(raw, dict):
+        raise invalid(f"inputs[{index}] must be an object")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"inputs[{index}]: 'name' must be a non-empty string")
+    where = f"input '{name}'"
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str):
+        raise invalid(f"{where}: 'datatype' must be a string")
+    dtype = numpy_dtype(datatype, where)
+    shape_raw = raw.get("shape")
+    if not isinstance(shape_raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_raw
+    ):
+        raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
+    shape = tuple(shape_raw)
+    count = element_count(shape)
+    params = _parameters(raw.get("parameters"), where)
+    size = params.get("binary_data_size")
+    if size is not None:
+        if "data" in raw:
+            raise invalid(f"{where}: give either 'data' or binary_data_size, not both")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise invalid(f"{where}: binary_data_size must be a non-negative integer")
+        if offset + size > len(binary):
+            raise invalid(
+                f"{where}: binary_data_size {size} exceeds the {len(binary) - offset} bytes "
+                "of binary data left in the body"
+            )
+        chunk = binary[offset : offset + size]
+        data = _from_binary(chunk, datatype, shape, count, where)
+        return Tensor(name, datatype, shape, data, params), offset + size
+    if "data" not in raw:
+        raise invalid(f"{where}: no 'data' and no binary_data_size")
+    data = _from_json(raw["data"], datatype, dtype, shape, count, where)
+    return Tensor(name, datatype, shape, data, params), offset
+
+
+def _from_binary(
+    chunk: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str
+) -> Array:
+    if datatype == "BYTES":
+        return decode_bytes_elements(chunk, count, where).reshape(shape)
+    expected = count * ITEMSIZE[datatype]
+    if len(chunk) != expected:
+        raise invalid(
+            f"{where}: binary data holds {len(chunk)} bytes but shape {list(shape)} of "
+            f"{datatype} needs {expected}"
+        )
+    array = np.frombuffer(chunk, dtype=V2_TO_WIRE[datatype], count=count)
+    if not array.flags.aligned:
+        array = array.copy()  # ONNX Runtime and numpy kernels want aligned buffers
+    return array.reshape(shape)
+
+
+def decode_bytes_elements(chunk: memoryview | bytes, count: int, where: str) -> Array:
+    """Triton's BYTES serialisation: each element a 4-byte little-endian length, then bytes."""
+    out = np.empty(count, dtype=object)
+    buf = bytes(chunk)
+    pos, end = 0, len(buf)
+    for k in range(count):
+        if pos + 4 > end:
+            raise invalid(f"{where}: BYTES data ends after {k} of {count} elements")
+        (n,) = _LEN.unpack_from(buf, pos)
+        pos += 4
+        if pos + n > end:
+            raise invalid(f"{where}: BYTES element {k} claims {n} bytes past the data's end")
+        out[k] = buf[pos : pos + n]
+        pos += n
+    if pos != end:
+        raise invalid(f"{where}: BYTES data holds {end - pos} bytes past its {count} elements")
+    return out
+
+
+def _from_json(
+    data: Any, datatype: str, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
+) -> Array:
+    if not isinstance(data, list):
+        data = [data]
+    try:
+        if datatype == "BYTES":
+            flat = np.asarray(data, dtype=object).reshape(-1)
+            array = np.empty(flat.size, dtype=object)
+            for k, item in enumerate(flat):  # variable-length elements: no vector form
+                if isinstance(item, str):
+                    array[k] = item.encode("utf-8")
+                else:
+                    raise invalid(f"{where}: BYTES data must be strings, got {type(item).__name__}")
+        elif datatype == "BOOL":
+            array = np.asarray(data)
+            if array.size and array.dtype != np.bool_:
+                raise invalid(f"{where}: BOOL data must be true/false, got {array.dtype} values")
+            array = array.astype(np.bool_, copy=False)
+        else:
+            array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise invalid(f"{where}: data does not fit datatype {datatype}: {exc}") from None
+    if array.size != count:
+        raise invalid(
+            f"{where}: data holds {array.size} elements but shape {list(shape)} needs {count}"
+        )
+    return array.reshape(shape)
+
+
+# -- response ---------------------------------------------------------------------------------
+
+
+def encode_response(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> tuple[bytes, int | None]:
+    """Encode an infer response; returns (body, JSON header length if binary data follows)."""
+    wants_binary = {o.name: o.parameters.get("binary_data") for o in requested or ()}
+    outputs: list[dict[str, Any]] = []
+    chunks: list[bytes | memoryview] = []
+    for tensor in response.outputs:
+        binary = wants_binary.get(tensor.name)
+        if binary is None:
+            binary = binary_default
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        json_data = None if binary else _to_json(tensor)
+        if json_data is None:
+            raw = to_binary(tensor)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = json_data
+        outputs.append(entry)
+    doc: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": outputs,
+    }
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _to_json(tensor: Tensor) -> Any:
+    """JSON data for a tensor, or None when it can only travel as binary."""
+    if tensor.datatype == "BYTES":
+        try:
+            return [_as_bytes(v).decode("utf-8") for v in tensor.data.reshape(-1)]
+        except UnicodeDecodeError:
+            return None  # not text: sent as binary, which every v2 client decodes
+    # A flat, contiguous numpy array: orjson serialises it natively without a Python list.
+    flat = np.ascontiguousarray(tensor.data).reshape(-1)
+    if flat.dtype == np.float16:
+        return flat.astype(np.float32)
+    return flat
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return str(value).encode("utf-8")
+
+
+def to_binary(tensor: Tensor) -> bytes | memoryview:
+    if tensor.datatype == "BYTES":
+        parts = []
+        for v in tensor.data.reshape(-1):
+            b = _as_bytes(v)
+            parts.append(_LEN.pack(len(b)))
+            parts.append(b)
+        return b"".join(parts)
+    array = np.ascontiguousarray(tensor.data, dtype=V2_TO_WIRE[tensor.datatype])
+    return memoryview(array).cast("B")  # type: ignore[arg-type]

@@ -1,0 +1,179 @@
+"""The HTTP adapter: KServe v2 REST routes over the DataPlane. It only translates."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from inferd.dataplane import DataPlane
+from inferd.errors import ErrorKind, InferdError, invalid
+from inferd.protocol.codec import decode_request, encode_response
+
+log = logging.getLogger("inferd.http")
+
+STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.PAYLOAD_TOO_LARGE: 413,
+    ErrorKind.RESOURCE_EXHAUSTED: 429,
+    ErrorKind.MODEL_ERROR: 500,
+    ErrorKind.INTERNAL: 500,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.DEADLINE_EXCEEDED: 504,
+}
+
+HEADER_LENGTH = "inference-header-content-length"
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(doc: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+
+
+def error_response(status: int, message: str) -> Response:
+    return json_response({"error": message}, status)
+
+
+def errors_mapped(endpoint: Endpoint) -> Endpoint:
+    """Every route answers failures as `{"error": ...}` with the status from one table."""
+
+    @functools.wraps(endpoint)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except InferdError as exc:
+            return error_response(STATUS[exc.kind], exc.message)
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.url.path)
+            return error_response(500, "internal error; see the server log")
+
+    return wrapper
+
+
+class HttpAdapter:
+    def __init__(self, dataplane: DataPlane, max_request_bytes: int) -> None:
+        self.dp = dataplane
+        self.max_request_bytes = max_request_bytes
+
+    def routes(self) -> list[Route]:
+        m = "/v2/models/{model}"
+        mv = "/v2/models/{model}/versions/{version}"
+        table: list[tuple[str, Endpoint, list[str]]] = [
+            ("/v2/health/live", self.live, ["GET"]),
+            ("/v2/health/ready", self.ready, ["GET"]),
+            ("/v2", self.server_metadata, ["GET"]),
+            (m, self.model_metadata, ["GET"]),
+            (mv, self.model_metadata, ["GET"]),
+            (m + "/ready", self.model_ready, ["GET"]),
+            (mv + "/ready", self.model_ready, ["GET"]),
+            (m + "/config", self.model_config, ["GET"]),
+            (mv + "/config", self.model_config, ["GET"]),
+            (m + "/infer", self.infer, ["POST"]),
+            (mv + "/infer", self.infer, ["POST"]),
+            ("/v2/repository/index", self.repository_index, ["POST"]),
+        ]
+        return [Route(path, errors_mapped(fn), methods=methods) for path, fn, methods in table]
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200 if self.dp.live() else 503)
+
+    async def ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self.dp.ready() else 503)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response(self.dp.server_metadata())
+
+    async def model_metadata(self, request: Request) -> Response:
+        p = request.path_params
+        return json_response(self.dp.model_metadata(p["model"], p.get("version", "")))
+
+    async def model_ready(self, request: Request) -> Response:
+        p = request.path_params
+        ready = self.dp.model_ready(p["model"], p.get("version", ""))
+        return Response(status_code=200 if ready else 503)
+
+    async def model_config(self, request: Request) -> Response:
+        p = request.path_params
+        return json_response(self.dp.model_config(p["model"], p.get("version", "")))
+
+    async def repository_index(self, request: Request) -> Response:
+        body = await self._read_body(request)
+        ready_only = False
+        if body.strip():
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise invalid(f"malformed JSON request: {exc}") from None
+            if not isinstance(doc, dict):
+                raise invalid("malformed request: the JSON body must be an object")
+            ready_only = bool(doc.get("ready", False))
+        return json_response(self.dp.repository_index(ready_only))
+
+    async def infer(self, request: Request) -> Response:
+        p = request.path_params
+        header_length = _header_length(request)
+        body = await self._read_body(request)
+        infer_request = decode_request(body, header_length, p["model"], p.get("version", ""))
+        response = await self.dp.infer(infer_request)
+        binary_default = bool(infer_request.parameters.get("binary_data_output", False))
+        payload, json_length = encode_response(response, infer_request.outputs, binary_default)
+        if json_length is None:
+            return Response(payload, media_type="application/json")
+        return Response(
+            payload,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(json_length)},
+        )
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise InferdError(
+                ErrorKind.PAYLOAD_TOO_LARGE,
+                f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise InferdError(
+                    ErrorKind.PAYLOAD_TOO_LARGE,
+                    f"request body exceeds the limit of {limit} bytes",
+                )
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _header_length(request: Request) -> int | None:
+    raw = request.headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise invalid(f"Inference-Header-Content-Length '{raw}' is not an integer") from None
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
+
+
+def build_app(dataplane: DataPlane, max_request_bytes: int, lifespan: Any = None) -> Starlette:
+    adapter = HttpAdapter(dataplane, max_request_bytes)
+    return Starlette(
+        routes=adapter.routes(),
+        exception_handlers={HTTPException: _http_error},
+        lifespan=lifespan,
+    )

@@ -1,0 +1,175 @@
+"""Read `config.pbtxt` into Triton's `ModelConfig` message and check it field by field.
+
+Errors name the file and the field, so an operator can fix a model without reading our code.
+Backend-specific completion (e.g. ONNX inputs from the model file) happens in the backend;
+`validate` runs after it, on the completed config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferd.datatypes import CONFIG_TO_V2
+
+CONFIG_FILE = "config.pbtxt"
+
+PLATFORM_TO_BACKEND = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+}
+
+
+class ConfigError(Exception):
+    """A model's configuration is malformed or inconsistent; the message names file and field."""
+
+
+def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
+    """Parse `<model_dir>/config.pbtxt`; returns (config, whether the file existed)."""
+    path = model_dir / CONFIG_FILE
+    config = mc.ModelConfig()
+    if not path.exists():
+        config.name = model_dir.name
+        return config, False
+    try:
+        text = path.read_text(encoding="utf-8")
+        text_format.Parse(text, config)
+    except (text_format.ParseError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{model_dir.name}/{CONFIG_FILE}: {exc}") from None
+    if not config.name:
+        config.name = model_dir.name
+    return config, True
+
+
+def backend_name(config: mc.ModelConfig) -> str:
+    """Triton's rule: `backend` wins; otherwise it follows from `platform`."""
+    if config.backend:
+        return str(config.backend)
+    return PLATFORM_TO_BACKEND.get(config.platform, "")
+
+
+def validate(config: mc.ModelConfig, model_dir: Path) -> None:
+    where = f"{model_dir.name}/{CONFIG_FILE}"
+    if config.name != model_dir.name:
+        raise ConfigError(
+            f"{where}: name '{config.name}' must match the model directory '{model_dir.name}'"
+        )
+    if config.max_batch_size < 0:
+        raise ConfigError(f"{where}: max_batch_size must be >= 0, got {config.max_batch_size}")
+    if not config.input:
+        raise ConfigError(f"{where}: input: the model declares no inputs")
+    if not config.output:
+        raise ConfigError(f"{where}: output: the model declares no outputs")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for t in tensors:
+            field = f"{where}: {kind} '{t.name}'"
+            if not t.name:
+                raise ConfigError(f"{where}: {kind}: every {kind} needs a name")
+            if t.name in seen:
+                raise ConfigError(f"{field}: declared twice")
+            seen.add(t.name)
+            if t.data_type not in CONFIG_TO_V2:
+                raise ConfigError(
+                    f"{field}: data_type {mc.DataType.Name(t.data_type)} is not supported"
+                )
+            if not t.dims and not (t.HasField("reshape") and config.max_batch_size > 0):
+                raise ConfigError(f"{field}: dims must list at least one dimension")
+            if any(d < -1 or d == 0 for d in t.dims):
+                raise ConfigError(f"{field}: dims {list(t.dims)} must be positive or -1")
+            if t.HasField("reshape"):
+                _check_reshape(field, list(t.dims), list(t.reshape.shape))
+    if config.HasField("dynamic_batching"):
+        db = config.dynamic_batching
+        if config.max_batch_size == 0:
+            raise ConfigError(
+                f"{where}: dynamic_batching needs max_batch_size > 0 (the model does not batch)"
+            )
+        for size in db.preferred_batch_size:
+            if size < 1 or size > config.max_batch_size:
+                raise ConfigError(
+                    f"{where}: dynamic_batching.preferred_batch_size {size} must be within "
+                    f"1..max_batch_size ({config.max_batch_size})"
+                )
+    for group in config.instance_group:
+        if group.count < 0:
+            raise ConfigError(f"{where}: instance_group.count must be >= 0, got {group.count}")
+    policy = config.version_policy
+    if policy.HasField("latest") and policy.latest.num_versions < 1:
+        raise ConfigError(f"{where}: version_policy.latest.num_versions must be >= 1")
+    if policy.HasField("specific") and not policy.specific.versions:
+        raise ConfigError(f"{where}: version_policy.specific.versions must not be empty")
+    batching = parameter(config, "batching_policy", "work_conserving")
+    if batching not in BATCHING_POLICIES:
+        raise ConfigError(
+            f"{where}: parameters.batching_policy '{batching}' must be one of "
+            f"{', '.join(BATCHING_POLICIES)}"
+        )
+
+
+BATCHING_POLICIES = ("work_conserving", "window", "none")
+
+
+def _check_reshape(field: str, dims: list[int], shape: list[int]) -> None:
+    if any(d < -1 or d == 0 for d in shape):
+        raise ConfigError(f"{field}: reshape.shape {shape} must be positive or -1")
+    if -1 in dims or -1 in shape:
+        return  # variable sizes are checked per request, when the tensor is reshaped
+    size_dims = 1
+    for d in dims:
+        size_dims *= d
+    size_shape = 1
+    for d in shape:
+        size_shape *= d
+    if size_dims != size_shape:
+        raise ConfigError(
+            f"{field}: reshape.shape {shape} holds {size_shape} elements but dims {dims} "
+            f"hold {size_dims}"
+        )
+
+
+def parameter(config: mc.ModelConfig, key: str, default: str = "") -> str:
+    if key in config.parameters:
+        return str(config.parameters[key].string_value)
+    return default
+
+
+def instance_count(config: mc.ModelConfig) -> int:
+    """Total instances across groups; Triton's default is one instance."""
+    if not config.instance_group:
+        return 1
+    return max(1, sum(g.count if g.count > 0 else 1 for g in config.instance_group))
+
+
+def instance_kind(config: mc.ModelConfig) -> int:
+    if not config.instance_group:
+        return int(mc.ModelInstanceGroup.KIND_AUTO)
+    return int(config.instance_group[0].kind)
+
+
+def to_json(config: mc.ModelConfig) -> dict[str, Any]:
+    """Triton's JSON rendering: proto field names, defaults included, integers as numbers.
+
+    protobuf's JSON mapping writes 64-bit integers as strings; Triton writes numbers, and
+    clients such as perf_analyzer read `dims` and `max_batch_size` as numbers.
+    """
+    doc = json_format.MessageToDict(
+        config,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    converted: dict[str, Any] = _int64_to_numbers(doc)
+    return converted
+
+
+def _int64_to_numbers(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _int64_to_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_int64_to_numbers(v) for v in value]
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value

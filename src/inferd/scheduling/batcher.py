@@ -1,0 +1,266 @@
+"""Per-model scheduler: a queue, a dynamic batcher and N instances executing off the loop.
+
+Policies (see docs/batching.md):
+- ``work_conserving`` (default): when an instance is idle a batch leaves at once with whatever
+  is queued, so a lone request never waits for company; while every instance is busy, arrivals
+  accumulate and leave together as the next batch (up to max_batch_size / preferred sizes).
+- ``window``: Triton's strict window; a batch waits until it is full, reaches a preferred size,
+  or its oldest request has waited ``max_queue_delay_microseconds``.
+- ``none``: every request executes alone.
+
+Requests are only merged when their non-batch shapes are equal; a batch closes at the first
+request that doesn't fit, so queue order is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferd.backends.base import Instance
+from inferd.errors import ErrorKind, InferdError, unavailable
+from inferd.signature import BoundRequest
+from inferd.types import Array
+
+log = logging.getLogger("inferd.scheduling")
+
+
+class BatchClose(enum.Enum):
+    """Why a batch left the queue: the answer to "why doesn't it batch?"."""
+
+    FULL = "full"
+    PREFERRED_SIZE = "preferred_size"
+    MAX_DELAY = "max_delay"
+    SHAPE_MISMATCH = "shape_mismatch"
+    QUEUE_EMPTY = "queue_empty"
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    request: BoundRequest
+    future: asyncio.Future[dict[str, Array]]
+    enqueued_s: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingOptions:
+    max_batch_size: int  # 0: the model does not batch; each request runs alone
+    preferred_sizes: tuple[int, ...] = ()
+    max_delay_s: float = 0.0
+    policy: str = "work_conserving"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRecord:
+    """What one execution did; kept for tests and statistics."""
+
+    batch_size: int  # rows
+    requests: int
+    reason: BatchClose
+
+
+class DynamicBatcher:
+    """Owns a model version's queue and instances.
+
+    `submit` takes a bound request and returns its outputs once its batch has executed. The
+    batcher owns the request from `submit` until the future resolves; a caller that cancels
+    its await leaves a cancelled future behind, which the batcher skips.
+    """
+
+    def __init__(self, name: str, instances: Sequence[Instance], options: BatchingOptions):
+        self.name = name
+        self._instances = list(instances)
+        self._opts = options
+        self._queue: deque[Pending] = deque()
+        self._queued_rows = 0
+        self._arrived = asyncio.Event()
+        self._idle: asyncio.Queue[Instance] = asyncio.Queue()
+        for inst in self._instances:
+            self._idle.put_nowait(inst)
+        self._executor = ThreadPoolExecutor(
+            max_workers=len(self._instances), thread_name_prefix=f"inferd-{name}"
+        )
+        self._running: set[asyncio.Task[None]] = set()
+        self._executing = 0  # requests in batches that are executing now
+        self._stopping = False
+        self.executions: deque[ExecutionRecord] = deque(maxlen=10_000)
+        self._loop_task = asyncio.get_running_loop().create_task(self._dispatch_loop())
+
+    @property
+    def batches(self) -> bool:
+        return self._opts.max_batch_size > 0 and self._opts.policy != "none"
+
+    def inflight(self) -> int:
+        """Requests queued or executing."""
+        return len(self._queue) + self._executing
+
+    async def submit(self, request: BoundRequest) -> dict[str, Array]:
+        if self._stopping:
+            raise unavailable(f"model '{self.name}' is unloading")
+        future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
+        self._queue.append(Pending(request, future))
+        self._queued_rows += request.rows
+        self._arrived.set()
+        return await future
+
+    async def stop(self) -> None:
+        """Finish what is queued and executing, then release the instances."""
+        self._stopping = True
+        while self._queue or self._running:
+            await asyncio.sleep(0.001)
+        self._loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._loop_task
+        self._executor.shutdown(wait=True)
+        for inst in self._instances:
+            try:
+                inst.close()
+            except Exception:
+                log.exception("model %s: closing an instance failed", self.name)
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            instance = await self._idle.get()
+            if self._opts.policy == "window" and self.batches:
+                await self._wait_window()
+            batch, reason = self._take_batch()
+            if not batch:
+                self._idle.put_nowait(instance)
+                continue
+            task = asyncio.get_running_loop().create_task(self._execute(instance, batch, reason))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _wait_window(self) -> None:
+        """Triton's window: from the oldest queued request, wait until full or the delay."""
+        max_rows = self._opts.max_batch_size
+        while self._queue:
+            deadline = self._queue[0].enqueued_s + self._opts.max_delay_s
+            if self._queued_rows >= max_rows or self._queued_rows in self._opts.preferred_sizes:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._arrived.wait()
+
+    def _take_batch(self) -> tuple[list[Pending], BatchClose]:
+        queue = self._queue
+        while queue and queue[0].future.done():  # cancelled by its client while queued
+            self._queued_rows -= queue.popleft().request.rows
+        if not queue:
+            return [], BatchClose.QUEUE_EMPTY
+        if not self.batches:
+            first = queue.popleft()
+            self._queued_rows -= first.request.rows
+            return [first], BatchClose.FULL
+        # Scan the compatible head of the queue: requests with the first one's shapes whose
+        # rows fit in max_batch_size. `bounds` holds the row counts a batch could end at.
+        limit = self._opts.max_batch_size
+        key = queue[0].request.shape_key
+        bounds: list[int] = []
+        rows = 0
+        reason = BatchClose.QUEUE_EMPTY
+        for p in queue:
+            if p.future.done():
+                continue
+            if p.request.shape_key != key:
+                reason = BatchClose.SHAPE_MISMATCH
+                break
+            if rows + p.request.rows > limit:
+                reason = BatchClose.FULL
+                break
+            rows += p.request.rows
+            bounds.append(rows)
+        target = rows
+        if rows == limit:
+            reason = BatchClose.FULL
+        elif self._opts.preferred_sizes:
+            # The largest preferred size the queue can fill exactly (Triton's rule).
+            best = max((b for b in bounds if b in self._opts.preferred_sizes), default=0)
+            if best:
+                target, reason = best, BatchClose.PREFERRED_SIZE
+        if reason is BatchClose.QUEUE_EMPTY and self._opts.policy == "window":
+            reason = BatchClose.MAX_DELAY
+        batch: list[Pending] = []
+        taken = 0
+        while taken < target:
+            p = queue.popleft()
+            self._queued_rows -= p.request.rows
+            if p.future.done():
+                continue
+            batch.append(p)
+            taken += p.request.rows
+        return batch, reason
+
+    async def _execute(self, instance: Instance, batch: list[Pending], reason: BatchClose) -> None:
+        loop = asyncio.get_running_loop()
+        self._executing += len(batch)
+        try:
+            results = await loop.run_in_executor(self._executor, _run_batch, instance, batch)
+        except InferdError as exc:
+            self._fail(batch, exc)
+        except Exception as exc:
+            self._fail(batch, InferdError(ErrorKind.MODEL_ERROR, f"model '{self.name}': {exc}"))
+        else:
+            for p, out in zip(batch, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(out)
+        finally:
+            self._executing -= len(batch)
+            self._idle.put_nowait(instance)
+            self.executions.append(
+                ExecutionRecord(sum(p.request.rows for p in batch), len(batch), reason)
+            )
+
+    @staticmethod
+    def _fail(batch: list[Pending], exc: InferdError) -> None:
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(exc)
+
+
+def _run_batch(instance: Instance, batch: list[Pending]) -> list[dict[str, Array]]:
+    """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
+    first = batch[0].request
+    if len(batch) == 1:
+        inputs = first.inputs  # no copy for a lone request
+    else:
+        inputs = {
+            name: np.concatenate([p.request.inputs[name] for p in batch]) for name in first.inputs
+        }
+    outputs = instance.execute(inputs)
+    if len(batch) == 1:
+        return [outputs]
+    total = sum(p.request.rows for p in batch)
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != total:
+            raise InferdError(
+                ErrorKind.MODEL_ERROR,
+                f"output '{name}' has batch size {array.shape[0] if array.ndim else 0} "
+                f"for a batch of {total} rows; a model must keep the batch dimension",
+            )
+    results = []
+    offset = 0
+    for p in batch:
+        end = offset + p.request.rows
+        results.append({name: array[offset:end] for name, array in outputs.items()})
+        offset = end
+    return results

@@ -1,0 +1,83 @@
+"""Build the server from settings, run it, and shut it down in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+from collections.abc import AsyncIterator
+
+import uvicorn
+from starlette.applications import Starlette
+
+from inferd import model_output
+from inferd.dataplane import DataPlane
+from inferd.protocol.http import build_app
+from inferd.repository.registry import ModelRegistry
+from inferd.settings import Settings
+
+log = logging.getLogger("inferd.server")
+
+
+class InferenceServer:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.registry = ModelRegistry(settings.model_repository)
+        self.dataplane = DataPlane(self.registry)
+        self.app: Starlette = build_app(
+            self.dataplane, settings.max_request_bytes, lifespan=self._lifespan
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        model_output.install()
+        log.info("loading model repository %s", self.settings.model_repository)
+        await self.registry.load_all()
+        for row in self.registry.index():
+            if row["state"] != "READY":
+                log.warning(
+                    "model %s%s is %s: %s",
+                    row["name"],
+                    f" version {row['version']}" if "version" in row else "",
+                    row["state"],
+                    row.get("reason", ""),
+                )
+        # Field lesson 10: objects made while loading live forever; keep them out of GC scans.
+        gc.collect()
+        gc.freeze()
+        log.info(
+            "HTTP server listening on http://%s:%d (ready: %s)",
+            self.settings.host,
+            self.settings.http_port,
+            self.dataplane.ready(),
+        )
+        try:
+            yield
+        finally:
+            # Shutdown: 1. report not ready; 2. let queued and running requests finish and
+            # release every model (the batchers drain before closing their instances).
+            self.dataplane.is_shutting_down = True
+            log.info("shutting down: draining requests and unloading models")
+            try:
+                async with asyncio.timeout(self.settings.exit_timeout_s):
+                    await self.registry.unload_all()
+            except TimeoutError:
+                log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
+            log.info("shutdown complete")
+
+    def uvicorn_config(self) -> uvicorn.Config:
+        return uvicorn.Config(
+            self.app,
+            host=self.settings.host,
+            port=self.settings.http_port,
+            log_level=self.settings.log_level.lower(),
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=int(self.settings.exit_timeout_s),
+        )
+
+
+def run(settings: Settings) -> None:
+    server = InferenceServer(settings)
+    uvicorn.Server(server.uvicorn_config()).run()

@@ -1,0 +1,18 @@
+"""Server settings: one frozen value built by the CLI (or by tests) and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model_repository: Path = Path("examples/models")
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    max_request_bytes: int = 64 * MIB
+    log_level: str = "INFO"
+    exit_timeout_s: float = 30.0

@@ -1,0 +1,52 @@
+"""The v2 request/response types: the only currency between adapters, core and scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[Any]
+Parameters = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A named tensor; `data` is already shaped as `shape` with the dtype of `datatype`."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Array
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str  # "" routes to the model's default version
+    inputs: list[Tensor]
+    id: str = ""
+    outputs: list[RequestedOutput] | None = None  # None: every output of the model
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    outputs: list[Tensor]
+    id: str = ""
+    parameters: Parameters = field(default_factory=dict)
+
+
+def element_count(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1
