@@ -42,23 +42,18 @@ class _ModelStream:
         return getattr(self._original, name)
 
 
-_installed = False
-_install_lock = threading.Lock()
-
-
 def install() -> None:
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
+    """Wrap the current stdout/stderr; again if something (a test runner) replaced them."""
+    if not isinstance(sys.stdout, _ModelStream):
         sys.stdout = _ModelStream(sys.stdout, logging.INFO)
+    if not isinstance(sys.stderr, _ModelStream):
         sys.stderr = _ModelStream(sys.stderr, logging.WARNING)
-        _installed = True
 
 
 @contextlib.contextmanager
 def running_model(name: str) -> Iterator[None]:
     """Mark the current thread as running `name`'s code for the duration of the block."""
+    install()
     _current.model = name
     try:
         yield

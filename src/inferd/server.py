@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -78,6 +78,18 @@ class InferenceServer:
         )
 
 
+class _UvicornServer(uvicorn.Server):
+    """uvicorn re-raises a caught SIGTERM/SIGINT once it has shut down, so the process dies
+    by the signal. After a graceful drain inferd exits with status 0 instead, as process
+    supervisors (Kubernetes, systemd) expect from a clean stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
+
+
 def run(settings: Settings) -> None:
     server = InferenceServer(settings)
-    uvicorn.Server(server.uvicorn_config()).run()
+    _UvicornServer(server.uvicorn_config()).run()

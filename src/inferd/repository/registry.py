@@ -273,6 +273,11 @@ def _prepare(model_dir: Path) -> tuple[mc.ModelConfig, Backend, list[int]]:
             raise ConfigError(
                 f"{model_dir.name}/{versions[-1]}/{backend.model_file}: cannot read: {exc}"
             ) from None
+    if not config.instance_group:
+        # Triton's completion: one instance; CPU, since no GPU kind was asked for.
+        group = config.instance_group.add()
+        group.count = 1
+        group.kind = mc.ModelInstanceGroup.KIND_CPU
     validate(config, model_dir)
     return config, backend, versions
 

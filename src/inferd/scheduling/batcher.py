@@ -214,9 +214,11 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         self._executing += len(batch)
         try:
-            results = await loop.run_in_executor(self._executor, _run_batch, instance, batch)
+            results = await loop.run_in_executor(
+                self._executor, _run_batch, instance, batch, self._opts.max_batch_size > 0
+            )
         except InferdError as exc:
-            self._fail(batch, exc)
+            self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
         except Exception as exc:
             self._fail(batch, InferdError(ErrorKind.MODEL_ERROR, f"model '{self.name}': {exc}"))
         else:
@@ -237,7 +239,7 @@ class DynamicBatcher:
                 p.future.set_exception(exc)
 
 
-def _run_batch(instance: Instance, batch: list[Pending]) -> list[dict[str, Array]]:
+def _run_batch(instance: Instance, batch: list[Pending], batched: bool) -> list[dict[str, Array]]:
     """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
     first = batch[0].request
     if len(batch) == 1:
@@ -247,7 +249,7 @@ def _run_batch(instance: Instance, batch: list[Pending]) -> list[dict[str, Array
             name: np.concatenate([p.request.inputs[name] for p in batch]) for name in first.inputs
         }
     outputs = instance.execute(inputs)
-    if len(batch) == 1:
+    if not batched:
         return [outputs]
     total = sum(p.request.rows for p in batch)
     for name, array in outputs.items():
@@ -257,6 +259,8 @@ def _run_batch(instance: Instance, batch: list[Pending]) -> list[dict[str, Array
                 f"output '{name}' has batch size {array.shape[0] if array.ndim else 0} "
                 f"for a batch of {total} rows; a model must keep the batch dimension",
             )
+    if len(batch) == 1:
+        return [outputs]
     results = []
     offset = 0
     for p in batch:

@@ -1,0 +1,97 @@
+"""Dynamic batching seen from outside: merges under load, never mixes up rows."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.servers import RunningServer
+
+
+def _request(values: np.ndarray, request_id: str) -> dict[str, object]:
+    return {
+        "id": request_id,
+        "inputs": [
+            {
+                "name": "IN",
+                "datatype": "FP32",
+                "shape": list(values.shape),
+                "data": values.ravel().tolist(),
+            }
+        ],
+    }
+
+
+async def _send_all(
+    url: str, model: str, bodies: list[dict[str, object]]
+) -> list[dict[str, object]]:
+    limits = httpx.Limits(max_connections=len(bodies))
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        responses = await asyncio.gather(
+            *(client.post(f"/v2/models/{model}/infer", json=b) for b in bodies)
+        )
+    for r in responses:
+        assert r.status_code == 200, r.text
+    return [r.json() for r in responses]
+
+
+def _output(doc: dict[str, object], name: str) -> np.ndarray:
+    for out in doc["outputs"]:  # type: ignore[attr-defined]
+        if out["name"] == name:
+            dtype = np.float32 if out["datatype"] == "FP32" else np.int64
+            return np.array(out["data"], dtype=dtype).reshape(out["shape"])
+    raise KeyError(name)
+
+
+def test_concurrent_single_rows_run_as_few_batches(server: RunningServer) -> None:
+    # slow_counter takes 40 ms per execution: while it runs, arrivals queue and are merged.
+    n = 64
+    bodies = [_request(np.full((1, 2), i, np.float32), str(i)) for i in range(n)]
+    docs = asyncio.run(_send_all(server.url, "slow_counter", bodies))
+    executions = {int(_output(d, "EXEC")[0, 0]) for d in docs}
+    batch_sizes = [int(_output(d, "BATCH")[0, 0]) for d in docs]
+    assert len(executions) <= 8, f"{n} requests ran as {len(executions)} executions"
+    assert max(batch_sizes) >= 8
+    for i, doc in enumerate(docs):  # and every request got its own row back
+        assert doc["id"] == str(i)
+        np.testing.assert_array_equal(_output(doc, "OUT"), np.full((1, 2), i))
+
+
+def test_lone_request_runs_alone(server: RunningServer) -> None:
+    with server.client() as c:
+        doc = c.post(
+            "/v2/models/counter/infer", json=_request(np.ones((3, 2), np.float32), "x")
+        ).json()
+    assert _output(doc, "BATCH").ravel().tolist() == [3, 3, 3]
+
+
+def test_different_inner_shapes_are_never_merged(server: RunningServer) -> None:
+    bodies = [_request(np.full((1, 2 + (i % 3)), i, np.float32), str(i)) for i in range(24)]
+    docs = asyncio.run(_send_all(server.url, "slow_counter", bodies))
+    for i, doc in enumerate(docs):
+        np.testing.assert_array_equal(_output(doc, "OUT"), np.full((1, 2 + (i % 3)), i))
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=24),
+    width=st.integers(min_value=1, max_value=4),
+)
+def test_each_response_holds_exactly_its_own_rows(
+    server: RunningServer, rows: list[int], width: int
+) -> None:
+    rng = np.random.default_rng(len(rows) * 31 + width)
+    payloads = [rng.normal(size=(r, width)).astype(np.float32) for r in rows]
+    bodies = [_request(p, f"r{k}") for k, p in enumerate(payloads)]
+    docs = asyncio.run(_send_all(server.url, "counter", bodies))
+    for k, (doc, payload) in enumerate(zip(docs, payloads, strict=True)):
+        assert doc["id"] == f"r{k}"
+        np.testing.assert_array_equal(_output(doc, "OUT"), payload)
+        # Rows of one request always travel in one execution.
+        assert len(set(_output(doc, "EXEC").ravel().tolist())) == 1

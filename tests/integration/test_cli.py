@@ -1,0 +1,133 @@
+"""The `inferd` command as a user runs it: help text, and serving the example repository."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.models import EXAMPLES, builders
+
+
+def _inferd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inferd", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_help_explains_every_option() -> None:
+    top = _inferd("--help")
+    assert top.returncode == 0
+    assert "serve" in top.stdout
+    serve = _inferd("serve", "--help")
+    assert serve.returncode == 0
+    for option in (
+        "--model-repository",
+        "--host",
+        "--http-port",
+        "--log-level",
+        "--max-request-mib",
+    ):
+        assert option in serve.stdout
+
+
+def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
+    result = _inferd("serve", "--model-repository", str(tmp_path / "none"))
+    assert result.returncode == 2
+    assert "is not a directory" in result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def example_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    repo = tmp_path_factory.mktemp("examples") / "models"
+    shutil.copytree(EXAMPLES / "models", repo, ignore=shutil.ignore_patterns("*.onnx"))
+    builders.build(repo)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferd",
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--http-port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"inferd did not become ready:\n{proc.communicate()[0]}")
+        time.sleep(0.1)
+    yield f"127.0.0.1:{port}", proc
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_serves_the_example_models(example_server: tuple[str, subprocess.Popen[str]]) -> None:
+    address, _ = example_server
+    client = httpclient.InferenceServerClient(address)
+    assert client.is_server_ready()
+    x = np.random.default_rng(0).normal(size=(3, 64)).astype(np.float32)
+    inp = httpclient.InferInput("input", [3, 64], "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("mlp", [inp])
+    assert result.as_numpy("probabilities").shape == (3, 16)
+    np.testing.assert_allclose(result.as_numpy("probabilities").sum(axis=1), 1, rtol=1e-5)
+    assert (
+        result.as_numpy("label").ravel().tolist()
+        == result.as_numpy("probabilities").argmax(1).tolist()
+    )
+
+    text = httpclient.InferInput("text", [2, 1], "BYTES")
+    text.set_data_from_numpy(np.array([["héllo"], ["ab"]], dtype=object))
+    stats = client.infer("text_stats", [text])
+    assert [v.decode() for v in stats.as_numpy("upper").ravel()] == ["HÉLLO", "AB"]
+    assert stats.as_numpy("length").ravel().tolist() == [5, 2]
+
+    config = client.get_model_config("linear_noconfig")
+    assert config["max_batch_size"] == 4
+    assert [i["name"] for i in config["input"]] == ["x"]
+    lin = httpclient.InferInput("x", [2, 4], "FP32")
+    lin.set_data_from_numpy(np.ones((2, 4), np.float32))
+    assert client.infer("linear_noconfig", [lin]).as_numpy("y").shape == (2, 2)
+    client.close()
+
+
+def test_sigterm_exits_cleanly_and_logs(example_server: tuple[str, subprocess.Popen[str]]) -> None:
+    _, proc = example_server
+    proc.terminate()
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "loaded model mlp version 1" in output
+    assert "HTTP server listening on http://127.0.0.1:" in output
+    assert "text_stats loaded from 1" in output  # the model's print, in the log
+    assert "shutdown complete" in output

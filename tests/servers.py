@@ -1,0 +1,53 @@
+"""Run a real inferd server (uvicorn over a loopback socket) in a background thread."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from inferd.server import InferenceServer
+from inferd.settings import Settings
+
+
+@dataclass
+class RunningServer:
+    url: str  # http://127.0.0.1:PORT
+    port: int
+    server: InferenceServer
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+
+@contextlib.contextmanager
+def run_server(repository: Path, **settings: Any) -> Iterator[RunningServer]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = InferenceServer(
+        Settings(model_repository=repository, http_port=port, log_level="WARNING", **settings)
+    )
+    uv = uvicorn.Server(server.uvicorn_config())
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not uv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("inferd test server did not start")
+        time.sleep(0.02)
+    try:
+        yield RunningServer(f"http://127.0.0.1:{port}", port, server)
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
