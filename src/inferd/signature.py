@@ -125,7 +125,13 @@ class ModelSignature:
             data = tensor.data
             if spec.reshape is not None:
                 lead = (shape[0],) if self.is_batched else ()
-                data = data.reshape(lead + spec.reshape)
+                try:
+                    data = data.reshape(lead + spec.reshape)
+                except ValueError:
+                    raise invalid(
+                        f"input '{tensor.name}': shape {list(shape)} does not fit the model's "
+                        f"reshape {list(spec.reshape)}"
+                    ) from None
             given[tensor.name] = data
         inputs: dict[str, Array] = {}
         for name, spec in self.inputs.items():

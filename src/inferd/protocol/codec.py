@@ -182,13 +182,8 @@ def _from_json(
                     array[k] = item.encode("utf-8")
                 else:
                     raise invalid(f"{where}: BYTES data must be strings, got {type(item).__name__}")
-        elif datatype == "BOOL":
-            array = np.asarray(data)
-            if array.size and array.dtype != np.bool_:
-                raise invalid(f"{where}: BOOL data must be true/false, got {array.dtype} values")
-            array = array.astype(np.bool_, copy=False)
         else:
-            array = np.asarray(data, dtype=dtype)
+            array = _typed_json_array(data, datatype, dtype, where)
     except (ValueError, TypeError, OverflowError) as exc:
         raise invalid(f"{where}: data does not fit datatype {datatype}: {exc}") from None
     if array.size != count:
@@ -196,6 +191,40 @@ def _from_json(
             f"{where}: data holds {array.size} elements but shape {list(shape)} needs {count}"
         )
     return array.reshape(shape)
+
+
+# JSON value kinds (as numpy infers them) that each datatype accepts: no silent truncation of
+# 1.5 to an integer, no parsing of numbers out of strings, no booleans as numbers.
+_ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
+
+
+def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], where: str) -> Array:
+    inferred = np.asarray(data)
+    if inferred.size == 0:
+        return inferred.astype(dtype)
+    kind = inferred.dtype.kind
+    if dtype.kind in "iu" and kind in "fO":
+        # numpy infers float (or object) for ints beyond int64 mixed with others: convert the
+        # original values exactly, but only if they are all whole numbers.
+        if kind == "f" and not np.array_equal(inferred, np.floor(inferred)):
+            raise invalid(f"{where}: {datatype} data must be integers, got floats")
+        return np.asarray(data, dtype=dtype)
+    accepted = _ACCEPTED_KINDS[dtype.kind]
+    if kind not in accepted:
+        expected = {"b": "true/false", "iu": "integers", "iuf": "numbers"}[accepted]
+        raise invalid(f"{where}: {datatype} data must be {expected}, got {_kind_name(inferred)}")
+    if dtype.kind in "iu" and inferred.dtype != dtype:
+        info = np.iinfo(dtype)
+        low, high = inferred.min(), inferred.max()
+        if low < info.min or high > info.max:
+            raise invalid(f"{where}: values {low}..{high} are out of {datatype}'s range")
+    return inferred.astype(dtype, copy=False)
+
+
+def _kind_name(array: Array) -> str:
+    return {"b": "booleans", "i": "integers", "u": "integers", "f": "floats", "U": "strings"}.get(
+        array.dtype.kind, "mixed or nested values"
+    )
 
 
 # -- response ---------------------------------------------------------------------------------
@@ -270,5 +299,5 @@ def to_binary(tensor: Tensor) -> bytes | memoryview:
             parts.append(_LEN.pack(len(b)))
             parts.append(b)
         return b"".join(parts)
-    array = np.ascontiguousarray(tensor.data, dtype=V2_TO_WIRE[tensor.datatype])
+    array = np.ascontiguousarray(tensor.data, dtype=V2_TO_WIRE[tensor.datatype]).reshape(-1)
     return memoryview(array).cast("B")  # type: ignore[arg-type]

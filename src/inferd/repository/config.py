@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.datatypes import CONFIG_TO_V2
@@ -156,20 +157,40 @@ def to_json(config: mc.ModelConfig) -> dict[str, Any]:
     protobuf's JSON mapping writes 64-bit integers as strings; Triton writes numbers, and
     clients such as perf_analyzer read `dims` and `max_batch_size` as numbers.
     """
-    doc = json_format.MessageToDict(
+    doc: dict[str, Any] = json_format.MessageToDict(
         config,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
-    converted: dict[str, Any] = _int64_to_numbers(doc)
-    return converted
+    _int64_to_numbers(config.DESCRIPTOR, doc)
+    return doc
 
 
-def _int64_to_numbers(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _int64_to_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_int64_to_numbers(v) for v in value]
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return value
+_INT64_TYPES = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def _int64_to_numbers(descriptor: Any, doc: dict[str, Any]) -> None:
+    """Walk `doc` beside its message descriptor, turning only 64-bit integer fields to ints."""
+    for field in descriptor.fields:
+        value = doc.get(field.name)
+        if value is None:
+            continue
+        message = field.message_type
+        if message is not None and message.GetOptions().map_entry:
+            entry = message.fields_by_name["value"]
+            for key, item in value.items():
+                if entry.message_type is not None:
+                    _int64_to_numbers(entry.message_type, item)
+                elif entry.type in _INT64_TYPES:
+                    value[key] = int(item)
+        elif message is not None:
+            for item in value if isinstance(value, list) else [value]:
+                _int64_to_numbers(message, item)
+        elif field.type in _INT64_TYPES:
+            doc[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)

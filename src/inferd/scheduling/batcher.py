@@ -49,6 +49,7 @@ class Pending:
     request: BoundRequest
     future: asyncio.Future[dict[str, Array]]
     enqueued_s: float = field(default_factory=time.monotonic)
+    is_queued: bool = True  # its rows count in the batcher's queued_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +108,22 @@ class DynamicBatcher:
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
         future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
-        self._queue.append(Pending(request, future))
+        pending = Pending(request, future)
+        self._queue.append(pending)
         self._queued_rows += request.rows
         self._arrived.set()
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The client went away: its rows stop counting now; the entry itself is skipped
+            # (never executed) when the batcher reaches it.
+            self._unqueue(pending)
+            raise
+
+    def _unqueue(self, pending: Pending) -> None:
+        if pending.is_queued:
+            pending.is_queued = False
+            self._queued_rows -= pending.request.rows
 
     async def stop(self) -> None:
         """Finish what is queued and executing, then release the instances."""
@@ -164,12 +177,12 @@ class DynamicBatcher:
     def _take_batch(self) -> tuple[list[Pending], BatchClose]:
         queue = self._queue
         while queue and queue[0].future.done():  # cancelled by its client while queued
-            self._queued_rows -= queue.popleft().request.rows
+            self._unqueue(queue.popleft())
         if not queue:
             return [], BatchClose.QUEUE_EMPTY
         if not self.batches:
             first = queue.popleft()
-            self._queued_rows -= first.request.rows
+            self._unqueue(first)
             return [first], BatchClose.FULL
         # Scan the compatible head of the queue: requests with the first one's shapes whose
         # rows fit in max_batch_size. `bounds` holds the row counts a batch could end at.
@@ -203,7 +216,7 @@ class DynamicBatcher:
         taken = 0
         while taken < target:
             p = queue.popleft()
-            self._queued_rows -= p.request.rows
+            self._unqueue(p)
             if p.future.done():
                 continue
             batch.append(p)

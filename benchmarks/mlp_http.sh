@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Serve the example models with inferd and load the ONNX MLP with Triton's perf_analyzer.
+#   usage: benchmarks/mlp_http.sh [http|grpc] [concurrency ...]     (default: http 1 8 64)
+# Results are printed and written to benchmarks/results/<protocol>-c<N>.csv.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PROTOCOL="${1:-http}"; shift || true
+LEVELS=("${@:-1 8 64}"); LEVELS=(${LEVELS[@]})
+PORT_HTTP=18000; PORT_GRPC=18001
+mkdir -p benchmarks/results
+
+make --no-print-directory models >/dev/null
+.venv/bin/inferd serve --model-repository examples/models --http-port "$PORT_HTTP" \
+  --log-level WARNING &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  curl -sf "127.0.0.1:$PORT_HTTP/v2/health/ready" >/dev/null && break
+  sleep 0.2
+done
+
+URL="127.0.0.1:$PORT_HTTP"; [[ "$PROTOCOL" == grpc ]] && URL="127.0.0.1:$PORT_GRPC"
+for c in "${LEVELS[@]}"; do
+  echo "== $PROTOCOL concurrency $c"
+  benchmarks/perf_analyzer.sh -m mlp -u "$URL" -i "$PROTOCOL" \
+    --concurrency-range "$c" --measurement-interval 5000 --percentile=99 \
+    --stability-percentage 20 --max-trials 20 \
+    --input-data random -f "benchmarks/results/$PROTOCOL-c$c.csv" \
+    | grep -E "Concurrency:|p50 latency|p90 latency|p99 latency|Throughput" || true
+done

@@ -1,0 +1,582 @@
+"""`DynamicBatcher`: merging, splitting, policies, failures and shutdown, with a fake instance.
+
+Each test runs its own event loop with `asyncio.run`. An instance can be held inside `execute`
+by a gate (a `threading.Event`), which is how requests are made to queue behind a busy one:
+no test depends on how fast anything runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferd.errors import ErrorKind, InferdError
+from inferd.scheduling.batcher import BatchClose, BatchingOptions, DynamicBatcher, ExecutionRecord
+from inferd.signature import BoundRequest
+from inferd.types import Array
+
+GUARD_S = 10  # a test that hangs fails after this long instead of blocking the run
+
+
+class Instance:
+    """Doubles IN into OUT and records every batch it executes."""
+
+    device = "cpu"
+
+    def __init__(
+        self,
+        gate: threading.Event | None = None,
+        barrier: threading.Barrier | None = None,
+        run: Callable[[dict[str, Array]], dict[str, Array]] | None = None,
+        log: list[str] | None = None,
+    ) -> None:
+        self.gate = gate
+        self.barrier = barrier
+        self.run = run
+        self.batches: list[Array] = []
+        self.entered = threading.Event()
+        self.closed = False
+        self.log = log if log is not None else []
+
+    def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        self.batches.append(inputs["IN"].copy())
+        self.log.append("execute")
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(GUARD_S), "the test never opened the gate"
+        if self.barrier is not None:
+            self.barrier.wait(GUARD_S)
+        if self.run is not None:
+            return self.run(inputs)
+        return {"OUT": inputs["IN"] * 2}
+
+    def close(self) -> None:
+        self.closed = True
+        self.log.append("close")
+
+
+def req(*values: float, width: int = 1) -> BoundRequest:
+    """A request of len(values) rows; row i is `values[i]` repeated `width` times."""
+    data = np.repeat(np.array(values, dtype=np.float32)[:, None], width, axis=1)
+    return BoundRequest(
+        inputs={"IN": data}, rows=len(values), shape_key=((width,),), output_names=["OUT"]
+    )
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    async def guarded() -> None:
+        async with asyncio.timeout(GUARD_S):
+            await main()
+
+    asyncio.run(guarded())
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
+def options(**kwargs: Any) -> BatchingOptions:
+    kwargs.setdefault("max_batch_size", 8)
+    return BatchingOptions(**kwargs)
+
+
+async def queue_behind_busy(
+    batcher: DynamicBatcher, instance: Instance, requests: list[BoundRequest]
+) -> list[Any]:
+    """Hold the instance on a blocker request, queue `requests`, then let everything run.
+
+    Returns each request's outputs (or the exception it raised), in order.
+    """
+    assert instance.gate is not None
+    blocker = asyncio.create_task(batcher.submit(req(-1.0)))
+    await until(instance.entered.is_set)
+    tasks = [asyncio.create_task(batcher.submit(r)) for r in requests]
+    await until(lambda: batcher.inflight() == len(requests) + 1)
+    instance.gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    await blocker
+    return results
+
+
+def rows_of(batch: Array) -> list[float]:
+    return batch[:, 0].tolist()
+
+
+def records(batcher: DynamicBatcher) -> list[tuple[int, int, BatchClose]]:
+    return [(r.batch_size, r.requests, r.reason) for r in batcher.executions]
+
+
+# -- work-conserving (the default) ------------------------------------------------------------
+
+
+def test_lone_request_executes_alone_at_once() -> None:
+    async def main() -> None:
+        inst = Instance()
+        # A long delay that must not be waited for: work_conserving never holds a request.
+        batcher = DynamicBatcher("m", [inst], options(max_delay_s=3600))
+        try:
+            out = await batcher.submit(req(1.5, 2.5))
+            assert out["OUT"].tolist() == [[3.0], [5.0]]
+            assert [rows_of(b) for b in inst.batches] == [[1.5, 2.5]]
+            assert list(batcher.executions) == [ExecutionRecord(2, 1, BatchClose.QUEUE_EMPTY)]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_arrivals_while_busy_are_merged_into_the_next_batch() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options(max_delay_s=3600))
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
+            assert [r["OUT"].tolist() for r in results] == [[[2.0]], [[4.0]], [[6.0]]]
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [1.0, 2.0, 3.0]]
+            assert records(batcher) == [
+                (1, 1, BatchClose.QUEUE_EMPTY),
+                (3, 3, BatchClose.QUEUE_EMPTY),
+            ]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_max_batch_size_is_respected() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options(max_batch_size=4))
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(v) for v in range(6)])
+            assert [r["OUT"].tolist() for r in results] == [[[2.0 * v]] for v in range(6)]
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [0, 1, 2, 3], [4, 5]]
+            assert records(batcher) == [
+                (1, 1, BatchClose.QUEUE_EMPTY),
+                (4, 4, BatchClose.FULL),
+                (2, 2, BatchClose.QUEUE_EMPTY),
+            ]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_multi_row_request_that_would_overflow_waits_for_the_next_batch() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options(max_batch_size=4))
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(1, 2, 3), req(4, 5)])
+            assert results[0]["OUT"].tolist() == [[2.0], [4.0], [6.0]]
+            assert results[1]["OUT"].tolist() == [[8.0], [10.0]]
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [1, 2, 3], [4, 5]]
+            assert records(batcher)[1] == (3, 1, BatchClose.FULL)
+            assert max(r.batch_size for r in batcher.executions) <= 4
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_preferred_size_is_taken_from_a_longer_queue() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options(max_batch_size=8, preferred_sizes=(4,)))
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(v) for v in range(6)])
+            assert [r["OUT"].tolist() for r in results] == [[[2.0 * v]] for v in range(6)]
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [0, 1, 2, 3], [4, 5]]
+            assert records(batcher) == [
+                (1, 1, BatchClose.QUEUE_EMPTY),
+                (4, 4, BatchClose.PREFERRED_SIZE),
+                (2, 2, BatchClose.QUEUE_EMPTY),
+            ]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_largest_fillable_preferred_size_wins() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        opts = options(max_batch_size=8, preferred_sizes=(2, 4, 6))
+        batcher = DynamicBatcher("m", [inst], opts)
+        try:
+            await queue_behind_busy(batcher, inst, [req(v) for v in range(5)])
+            assert records(batcher)[1:] == [
+                (4, 4, BatchClose.PREFERRED_SIZE),
+                (1, 1, BatchClose.QUEUE_EMPTY),
+            ]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_shape_mismatch_splits_batches_in_queue_order() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            requests = [req(1), req(2), req(3, width=2), req(4), req(5)]
+            results = await queue_behind_busy(batcher, inst, requests)
+            assert results[2]["OUT"].tolist() == [[6.0, 6.0]]
+            assert [r["OUT"].tolist() for i, r in enumerate(results) if i != 2] == [
+                [[2.0]],
+                [[4.0]],
+                [[8.0]],
+                [[10.0]],
+            ]
+            assert [b.shape for b in inst.batches] == [(1, 1), (2, 1), (1, 2), (2, 1)]
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [1, 2], [3], [4, 5]]
+            assert records(batcher) == [
+                (1, 1, BatchClose.QUEUE_EMPTY),
+                (2, 2, BatchClose.SHAPE_MISMATCH),
+                (1, 1, BatchClose.SHAPE_MISMATCH),
+                (2, 2, BatchClose.QUEUE_EMPTY),
+            ]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_multi_row_requests_are_merged_and_split_back() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options(max_batch_size=8))
+        try:
+            requests = [req(1, 2), req(3, 4, 5), req(6), req(7, 8)]
+            results = await queue_behind_busy(batcher, inst, requests)
+            for r, out in zip(requests, results, strict=True):
+                assert out["OUT"].shape == (r.rows, 1)
+                assert out["OUT"].tolist() == (r.inputs["IN"] * 2).tolist()
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [1, 2, 3, 4, 5, 6, 7, 8]]
+            assert records(batcher)[1] == (8, 4, BatchClose.FULL)
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+# -- window and none policies -----------------------------------------------------------------
+
+
+def test_window_waits_for_the_delay_when_nothing_else_comes() -> None:
+    async def main() -> None:
+        inst = Instance()
+        batcher = DynamicBatcher("m", [inst], options(max_delay_s=0.02, policy="window"))
+        try:
+            out = await batcher.submit(req(7))
+            assert out["OUT"].tolist() == [[14.0]]
+            assert list(batcher.executions) == [ExecutionRecord(1, 1, BatchClose.MAX_DELAY)]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_window_leaves_at_once_when_full() -> None:
+    async def main() -> None:
+        inst = Instance()
+        # A delay the test would never survive: the batch must leave because it is full.
+        batcher = DynamicBatcher(
+            "m", [inst], options(max_batch_size=4, max_delay_s=3600, policy="window")
+        )
+        try:
+            results = await asyncio.gather(*(batcher.submit(req(v)) for v in range(4)))
+            assert [r["OUT"].tolist() for r in results] == [[[2.0 * v]] for v in range(4)]
+            assert [rows_of(b) for b in inst.batches] == [[0, 1, 2, 3]]
+            assert list(batcher.executions) == [ExecutionRecord(4, 4, BatchClose.FULL)]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_window_leaves_at_once_at_a_preferred_size() -> None:
+    async def main() -> None:
+        inst = Instance()
+        opts = options(max_batch_size=8, preferred_sizes=(2,), max_delay_s=3600, policy="window")
+        batcher = DynamicBatcher("m", [inst], opts)
+        try:
+            await asyncio.gather(batcher.submit(req(1)), batcher.submit(req(2)))
+            assert list(batcher.executions) == [ExecutionRecord(2, 2, BatchClose.PREFERRED_SIZE)]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_policy_none_runs_each_request_alone() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options(policy="none"))
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(1), req(2, 3), req(4)])
+            assert results[1]["OUT"].tolist() == [[4.0], [6.0]]
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [1], [2, 3], [4]]
+            assert [r.requests for r in batcher.executions] == [1, 1, 1, 1]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_unbatched_model_runs_each_request_alone() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options(max_batch_size=0))
+        try:
+            await queue_behind_busy(batcher, inst, [req(1), req(2)])
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [1], [2]]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def test_wrong_output_batch_size_fails_every_request_in_the_batch() -> None:
+    async def main() -> None:
+        def drop_rows(inputs: dict[str, Array]) -> dict[str, Array]:
+            return {"OUT": inputs["IN"][:1] * 2}
+
+        inst = Instance(gate=threading.Event(), run=drop_rows)
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
+            for exc in results:
+                assert isinstance(exc, InferdError)
+                assert exc.kind is ErrorKind.MODEL_ERROR
+                assert "model 'm'" in exc.message
+                assert "output 'OUT'" in exc.message
+                assert "3 rows" in exc.message
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_wrong_output_batch_size_fails_a_lone_request() -> None:
+    async def main() -> None:
+        inst = Instance(run=lambda inputs: {"OUT": inputs["IN"][:1]})
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            with pytest.raises(InferdError) as info:
+                await batcher.submit(req(1, 2))
+            assert info.value.kind is ErrorKind.MODEL_ERROR
+            assert "model 'm'" in info.value.message
+            assert "output 'OUT'" in info.value.message
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_scalar_output_of_a_batching_model_is_a_model_error() -> None:
+    async def main() -> None:
+        inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            with pytest.raises(InferdError) as info:
+                await batcher.submit(req(1))
+            assert info.value.kind is ErrorKind.MODEL_ERROR
+            assert "output 'OUT'" in info.value.message
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_unbatched_model_outputs_are_passed_through() -> None:
+    async def main() -> None:
+        inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})
+        batcher = DynamicBatcher("m", [inst], options(max_batch_size=0))
+        try:
+            out = await batcher.submit(req(1, 2))
+            assert out["OUT"].tolist() == 1.0
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_exception_in_execute_is_a_model_error() -> None:
+    async def main() -> None:
+        def boom(inputs: dict[str, Array]) -> dict[str, Array]:
+            raise RuntimeError("boom: kernel exploded")
+
+        inst = Instance(run=boom)
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            with pytest.raises(InferdError) as info:
+                await batcher.submit(req(1))
+            assert info.value.kind is ErrorKind.MODEL_ERROR
+            assert "model 'm'" in info.value.message
+            assert "boom: kernel exploded" in info.value.message
+            # The instance is back in service afterwards.
+            inst.run = None
+            assert (await batcher.submit(req(2)))["OUT"].tolist() == [[4.0]]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_exception_fails_every_request_of_a_merged_batch() -> None:
+    async def main() -> None:
+        calls = 0
+
+        def second_call_fails(inputs: dict[str, Array]) -> dict[str, Array]:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise ValueError("bad batch")
+            return {"OUT": inputs["IN"] * 2}
+
+        inst = Instance(gate=threading.Event(), run=second_call_fails)
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(1), req(2)])
+            assert [e.kind for e in results] == [ErrorKind.MODEL_ERROR] * 2
+            assert all("bad batch" in e.message for e in results)
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_cancelled_queued_request_is_never_executed() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            blocker = asyncio.create_task(batcher.submit(req(-1)))
+            await until(inst.entered.is_set)
+            first = asyncio.create_task(batcher.submit(req(1)))
+            doomed = asyncio.create_task(batcher.submit(req(2)))
+            last = asyncio.create_task(batcher.submit(req(3)))
+            await until(lambda: batcher.inflight() == 4)
+            doomed.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            inst.gate.set()
+            assert (await first)["OUT"].tolist() == [[2.0]]
+            assert (await last)["OUT"].tolist() == [[6.0]]
+            await blocker
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [1, 3]]
+            assert records(batcher)[1] == (2, 2, BatchClose.QUEUE_EMPTY)
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_cancelled_head_of_queue_is_skipped() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            blocker = asyncio.create_task(batcher.submit(req(-1)))
+            await until(inst.entered.is_set)
+            doomed = asyncio.create_task(batcher.submit(req(1)))
+            kept = asyncio.create_task(batcher.submit(req(2)))
+            await until(lambda: batcher.inflight() == 3)
+            doomed.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            inst.gate.set()
+            assert (await kept)["OUT"].tolist() == [[4.0]]
+            await blocker
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [2]]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+# -- lifecycle and instances ------------------------------------------------------------------
+
+
+def test_stop_drains_the_queue_then_closes() -> None:
+    async def main() -> None:
+        log: list[str] = []
+        inst = Instance(gate=threading.Event(), log=log)
+        batcher = DynamicBatcher("m", [inst], options())
+        blocker = asyncio.create_task(batcher.submit(req(-1)))
+        await until(inst.entered.is_set)
+        queued = [asyncio.create_task(batcher.submit(req(v))) for v in (1, 2, 3)]
+        await until(lambda: batcher.inflight() == 4)
+        stopping = asyncio.create_task(batcher.stop())
+        await asyncio.sleep(0)
+        with pytest.raises(InferdError) as info:
+            await batcher.submit(req(9))
+        assert info.value.kind is ErrorKind.UNAVAILABLE
+        assert not inst.closed
+        inst.gate.set()
+        await stopping
+        assert inst.closed
+        assert log == ["execute", "execute", "close"]
+        assert (await blocker)["OUT"].tolist() == [[-2.0]]
+        assert [(await t)["OUT"].tolist() for t in queued] == [[[2.0]], [[4.0]], [[6.0]]]
+
+    run(main)
+
+
+def test_stop_closes_every_instance() -> None:
+    async def main() -> None:
+        instances = [Instance(), Instance(), Instance()]
+        batcher = DynamicBatcher("m", instances, options())
+        await batcher.submit(req(1))
+        await batcher.stop()
+        assert all(inst.closed for inst in instances)
+
+    run(main)
+
+
+def test_instances_execute_batches_in_parallel() -> None:
+    async def main() -> None:
+        # Each execute waits at the barrier until the other one has arrived too: a batcher
+        # that ran the instances one at a time would break it.
+        barrier = threading.Barrier(2)
+        a, b = Instance(barrier=barrier), Instance(barrier=barrier)
+        batcher = DynamicBatcher("m", [a, b], options())
+        try:
+            first = asyncio.create_task(batcher.submit(req(1)))
+            await until(lambda: a.entered.is_set() or b.entered.is_set())
+            second = asyncio.create_task(batcher.submit(req(2)))
+            assert (await first)["OUT"].tolist() == [[2.0]]
+            assert (await second)["OUT"].tolist() == [[4.0]]
+            assert not barrier.broken
+            assert len(a.batches) == 1
+            assert len(b.batches) == 1
+            assert sorted(rows_of(x.batches[0]) for x in (a, b)) == [[1.0], [2.0]]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_inflight_counts_queued_and_executing() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            assert batcher.inflight() == 0
+            await queue_behind_busy(batcher, inst, [req(1), req(2)])
+            assert batcher.inflight() == 0
+        finally:
+            await batcher.stop()
+
+    run(main)
