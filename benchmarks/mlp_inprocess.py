@@ -1,6 +1,6 @@
 """The example MLP's in-process ceiling: ONNX Runtime alone, one thread, no server.
 
-    .venv/bin/python benchmarks/mlp_inprocess.py [seconds per batch size]
+.venv/bin/python benchmarks/mlp_inprocess.py [seconds per batch size]
 """
 
 from __future__ import annotations

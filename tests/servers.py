@@ -24,6 +24,11 @@ class RunningServer:
     port: int
     server: InferenceServer
 
+    @property
+    def grpc_address(self) -> str:
+        assert self.server.grpc_port, "this server has no gRPC endpoint"
+        return f"127.0.0.1:{self.server.grpc_port}"
+
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30, **kwargs)
 
@@ -34,6 +39,7 @@ def run_server(repository: Path, **settings: Any) -> Iterator[RunningServer]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    settings.setdefault("grpc_port", 0)  # any free port
     server = InferenceServer(
         Settings(model_repository=repository, http_port=port, log_level="WARNING", **settings)
     )

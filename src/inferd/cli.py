@@ -19,8 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = commands.add_parser(
         "serve",
-        help="serve a model repository over HTTP",
-        description="Serve a Triton-layout model repository over the KServe v2 HTTP protocol.",
+        help="serve a model repository over HTTP and gRPC",
+        description="Serve a Triton-layout model repository over the KServe v2 protocol "
+        "(HTTP/REST and gRPC).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     defaults = Settings()
@@ -36,10 +37,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-port", type=int, default=defaults.http_port, help="port of the HTTP endpoint"
     )
     serve.add_argument(
+        "--grpc-port",
+        type=int,
+        default=defaults.grpc_port,
+        help="port of the gRPC endpoint (inference.GRPCInferenceService); 0 turns it off",
+    )
+    serve.add_argument(
         "--max-request-mib",
         type=float,
         default=defaults.max_request_bytes / MIB,
-        help="largest request body accepted, in MiB; larger ones get HTTP 413",
+        help="largest request accepted, in MiB: HTTP bodies past it get 413, gRPC "
+        "messages RESOURCE_EXHAUSTED",
+    )
+    serve.add_argument(
+        "--max-response-mib",
+        type=float,
+        default=defaults.max_response_bytes / MIB,
+        help="largest gRPC response sent, in MiB",
     )
     serve.add_argument(
         "--log-level",
@@ -74,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                 model_repository=args.model_repository,
                 host=args.host,
                 http_port=args.http_port,
+                grpc_port=args.grpc_port or None,
                 max_request_bytes=int(args.max_request_mib * MIB),
+                max_response_bytes=int(args.max_response_mib * MIB),
                 log_level=args.log_level,
                 exit_timeout_s=args.exit_timeout_secs,
             )

@@ -9,16 +9,21 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__
 from inferd.datatypes import V2_TO_NUMPY
 from inferd.errors import ErrorKind, InferdError
-from inferd.repository.config import to_json
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
 from inferd.types import Array, InferRequest, InferResponse, Tensor
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "parameters"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "parameters",
+]
 
 
 class DataPlane:
@@ -63,8 +68,8 @@ class DataPlane:
             "outputs": [_tensor_meta(s, sig.metadata_shape(s)) for s in sig.outputs.values()],
         }
 
-    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return to_json(self.registry.get(name, version).config)
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.registry.get(name, version).config
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self.registry.index(ready_only)

@@ -8,11 +8,13 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Iterator
 
+import grpc
 import uvicorn
 from starlette.applications import Starlette
 
 from inferd import model_output
 from inferd.dataplane import DataPlane
+from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.http import build_app
 from inferd.repository.registry import ModelRegistry
 from inferd.settings import Settings
@@ -28,6 +30,8 @@ class InferenceServer:
         self.app: Starlette = build_app(
             self.dataplane, settings.max_request_bytes, lifespan=self._lifespan
         )
+        self.grpc_server: grpc.aio.Server | None = None
+        self.grpc_port: int | None = None  # the port bound, once serving
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -46,6 +50,8 @@ class InferenceServer:
         # Field lesson 10: objects made while loading live forever; keep them out of GC scans.
         gc.collect()
         gc.freeze()
+        if self.settings.grpc_port is not None:
+            await self._start_grpc(self.settings.grpc_port)
         log.info(
             "HTTP server listening on http://%s:%d (ready: %s)",
             self.settings.host,
@@ -55,16 +61,32 @@ class InferenceServer:
         try:
             yield
         finally:
-            # Shutdown: 1. report not ready; 2. let queued and running requests finish and
-            # release every model (the batchers drain before closing their instances).
+            # Shutdown: 1. report not ready; 2. stop accepting gRPC calls, letting running
+            # ones finish (uvicorn does the same for HTTP); 3. let queued and running requests
+            # finish and release every model (batchers drain before closing instances).
             self.dataplane.is_shutting_down = True
             log.info("shutting down: draining requests and unloading models")
+            if self.grpc_server is not None:
+                await self.grpc_server.stop(grace=self.settings.exit_timeout_s)
             try:
                 async with asyncio.timeout(self.settings.exit_timeout_s):
                     await self.registry.unload_all()
             except TimeoutError:
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
             log.info("shutdown complete")
+
+    async def _start_grpc(self, port: int) -> None:
+        self.grpc_server, self.grpc_port = grpc_adapter.build_server(
+            self.dataplane,
+            self.settings.host,
+            port,
+            self.settings.max_request_bytes,
+            self.settings.max_response_bytes,
+        )
+        if not self.grpc_port:
+            raise OSError(f"cannot listen for gRPC on {self.settings.host}:{port}")
+        await self.grpc_server.start()
+        log.info("gRPC server listening on %s:%d", self.settings.host, self.grpc_port)
 
     def uvicorn_config(self) -> uvicorn.Config:
         return uvicorn.Config(

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.models import EXAMPLES, builders
@@ -55,11 +56,11 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def example_server(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
     repo = tmp_path_factory.mktemp("examples") / "models"
     shutil.copytree(EXAMPLES / "models", repo, ignore=shutil.ignore_patterns("*.onnx"))
     builders.build(repo)
-    port = _free_port()
+    port, grpc_port = _free_port(), _free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -70,6 +71,8 @@ def example_server(
             str(repo),
             "--http-port",
             str(port),
+            "--grpc-port",
+            str(grpc_port),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -87,13 +90,13 @@ def example_server(
             proc.kill()
             raise RuntimeError(f"inferd did not become ready:\n{proc.communicate()[0]}")
         time.sleep(0.1)
-    yield f"127.0.0.1:{port}", proc
+    yield f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", proc
     proc.terminate()
     proc.wait(timeout=30)
 
 
-def test_serves_the_example_models(example_server: tuple[str, subprocess.Popen[str]]) -> None:
-    address, _ = example_server
+def test_serves_the_example_models(example_server: tuple[str, str, subprocess.Popen[str]]) -> None:
+    address, _, _ = example_server
     client = httpclient.InferenceServerClient(address)
     assert client.is_server_ready()
     x = np.random.default_rng(0).normal(size=(3, 64)).astype(np.float32)
@@ -122,12 +125,26 @@ def test_serves_the_example_models(example_server: tuple[str, subprocess.Popen[s
     client.close()
 
 
-def test_sigterm_exits_cleanly_and_logs(example_server: tuple[str, subprocess.Popen[str]]) -> None:
-    _, proc = example_server
+def test_serves_over_grpc_too(example_server: tuple[str, str, subprocess.Popen[str]]) -> None:
+    _, grpc_address, _ = example_server
+    client = grpcclient.InferenceServerClient(grpc_address)
+    assert client.is_server_ready()
+    inp = grpcclient.InferInput("input", [2, 64], "FP32")
+    inp.set_data_from_numpy(np.ones((2, 64), np.float32))
+    result = client.infer("mlp", [inp])
+    assert result.as_numpy("probabilities").shape == (2, 16)
+    client.close()
+
+
+def test_sigterm_exits_cleanly_and_logs(
+    example_server: tuple[str, str, subprocess.Popen[str]],
+) -> None:
+    _, _, proc = example_server
     proc.terminate()
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert "loaded model mlp version 1" in output
     assert "HTTP server listening on http://127.0.0.1:" in output
+    assert "gRPC server listening on 127.0.0.1:" in output
     assert "text_stats loaded from 1" in output  # the model's print, in the log
     assert "shutdown complete" in output

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.protocol.codec import decode_request, encode_response
+from inferd.repository.config import to_json
 
 log = logging.getLogger("inferd.http")
 
@@ -103,7 +104,7 @@ class HttpAdapter:
 
     async def model_config(self, request: Request) -> Response:
         p = request.path_params
-        return json_response(self.dp.model_config(p["model"], p.get("version", "")))
+        return json_response(to_json(self.dp.model_config(p["model"], p.get("version", ""))))
 
     async def repository_index(self, request: Request) -> Response:
         body = await self._read_body(request)

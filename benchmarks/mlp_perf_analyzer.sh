@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Serve the example models with inferd and load the ONNX MLP with Triton's perf_analyzer.
-#   usage: benchmarks/mlp_http.sh [http|grpc] [concurrency ...]     (default: http 1 8 64)
+#   usage: benchmarks/mlp_perf_analyzer.sh [http|grpc] [concurrency ...]     (default: http 1 8 64)
 # Results are printed and written to benchmarks/results/<protocol>-c<N>.csv.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -12,6 +12,7 @@ mkdir -p benchmarks/results
 
 make --no-print-directory models >/dev/null
 .venv/bin/inferd serve --model-repository examples/models --http-port "$PORT_HTTP" \
+  --grpc-port "$PORT_GRPC" \
   --log-level WARNING &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT

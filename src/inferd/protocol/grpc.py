@@ -1,0 +1,184 @@
+"""The gRPC adapter: Triton's `inference.GRPCInferenceService` over the DataPlane.
+
+Messages and the servicer base come generated in `tritonclient.grpc`. Like the HTTP adapter,
+it only translates; every method's failures go through one ErrorKind -> StatusCode table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from inferd.dataplane import DataPlane
+from inferd.errors import ErrorKind, InferdError
+from inferd.protocol.pb_codec import decode_infer_request, encode_infer_response
+
+log = logging.getLogger("inferd.grpc")
+
+STATUS: dict[ErrorKind, grpc.StatusCode] = {
+    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.MODEL_ERROR: grpc.StatusCode.INTERNAL,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Method = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def errors_mapped(method: Method[Req, Resp]) -> Method[Req, Resp]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await method(self, request, context)
+        except InferdError as exc:
+            await context.abort(STATUS[exc.kind], exc.message)
+        except Exception:
+            log.exception("unhandled error in %s", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
+        raise AssertionError("unreachable: abort raises")
+
+    return wrapper
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    @errors_mapped
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.dp.live())
+
+    @errors_mapped
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.dp.ready())
+
+    @errors_mapped
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+
+    @errors_mapped
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**self.dp.server_metadata())
+
+    @errors_mapped
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        meta = self.dp.model_metadata(request.name, request.version)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[tensor(**t) for t in meta["inputs"]],
+            outputs=[tensor(**t) for t in meta["outputs"]],
+        )
+
+    @errors_mapped
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self.dp.model_config(request.name, request.version))
+
+    @errors_mapped
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        rows = self.dp.repository_index(request.ready)
+        index = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(models=[index(**row) for row in rows])
+
+    @errors_mapped
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        response = await self.dp.infer(decode_infer_request(request))
+        return encode_infer_response(response)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request of the stream runs as soon as it arrives; responses (or errors, which
+        don't end the stream) come back as they complete, carrying the request's id."""
+        done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(request: Any) -> None:
+            try:
+                response = await self.dp.infer(decode_infer_request(request))
+                await done.put(
+                    pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
+                )
+            except InferdError as exc:
+                await done.put(_stream_error(request, exc.message))
+            except Exception:
+                log.exception("unhandled error in ModelStreamInfer")
+                await done.put(_stream_error(request, "internal error; see the server log"))
+
+        async def read() -> None:
+            async for request in requests:
+                task = asyncio.create_task(one(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*tasks)
+            await done.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await done.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    # Features that land with later releases answer UNIMPLEMENTED until then.
+    async def _unimplemented(self, context: Any, what: str) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented yet")
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "ModelStatistics")
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "RepositoryModelLoad")
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "RepositoryModelUnload")
+
+
+def _stream_error(request: Any, message: str) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
+    )
+
+
+def build_server(
+    dataplane: DataPlane, host: str, port: int, max_receive_bytes: int, max_send_bytes: int
+) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server on the running loop; returns it with the port actually bound.
+
+    Messages past the limits fail with RESOURCE_EXHAUSTED, raised by gRPC itself.
+    """
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_receive_bytes),
+            ("grpc.max_send_message_length", max_send_bytes),
+        ]
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceServicer(dataplane), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    return server, bound

@@ -1,0 +1,145 @@
+"""The v2 tensor codec for gRPC: `ModelInferRequest` / `ModelInferResponse` <-> types.
+
+Inputs come as `raw_input_contents` (decoded with `np.frombuffer`, as the HTTP binary
+extension) or typed `contents`; outputs always go back as `raw_output_contents`, as Triton's
+server does, which every v2 gRPC client decodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
+from inferd.errors import invalid
+from inferd.protocol.codec import decode_bytes_elements, to_binary
+from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+
+# Which typed `contents` field carries each datatype (Triton's mapping; FP16 travels raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parameters_to_dict(params: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        which = value.WhichOneof("parameter_choice")
+        out[key] = getattr(value, which) if which else None
+    return out
+
+
+def set_parameter(target: Any, key: str, value: Any) -> None:
+    param = target[key]
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = str(value)
+
+
+def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise invalid(
+            f"raw_input_contents holds {len(raw)} buffers for {len(msg.inputs)} inputs; "
+            "give one per input, in the inputs' order"
+        )
+    if not msg.inputs:
+        raise invalid("malformed request: 'inputs' must not be empty")
+    inputs = []
+    for index, t in enumerate(msg.inputs):
+        where = f"input '{t.name}'"
+        if not t.name:
+            raise invalid(f"inputs[{index}]: 'name' must be a non-empty string")
+        dtype = numpy_dtype(t.datatype, where)
+        if any(d < 0 for d in t.shape):
+            raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
+        shape = tuple(int(d) for d in t.shape)
+        count = element_count(shape)
+        if raw:
+            data = _from_raw(raw[index], t.datatype, shape, count, where)
+        else:
+            data = _from_contents(t, dtype, shape, count, where)
+        inputs.append(Tensor(t.name, t.datatype, shape, data, parameters_to_dict(t.parameters)))
+    outputs = None
+    if msg.outputs:
+        outputs = []
+        for o in msg.outputs:
+            params = parameters_to_dict(o.parameters)
+            if "classification" in params:
+                raise invalid(f"output '{o.name}': the classification extension is not supported")
+            outputs.append(RequestedOutput(o.name, params))
+    return InferRequest(
+        model_name=msg.model_name,
+        model_version=msg.model_version,
+        inputs=inputs,
+        id=msg.id,
+        outputs=outputs,
+        parameters=parameters_to_dict(msg.parameters),
+    )
+
+
+def _from_raw(buf: bytes, datatype: str, shape: tuple[int, ...], count: int, where: str) -> Array:
+    if datatype == "BYTES":
+        return decode_bytes_elements(buf, count, where).reshape(shape)
+    expected = count * ITEMSIZE[datatype]
+    if len(buf) != expected:
+        raise invalid(
+            f"{where}: raw_input_contents holds {len(buf)} bytes but shape {list(shape)} of "
+            f"{datatype} needs {expected}"
+        )
+    return np.frombuffer(buf, dtype=V2_TO_WIRE[datatype], count=count).reshape(shape)
+
+
+def _from_contents(
+    t: Any, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
+) -> Array:
+    field = CONTENTS_FIELD.get(t.datatype)
+    if field is None:
+        raise invalid(f"{where}: {t.datatype} data must be sent in raw_input_contents")
+    values = getattr(t.contents, field)
+    if len(values) != count:
+        raise invalid(
+            f"{where}: contents.{field} holds {len(values)} elements but shape {list(shape)} "
+            f"needs {count}"
+        )
+    if t.datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        wide = np.array(values, dtype=np.uint64 if dtype.kind == "u" else np.int64)
+        if count and (wide.min() < info.min or wide.max() > info.max):
+            raise invalid(f"{where}: contents.{field} values are out of {t.datatype}'s range")
+        return wide.astype(dtype).reshape(shape)
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+    msg = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    for key, value in response.parameters.items():
+        set_parameter(msg.parameters, key, value)
+    for tensor in response.outputs:
+        msg.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        msg.raw_output_contents.append(bytes(to_binary(tensor)))
+    return msg

@@ -1,0 +1,288 @@
+"""One table of cases, run over both HTTP and gRPC with Triton's own clients.
+
+Both adapters sit on one DataPlane: the same request must give the same answer, the same
+error kind and the same message over either protocol.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.test_http_infer import sample
+from tests.models import ONNX_TYPES
+from tests.servers import RunningServer
+
+PROTOCOLS = ["http", "grpc"]
+
+
+class Client:
+    """tritonclient.http or tritonclient.grpc behind one small interface."""
+
+    def __init__(self, protocol: str, server: RunningServer) -> None:
+        self.protocol = protocol
+        self.mod: Any = httpclient if protocol == "http" else grpcclient
+        address = f"127.0.0.1:{server.port}" if protocol == "http" else server.grpc_address
+        self.raw = self.mod.InferenceServerClient(address)
+
+    def inputs(self, tensors: dict[str, tuple[np.ndarray, str]]) -> list[Any]:
+        made = []
+        for name, (array, datatype) in tensors.items():
+            inp = self.mod.InferInput(name, list(array.shape), datatype)
+            inp.set_data_from_numpy(array)
+            made.append(inp)
+        return made
+
+    def infer(self, model: str, tensors: dict[str, tuple[np.ndarray, str]], **kwargs: Any) -> Any:
+        outputs = kwargs.pop("outputs", None)
+        if outputs is not None:
+            kwargs["outputs"] = [self.mod.InferRequestedOutput(n) for n in outputs]
+        return self.raw.infer(model, self.inputs(tensors), **kwargs)
+
+
+@pytest.fixture(params=PROTOCOLS)
+def client(request: pytest.FixtureRequest, server: RunningServer) -> Iterator[Client]:
+    c = Client(request.param, server)
+    yield c
+    c.raw.close()
+
+
+def f32(*shape: int, value: float = 0.25) -> np.ndarray:
+    return np.full(shape, value, dtype=np.float32)
+
+
+MLP_OK = {"input": (f32(1, 8), "FP32")}
+
+# (id, model, inputs, extra infer kwargs, HTTP status, gRPC code, words in the message)
+ERRORS: list[tuple[str, str, dict[str, Any], dict[str, Any], str, str, list[str]]] = [
+    ("unknown model", "nope", MLP_OK, {}, "404", "NOT_FOUND", ["unknown model 'nope'"]),
+    ("unknown version", "mlp", MLP_OK, {"model_version": "9"}, "404", "NOT_FOUND", ["version '9'"]),
+    (
+        "wrong datatype",
+        "mlp",
+        {"input": (np.zeros((1, 8)), "FP64")},
+        {},
+        "400",
+        "INVALID_ARGUMENT",
+        ["input 'input'", "FP64", "FP32"],
+    ),
+    (
+        "wrong shape",
+        "mlp",
+        {"input": (f32(1, 7), "FP32")},
+        {},
+        "400",
+        "INVALID_ARGUMENT",
+        ["input 'input'", "[1, 7]", "[-1, 8]"],
+    ),
+    (
+        "no batch dimension",
+        "mlp",
+        {"input": (f32(8), "FP32")},
+        {},
+        "400",
+        "INVALID_ARGUMENT",
+        ["input 'input'", "[-1, 8]"],
+    ),
+    (
+        "unexpected input",
+        "mlp",
+        {"other": (f32(1, 8), "FP32")},
+        {},
+        "400",
+        "INVALID_ARGUMENT",
+        ["unexpected input 'other'"],
+    ),
+    (
+        "batch over max",
+        "mlp",
+        {"input": (f32(9, 8), "FP32")},
+        {},
+        "400",
+        "INVALID_ARGUMENT",
+        ["batch size 9", "max_batch_size"],
+    ),
+    (
+        "unknown output",
+        "mlp",
+        MLP_OK,
+        {"outputs": ["logits"]},
+        "400",
+        "INVALID_ARGUMENT",
+        ["output 'logits'"],
+    ),
+    (
+        "model raises",
+        "faulty",
+        {"IN": (f32(1, 4, value=-1), "FP32")},
+        {},
+        "500",
+        "INTERNAL",
+        ["faulty", "negative input is not allowed"],
+    ),
+    (
+        "model breaks batch",
+        "faulty",
+        {"IN": (f32(2, 4, value=5000), "FP32")},
+        {},
+        "500",
+        "INTERNAL",
+        ["output 'OUT' has batch size 1"],
+    ),
+    (
+        "model unavailable",
+        "load_fails",
+        {"IN": (f32(1, 4), "FP32")},
+        {},
+        "503",
+        "UNAVAILABLE",
+        ["no such weights"],
+    ),
+    (
+        "request too large",
+        "identity_fp32",
+        {"INPUT0": (f32(1, 300_000), "FP32")},
+        {},
+        "413",
+        "RESOURCE_EXHAUSTED",
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "tensors", "kwargs", "http_status", "grpc_code", "words"),
+    [c[1:] for c in ERRORS],
+    ids=[c[0] for c in ERRORS],
+)
+def test_error_then_success(
+    client: Client,
+    model: str,
+    tensors: dict[str, Any],
+    kwargs: dict[str, Any],
+    http_status: str,
+    grpc_code: str,
+    words: list[str],
+) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(model, tensors, **kwargs)
+    expected = http_status if client.protocol == "http" else f"StatusCode.{grpc_code}"
+    assert info.value.status() == expected, info.value.message()
+    for word in words:
+        assert word in info.value.message()
+    result = client.infer("mlp", MLP_OK)  # and the server still serves
+    assert result.as_numpy("probabilities").shape == (1, 4)
+
+
+@pytest.mark.parametrize("datatype", list(ONNX_TYPES))
+def test_every_datatype(client: Client, datatype: str) -> None:
+    data = sample(datatype, (2, 7), seed=5)
+    got = client.infer(f"identity_{datatype.lower()}", {"INPUT0": (data, datatype)}).as_numpy(
+        "OUTPUT0"
+    )
+    if datatype == "BYTES":
+        assert got.tolist() == data.tolist()
+    else:
+        assert got.dtype == data.dtype
+        np.testing.assert_array_equal(got, data)
+
+
+def test_health_metadata_and_config(client: Client) -> None:
+    assert client.raw.is_server_live()
+    assert not client.raw.is_server_ready()  # strict: the broken models are not ready
+    assert client.raw.is_model_ready("mlp")
+    assert not client.raw.is_model_ready("load_fails")
+    if client.protocol == "http":
+        meta = client.raw.get_model_metadata("mlp")
+        config = client.raw.get_model_config("mlp")
+        index = client.raw.get_model_repository_index()
+    else:
+        meta = client.raw.get_model_metadata("mlp", as_json=True)
+        config = client.raw.get_model_config("mlp", as_json=True)["config"]
+        index = client.raw.get_model_repository_index(as_json=True)["models"]
+    assert meta["versions"] == ["1", "2"]
+    assert meta["inputs"][0]["datatype"] == "FP32"
+    assert [int(d) for d in meta["inputs"][0]["shape"]] == [-1, 8]
+    assert int(config["max_batch_size"]) == 8
+    assert config["input"][0]["name"] == "input"
+    states = {(r["name"], r.get("version", "")): r.get("state") for r in index}
+    assert states[("mlp", "2")] == "READY"
+    assert states[("load_fails", "1")] == "UNAVAILABLE"
+
+
+def test_same_input_gives_byte_identical_outputs(server: RunningServer) -> None:
+    data = np.random.default_rng(7).normal(size=(3, 8)).astype(np.float32)
+    results = {}
+    for protocol in PROTOCOLS:
+        c = Client(protocol, server)
+        results[protocol] = c.infer("mlp", {"input": (data, "FP32")})
+        c.raw.close()
+    json_client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+    inp = httpclient.InferInput("input", [3, 8], "FP32")
+    inp.set_data_from_numpy(data, binary_data=False)
+    outs = [
+        httpclient.InferRequestedOutput(n, binary_data=False) for n in ("probabilities", "label")
+    ]
+    results["http-json"] = json_client.infer("mlp", [inp], outputs=outs)
+    json_client.close()
+    for name in ("probabilities", "label"):
+        reference = results["grpc"].as_numpy(name)
+        for protocol in ("http", "http-json"):
+            other = results[protocol].as_numpy(name)
+            assert other.dtype == reference.dtype
+            assert other.tobytes() == reference.tobytes(), (protocol, name)
+
+
+def test_grpc_async_infer_batches(server: RunningServer) -> None:
+    c = Client("grpc", server)
+    answers: queue.Queue[tuple[int, Any, Any]] = queue.Queue()
+    n = 48
+    for i in range(n):
+        inputs = c.inputs({"IN": (np.full((1, 2), i, np.float32), "FP32")})
+        c.raw.async_infer(
+            "slow_counter",
+            inputs,
+            lambda result, error, i=i: answers.put((i, result, error)),
+            request_id=str(i),
+        )
+    executions = set()
+    for _ in range(n):
+        i, result, error = answers.get(timeout=20)
+        assert error is None, error
+        assert result.get_response().id == str(i)
+        np.testing.assert_array_equal(result.as_numpy("OUT"), np.full((1, 2), i))
+        executions.add(int(result.as_numpy("EXEC")[0, 0]))
+    assert len(executions) <= 8, f"{n} requests ran as {len(executions)} executions"
+    c.raw.close()
+
+
+def test_grpc_stream_answers_each_request_with_its_id(server: RunningServer) -> None:
+    c = Client("grpc", server)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    c.raw.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for i in range(20):
+        value = -1.0 if i == 7 else float(i)  # request 7 makes the model raise
+        inputs = c.inputs({"IN": (np.full((1, 4), value, np.float32), "FP32")})
+        c.raw.async_stream_infer("faulty", inputs, request_id=f"s{i}")
+    ok: dict[str, np.ndarray] = {}
+    errors = []
+    for _ in range(20):
+        result, error = answers.get(timeout=20)
+        if error is not None:
+            errors.append(error)
+        else:
+            ok[result.get_response().id] = result.as_numpy("OUT")
+    c.raw.stop_stream()
+    c.raw.close()
+    assert len(errors) == 1 and "negative input is not allowed" in str(errors[0])
+    assert sorted(ok) == sorted(f"s{i}" for i in range(20) if i != 7)
+    for i in range(20):
+        if i != 7:
+            np.testing.assert_array_equal(ok[f"s{i}"], np.full((1, 4), 2.0 * i))
