@@ -10,13 +10,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# torch is pinned to the CPU build this project's machines keep on disk (pip takes it from
+# there in seconds); an unpinned `torch` would pull a multi-GB CUDA build from PyPI.
+TORCH ?= torch==2.13.0
+
 # Stamps: reinstall only when pyproject.toml changes.
 $(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[examples]'
+	$(BIN)/pip install --quiet -e '.[examples]' '$(TORCH)'
 	touch $@
 
 $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[examples,test]'
+	$(BIN)/pip install --quiet -e '.[examples,test]' '$(TORCH)'
 	touch $@ $(VENV)/.serve-deps
 
 models: $(VENV)/.serve-deps

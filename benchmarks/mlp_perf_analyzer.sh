@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Serve the example models with inferd and load the ONNX MLP with Triton's perf_analyzer.
-#   usage: benchmarks/mlp_perf_analyzer.sh [http|grpc] [concurrency ...]     (default: http 1 8 64)
-# Results are printed and written to benchmarks/results/<protocol>-c<N>.csv.
+#   usage: [MODEL=mlp_torch] benchmarks/mlp_perf_analyzer.sh [http|grpc] [concurrency ...]
+#   (default: MODEL=mlp, http, concurrency 1 8 64)
+# Results are printed and written to benchmarks/results/<model>-<protocol>-c<N>.csv.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PROTOCOL="${1:-http}"; shift || true
 LEVELS=("${@:-1 8 64}"); LEVELS=(${LEVELS[@]})
+MODEL="${MODEL:-mlp}"
 PORT_HTTP=18000; PORT_GRPC=18001
 mkdir -p benchmarks/results
 
@@ -23,10 +25,10 @@ done
 
 URL="127.0.0.1:$PORT_HTTP"; [[ "$PROTOCOL" == grpc ]] && URL="127.0.0.1:$PORT_GRPC"
 for c in "${LEVELS[@]}"; do
-  echo "== $PROTOCOL concurrency $c"
-  benchmarks/perf_analyzer.sh -m mlp -u "$URL" -i "$PROTOCOL" \
+  echo "== $MODEL $PROTOCOL concurrency $c"
+  benchmarks/perf_analyzer.sh -m "$MODEL" -u "$URL" -i "$PROTOCOL" \
     --concurrency-range "$c" --measurement-interval 5000 --percentile=99 \
     --stability-percentage 20 --max-trials 20 \
-    --input-data random -f "benchmarks/results/$PROTOCOL-c$c.csv" \
+    --input-data random -f "benchmarks/results/$MODEL-$PROTOCOL-c$c.csv" \
     | grep -E "Concurrency:|p50 latency|p90 latency|p99 latency|Throughput" || true
 done

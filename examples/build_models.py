@@ -29,14 +29,22 @@ def _ir(graph: onnx.GraphProto) -> onnx.ModelProto:
     return model
 
 
-def mlp(sizes: list[int], seed: int, batch_dim: str | int = "batch") -> onnx.ModelProto:
-    """An MLP classifier: input -> (Gemm, Relu)* -> Gemm -> probabilities, label."""
+def mlp_weights(sizes: list[int], seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(W, b) per layer; the ONNX and the TorchScript MLP share them, so they agree."""
     rng = np.random.default_rng(seed)
-    nodes, inits = [], []
-    current = "input"
-    for k, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
+    layers = []
+    for n_in, n_out in zip(sizes, sizes[1:], strict=False):
         w = rng.normal(0, 1 / np.sqrt(n_in), (n_in, n_out)).astype(np.float32)
         b = rng.normal(0, 0.01, n_out).astype(np.float32)
+        layers.append((w, b))
+    return layers
+
+
+def mlp(sizes: list[int], seed: int, batch_dim: str | int = "batch") -> onnx.ModelProto:
+    """An MLP classifier: input -> (Gemm, Relu)* -> Gemm -> probabilities, label."""
+    nodes, inits = [], []
+    current = "input"
+    for k, (w, b) in enumerate(mlp_weights(sizes, seed)):
         inits += [numpy_helper.from_array(w, f"w{k}"), numpy_helper.from_array(b, f"b{k}")]
         out = f"h{k}"
         nodes.append(helper.make_node("Gemm", [current, f"w{k}", f"b{k}"], [out]))
@@ -87,9 +95,37 @@ def identity(onnx_type: int, dims: list[str | int]) -> onnx.ModelProto:
     return _ir(graph)
 
 
+def torch_mlp(sizes: list[int], seed: int, path: Path) -> None:
+    """The same MLP as `mlp` (same weights), saved as TorchScript for the PyTorch backend."""
+    import torch
+
+    class MLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList()
+            for w, b in mlp_weights(sizes, seed):
+                layer = torch.nn.Linear(w.shape[0], w.shape[1])
+                layer.weight.data = torch.from_numpy(w.T.copy())
+                layer.bias.data = torch.from_numpy(b)
+                self.layers.append(layer)
+
+        def forward(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x = input
+            for k, layer in enumerate(self.layers):
+                x = layer(x)
+                if k < len(self.layers) - 1:
+                    x = torch.relu(x)
+            probabilities = torch.softmax(x, dim=1)
+            return probabilities, torch.argmax(probabilities, dim=1, keepdim=True)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.save(torch.jit.script(MLP().eval()), str(path))
+
+
 def build(repository: Path) -> None:
     _save(mlp([64, 1024, 1024, 16], seed=0), repository / "mlp" / "1" / "model.onnx")
     _save(linear(4, 2, seed=1), repository / "linear_noconfig" / "1" / "model.onnx")
+    torch_mlp([64, 1024, 1024, 16], seed=0, path=repository / "mlp_torch" / "1" / "model.pt")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,12 @@ def install() -> None:
         sys.stderr = _ModelStream(sys.stderr, logging.WARNING)
 
 
+def current_model() -> str | None:
+    """The model whose code the current thread is running, if any."""
+    model: str | None = getattr(_current, "model", None)
+    return model
+
+
 @contextlib.contextmanager
 def running_model(name: str) -> Iterator[None]:
     """Mark the current thread as running `name`'s code for the duration of the block."""

@@ -41,6 +41,7 @@ class BoundRequest:
     rows: int  # batch size of this request; 1 for unbatched models
     shape_key: tuple[tuple[int, ...], ...]  # non-batch shapes: only equal keys may be merged
     output_names: list[str]
+    request_id: str = ""  # the client's request id, "" when it sent none
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
@@ -144,6 +145,7 @@ class ModelSignature:
             rows=rows if self.is_batched else 1,
             shape_key=tuple(a.shape[1:] for a in inputs.values()),
             output_names=self._output_names(request.outputs, model),
+            request_id=request.id,
         )
 
     def _output_names(self, requested: list[RequestedOutput] | None, model: str) -> list[str]:

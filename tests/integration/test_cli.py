@@ -122,6 +122,25 @@ def test_serves_the_example_models(example_server: tuple[str, str, subprocess.Po
     lin = httpclient.InferInput("x", [2, 4], "FP32")
     lin.set_data_from_numpy(np.ones((2, 4), np.float32))
     assert client.infer("linear_noconfig", [lin]).as_numpy("y").shape == (2, 2)
+
+    # The TorchScript twin of the MLP has the same weights: the same answers.
+    torch_result = client.infer("mlp_torch", [inp])
+    np.testing.assert_allclose(
+        torch_result.as_numpy("probabilities"), result.as_numpy("probabilities"), atol=1e-5
+    )
+    assert torch_result.as_numpy("label").tolist() == result.as_numpy("label").tolist()
+
+    a = np.array([1, 2, 3, 4], np.float32)
+    b = np.array([10, 20, 30, 40], np.float32)
+    pair = [
+        httpclient.InferInput("INPUT0", [4], "FP32"),
+        httpclient.InferInput("INPUT1", [4], "FP32"),
+    ]
+    pair[0].set_data_from_numpy(a)
+    pair[1].set_data_from_numpy(b)
+    add_sub = client.infer("add_sub", pair)
+    np.testing.assert_array_equal(add_sub.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(add_sub.as_numpy("OUTPUT1"), a - b)
     client.close()
 
 

@@ -128,15 +128,20 @@ def test_malformed_messages_are_invalid_argument(stub, datatype, shape, fill, wo
         assert word in error.details()
 
 
-@pytest.mark.parametrize(
-    "method", ["ModelStatistics", "RepositoryModelLoad", "RepositoryModelUnload"]
-)
+UNIMPLEMENTED = {
+    "ModelStatistics": pb.ModelStatisticsRequest(name="mlp"),
+    "RepositoryModelLoad": pb.RepositoryModelLoadRequest(model_name="mlp"),
+    "RepositoryModelUnload": pb.RepositoryModelUnloadRequest(model_name="mlp"),
+    "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest(),
+    "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest(name="x"),
+    "TraceSetting": pb.TraceSettingRequest(),
+    "LogSettings": pb.LogSettingsRequest(),
+}
+
+
+@pytest.mark.parametrize("method", list(UNIMPLEMENTED))
 def test_later_features_answer_unimplemented(stub, method: str) -> None:  # type: ignore[no-untyped-def]
-    request = {
-        "ModelStatistics": pb.ModelStatisticsRequest(name="mlp"),
-        "RepositoryModelLoad": pb.RepositoryModelLoadRequest(model_name="mlp"),
-        "RepositoryModelUnload": pb.RepositoryModelUnloadRequest(model_name="mlp"),
-    }[method]
+    request = UNIMPLEMENTED[method]
     error = _call_error(getattr(stub, method), request)
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
 

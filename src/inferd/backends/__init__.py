@@ -12,11 +12,18 @@ def get_backend(name: str) -> Backend:
         from inferd.backends.onnx import OnnxBackend
 
         return OnnxBackend()
+    if name == "pytorch":
+        try:
+            from inferd.backends.torch import TorchBackend
+        except ImportError:
+            raise invalid("backend 'pytorch' needs torch: pip install 'inferd[torch]'") from None
+
+        return TorchBackend()
     if name == "python":
         from inferd.backends.python import PythonBackend
 
         return PythonBackend()
-    raise invalid(f"unknown backend '{name}'; supported: onnxruntime, python")
+    raise invalid(f"unknown backend '{name}'; supported: onnxruntime, pytorch, python")
 
 
 __all__ = ["Backend", "get_backend"]

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.errors import InferdError
 from inferd.types import Array
+
+if TYPE_CHECKING:
+    from inferd.signature import BoundRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +43,28 @@ class Instance(Protocol):
         ...
 
 
+@runtime_checkable
+class RequestListInstance(Protocol):
+    """An instance that takes the batch's requests one by one instead of merged tensors
+    (Triton's Python-backend contract: `execute(requests)` returns one response each)."""
+
+    device: str
+
+    def execute_requests(
+        self, requests: list[BoundRequest]
+    ) -> list[dict[str, Array] | InferdError]:
+        """One result per request, in order: its outputs, or an error failing it alone."""
+        ...
+
+    def close(self) -> None: ...
+
+
+AnyInstance = Instance | RequestListInstance
+
+
 class Backend(Protocol):
     model_file: str  # the file a version directory must hold, e.g. "model.onnx"
+    model_files: tuple[str, ...]  # every file name it can load, in order of preference
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         """Fill what the config leaves out (inputs, outputs, batching) from the model file.
@@ -49,6 +73,6 @@ class Backend(Protocol):
         """
         ...
 
-    def load(self, ctx: LoadContext) -> Instance:
+    def load(self, ctx: LoadContext) -> AnyInstance:
         """Load one instance; raises with a readable message when the model can't load."""
         ...

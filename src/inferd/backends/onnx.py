@@ -50,6 +50,7 @@ def _dim(d: Any) -> int:
 
 class OnnxBackend:
     model_file = "model.onnx"
+    model_files: tuple[str, ...] = ("model.onnx",)
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         where = f"{config.name}/config.pbtxt"
@@ -166,6 +167,14 @@ class OnnxInstance:
                 ", ".join(ort.get_available_providers()),
             )
         self.providers = active
+        log.info(
+            "model %s version %s instance %d: ONNX Runtime providers %s, %d intra-op threads",
+            ctx.model_name,
+            ctx.version,
+            ctx.instance_index,
+            ", ".join(active),
+            options.intra_op_num_threads,
+        )
         self._output_names = [o.name for o in self._session.get_outputs()]
         self._string_inputs = {
             i.name for i in self._session.get_inputs() if i.type == "tensor(string)"

@@ -1,4 +1,5 @@
-"""Python backend: `<version>/model.py` defining class `Model` (see `inferd.python_model`)."""
+"""Python backend: `<version>/model.py` defining class `Model` (see `inferd.python_model`),
+or class `TritonPythonModel` (Triton's Python-backend contract, see `triton_python`)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import importlib.util
 import itertools
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
+from inferd.backends.triton_python import TritonPythonInstance
 from inferd.model_output import running_model
 from inferd.python_model import ModelContext
 from inferd.repository.config import ConfigError
@@ -22,6 +26,7 @@ _module_ids = itertools.count()
 
 class PythonBackend:
     model_file = "model.py"
+    model_files: tuple[str, ...] = ("model.py",)
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         # A Python file says nothing about its tensors: the config must declare them.
@@ -31,36 +36,54 @@ class PythonBackend:
                 "its inputs and outputs"
             )
 
-    def load(self, ctx: LoadContext) -> PythonInstance:
-        return PythonInstance(ctx)
+    def load(self, ctx: LoadContext) -> PythonInstance | TritonPythonInstance:
+        module = import_model_module(ctx)
+        try:
+            if hasattr(module, "Model"):
+                return PythonInstance(ctx, module)
+            if hasattr(module, "TritonPythonModel"):
+                return TritonPythonInstance(ctx, module)
+            raise RuntimeError(
+                "model.py defines no class 'Model' (inferd) or 'TritonPythonModel' "
+                "(Triton Python backend)"
+            )
+        except BaseException:
+            sys.modules.pop(module.__name__, None)
+            raise
+
+
+def import_model_module(ctx: LoadContext) -> ModuleType:
+    """Execute `<version>/model.py` as a fresh module, its prints going to the model's log.
+
+    `triton_python_backend_utils` is made importable first (inferd's `pb_utils`), so that
+    models written for Triton's Python backend import unchanged.
+    """
+    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+    path = ctx.version_dir / PythonBackend.model_file
+    module_name = f"inferd_model_{next(_module_ids)}_{ctx.model_name}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot import {ctx.model_name}/{ctx.version}/model.py")
+    module = importlib.util.module_from_spec(spec)
+    # Registered so that pickling and dataclasses inside the model module work.
+    sys.modules[module_name] = module
+    try:
+        with running_model(ctx.model_name):
+            spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
 
 
 class PythonInstance:
     device = "cpu"
 
-    def __init__(self, ctx: LoadContext) -> None:
+    def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
         self._name = ctx.model_name
-        path = ctx.version_dir / PythonBackend.model_file
-        module_name = f"inferd_model_{next(_module_ids)}_{ctx.model_name}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise RuntimeError(f"cannot import {ctx.model_name}/{ctx.version}/model.py")
-        module = importlib.util.module_from_spec(spec)
-        # Registered so that pickling and dataclasses inside the model module work.
-        sys.modules[module_name] = module
-        self._module_name = module_name
+        self._module_name = module.__name__
         with running_model(self._name):
-            spec.loader.exec_module(module)
-            cls = getattr(module, "Model", None)
-            if cls is None:
-                hint = (
-                    " (Triton Python-backend models, class TritonPythonModel, are not "
-                    "supported yet)"
-                    if hasattr(module, "TritonPythonModel")
-                    else ""
-                )
-                raise RuntimeError(f"model.py defines no class 'Model'{hint}")
-            self._model: Any = cls()
+            self._model: Any = module.Model()
             context = ModelContext(
                 name=ctx.model_name,
                 version=ctx.version,

@@ -154,6 +154,31 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         return await self._unimplemented(context, "RepositoryModelUnload")
 
+    # Not planned yet: shared-memory tensors, trace and log settings over the API.
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "system shared memory")
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "system shared memory")
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "system shared memory")
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "CUDA shared memory")
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "CUDA shared memory")
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "CUDA shared memory")
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "TraceSetting")
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "LogSettings")
+
 
 def _stream_error(request: Any, message: str) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(

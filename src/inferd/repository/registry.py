@@ -17,7 +17,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends import get_backend
-from inferd.backends.base import Backend, Instance, LoadContext
+from inferd.backends.base import AnyInstance, Backend, LoadContext
 from inferd.errors import InferdError, not_found, unavailable
 from inferd.repository.config import (
     ConfigError,
@@ -32,7 +32,13 @@ from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
 
-MODEL_FILES = {"model.onnx": "onnxruntime", "model.py": "python"}
+# Which backend serves a model that has no config naming one (Triton's platform detection).
+MODEL_FILES = {
+    "model.onnx": "onnxruntime",
+    "model.py": "python",
+    "model.pt": "pytorch",
+    "model.pt2": "pytorch",
+}
 
 
 class State(enum.Enum):
@@ -176,8 +182,10 @@ class ModelRegistry:
         count = instance_count(mv.config)
         started = time.monotonic()
         try:
-            if not (version_dir / backend.model_file).exists():
-                raise RuntimeError(f"{mv.name}/{mv.version}/{backend.model_file} does not exist")
+            if _model_file(backend, version_dir) is None:
+                raise RuntimeError(
+                    f"{mv.name}/{mv.version}/ holds no {' or '.join(backend.model_files)}"
+                )
             instances = await asyncio.to_thread(_load_instances, backend, mv, version_dir, count)
         except Exception as exc:
             mv.state = State.UNAVAILABLE
@@ -247,6 +255,8 @@ def _prepare(model_dir: Path) -> tuple[mc.ModelConfig, Backend, list[int]]:
             )
         if name == "onnxruntime":
             config.platform = "onnxruntime_onnx"
+        elif name == "pytorch":
+            config.platform = "pytorch_libtorch"
         else:
             config.backend = name
     elif not name:
@@ -264,14 +274,17 @@ def _prepare(model_dir: Path) -> tuple[mc.ModelConfig, Backend, list[int]]:
             f"{available}"
         )
     newest_dir = model_dir / str(versions[-1])
-    if (newest_dir / backend.model_file).exists():
+    model_file = _model_file(backend, newest_dir)
+    if model_file is not None:
         try:
             backend.complete_config(config, newest_dir)
         except ConfigError:
             raise
         except Exception as exc:
+            # Library messages often quote the absolute path: keep it out of what clients see.
+            detail = str(exc).replace(str(model_file), model_file.name)
             raise ConfigError(
-                f"{model_dir.name}/{versions[-1]}/{backend.model_file}: cannot read: {exc}"
+                f"{model_dir.name}/{versions[-1]}/{model_file.name}: cannot read: {detail}"
             ) from None
     if not config.instance_group:
         # Triton's completion: one instance; CPU, since no GPU kind was asked for.
@@ -282,10 +295,14 @@ def _prepare(model_dir: Path) -> tuple[mc.ModelConfig, Backend, list[int]]:
     return config, backend, versions
 
 
+def _model_file(backend: Backend, version_dir: Path) -> Path | None:
+    return next((version_dir / f for f in backend.model_files if (version_dir / f).exists()), None)
+
+
 def _load_instances(
     backend: Backend, mv: ModelVersion, version_dir: Path, count: int
-) -> list[Instance]:
-    instances: list[Instance] = []
+) -> list[AnyInstance]:
+    instances: list[AnyInstance] = []
     try:
         for index in range(count):
             ctx = LoadContext(mv.name, mv.version, version_dir, mv.config, index, count)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferd.backends.base import Instance
+from inferd.backends.base import AnyInstance, RequestListInstance
 from inferd.errors import ErrorKind, InferdError, unavailable
 from inferd.signature import BoundRequest
 from inferd.types import Array
@@ -77,14 +77,14 @@ class DynamicBatcher:
     its await leaves a cancelled future behind, which the batcher skips.
     """
 
-    def __init__(self, name: str, instances: Sequence[Instance], options: BatchingOptions):
+    def __init__(self, name: str, instances: Sequence[AnyInstance], options: BatchingOptions):
         self.name = name
         self._instances = list(instances)
         self._opts = options
         self._queue: deque[Pending] = deque()
         self._queued_rows = 0
         self._arrived = asyncio.Event()
-        self._idle: asyncio.Queue[Instance] = asyncio.Queue()
+        self._idle: asyncio.Queue[AnyInstance] = asyncio.Queue()
         for inst in self._instances:
             self._idle.put_nowait(inst)
         self._executor = ThreadPoolExecutor(
@@ -223,7 +223,9 @@ class DynamicBatcher:
             taken += p.request.rows
         return batch, reason
 
-    async def _execute(self, instance: Instance, batch: list[Pending], reason: BatchClose) -> None:
+    async def _execute(
+        self, instance: AnyInstance, batch: list[Pending], reason: BatchClose
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._executing += len(batch)
         try:
@@ -236,7 +238,13 @@ class DynamicBatcher:
             self._fail(batch, InferdError(ErrorKind.MODEL_ERROR, f"model '{self.name}': {exc}"))
         else:
             for p, out in zip(batch, results, strict=True):
-                if not p.future.done():
+                if p.future.done():
+                    continue
+                if isinstance(out, InferdError):  # one request of the batch failed alone
+                    p.future.set_exception(
+                        InferdError(out.kind, f"model '{self.name}': {out.message}")
+                    )
+                else:
                     p.future.set_result(out)
         finally:
             self._executing -= len(batch)
@@ -252,8 +260,21 @@ class DynamicBatcher:
                 p.future.set_exception(exc)
 
 
-def _run_batch(instance: Instance, batch: list[Pending], batched: bool) -> list[dict[str, Array]]:
+def _run_batch(
+    instance: AnyInstance, batch: list[Pending], batched: bool
+) -> list[dict[str, Array] | InferdError]:
     """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
+    if isinstance(instance, RequestListInstance):
+        # Models written against Triton's execute(requests) contract see the requests
+        # separately, and answer each one (or fail it alone).
+        results = instance.execute_requests([p.request for p in batch])
+        if len(results) != len(batch):
+            raise InferdError(
+                ErrorKind.MODEL_ERROR,
+                f"execute() returned {len(results)} responses for {len(batch)} requests; "
+                "it must return one response per request",
+            )
+        return results
     first = batch[0].request
     if len(batch) == 1:
         inputs = first.inputs  # no copy for a lone request
@@ -274,10 +295,10 @@ def _run_batch(instance: Instance, batch: list[Pending], batched: bool) -> list[
             )
     if len(batch) == 1:
         return [outputs]
-    results = []
+    split: list[dict[str, Array] | InferdError] = []
     offset = 0
     for p in batch:
         end = offset + p.request.rows
-        results.append({name: array[offset:end] for name, array in outputs.items()})
+        split.append({name: array[offset:end] for name, array in outputs.items()})
         offset = end
-    return results
+    return split

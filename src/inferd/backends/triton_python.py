@@ -1,0 +1,124 @@
+"""Models written for Triton's Python backend: class `TritonPythonModel` in `model.py`.
+
+Triton's contract: `initialize(args)` once per instance, `execute(requests)` with the list of
+requests of one batch (each request keeps its own tensors) returning one
+`pb_utils.InferenceResponse` per request, `finalize()` at unload.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from inferd.backends import pb_utils
+from inferd.backends.base import LoadContext
+from inferd.errors import ErrorKind, InferdError
+from inferd.model_output import running_model
+from inferd.repository.config import to_json
+from inferd.signature import BoundRequest
+from inferd.types import Array
+
+# What a TritonError's code becomes; every other code fails the request as a model error.
+_ERROR_KINDS = {
+    pb_utils.TritonError.INVALID_ARG: ErrorKind.INVALID_ARGUMENT,
+    pb_utils.TritonError.UNAVAILABLE: ErrorKind.UNAVAILABLE,
+}
+
+
+def initialize_args(ctx: LoadContext) -> dict[str, str]:
+    """The `args` dict Triton passes to `initialize`, every value a string."""
+    return {
+        "model_config": json.dumps(to_json(ctx.config)),
+        "model_instance_kind": "CPU",
+        "model_instance_name": f"{ctx.model_name}_0_{ctx.instance_index}",
+        "model_instance_device_id": "0",
+        "model_repository": str(ctx.version_dir.parent),
+        "model_version": ctx.version,
+        "model_name": ctx.model_name,
+    }
+
+
+class TritonPythonInstance:
+    """One `TritonPythonModel` object; a `RequestListInstance` for the batcher."""
+
+    device = "cpu"
+
+    def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
+        self._name = ctx.model_name
+        self._module_name = module.__name__
+        self._batched = ctx.config.max_batch_size > 0
+        with running_model(self._name):
+            self._model: Any = module.TritonPythonModel()
+            if hasattr(self._model, "initialize"):
+                self._model.initialize(initialize_args(ctx))
+
+    def execute_requests(
+        self, requests: list[BoundRequest]
+    ) -> list[dict[str, Array] | InferdError]:
+        triton_requests = [
+            pb_utils.InferenceRequest(
+                inputs=[pb_utils.Tensor(name, array) for name, array in r.inputs.items()],
+                request_id=r.request_id,
+                requested_output_names=r.output_names,
+                model_name=self._name,
+            )
+            for r in requests
+        ]
+        # An exception here fails every request of the batch, as in Triton.
+        with running_model(self._name):
+            responses = self._model.execute(triton_requests)
+        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
+            got = (
+                f"{len(responses)} responses"
+                if isinstance(responses, list | tuple)
+                else type(responses).__name__
+            )
+            raise InferdError(
+                ErrorKind.MODEL_ERROR,
+                f"execute() returned {got} for {len(requests)} requests; it must return a "
+                "list with one pb_utils.InferenceResponse per request, in order",
+            )
+        return [self._result(resp, req) for resp, req in zip(responses, requests, strict=True)]
+
+    def _result(self, response: object, request: BoundRequest) -> dict[str, Array] | InferdError:
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return InferdError(
+                ErrorKind.MODEL_ERROR,
+                f"execute() returned {type(response).__name__} for a request; expected "
+                "pb_utils.InferenceResponse",
+            )
+        error = response.error()
+        if error is not None:
+            kind = _ERROR_KINDS.get(error.code(), ErrorKind.MODEL_ERROR)
+            return InferdError(kind, str(error.message()))
+        outputs: dict[str, Array] = {}
+        for tensor in response.output_tensors():
+            if not isinstance(tensor, pb_utils.Tensor):
+                return InferdError(
+                    ErrorKind.MODEL_ERROR,
+                    f"a response holds {type(tensor).__name__}; output_tensors must be "
+                    "pb_utils.Tensor objects",
+                )
+            array = np.asarray(tensor.as_numpy())
+            if self._batched and (array.ndim == 0 or array.shape[0] != request.rows):
+                return InferdError(
+                    ErrorKind.MODEL_ERROR,
+                    f"output '{tensor.name()}' has shape {list(array.shape)} for a request "
+                    f"of batch size {request.rows}; each response must keep its request's "
+                    "batch dimension",
+                )
+            outputs[tensor.name()] = array
+        return outputs
+
+    def close(self) -> None:
+        try:
+            if hasattr(self._model, "finalize"):
+                with running_model(self._name):
+                    self._model.finalize()
+        finally:
+            sys.modules.pop(self._module_name, None)
+            del self._model
