@@ -63,6 +63,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="least severe log level printed",
     )
     serve.add_argument(
+        "--log-format",
+        default=defaults.log_format,
+        choices=["text", "json"],
+        help="log lines as text or as one JSON object per line",
+    )
+    serve.add_argument(
+        "--log-sample-rate",
+        type=float,
+        default=defaults.log_sample_rate,
+        metavar="FRACTION",
+        help="share of successful requests written to the request log (0..1); "
+        "failed requests are always logged",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=defaults.metrics_port,
+        help="port of the Prometheus endpoint (GET /metrics); 0 turns it off",
+    )
+    serve.add_argument(
+        "--metrics-triton-names",
+        action="store_true",
+        help="also export Triton's metric names (nv_inference_*), for existing dashboards",
+    )
+    serve.add_argument(
+        "--trace-otlp-endpoint",
+        default=defaults.trace_otlp_endpoint,
+        metavar="URL",
+        help="send OpenTelemetry spans to this OTLP/HTTP endpoint (e.g. "
+        "http://127.0.0.1:4318/v1/traces); needs the 'otel' extra. Empty: no tracing",
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=float,
         default=defaults.exit_timeout_s,
@@ -76,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from inferd import log, server
 
-        log.configure(args.log_level)
+        log.configure(args.log_level, args.log_format)
         if not args.model_repository.is_dir():
             print(
                 f"inferd: model repository {args.model_repository} is not a directory",
@@ -92,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                 max_request_bytes=int(args.max_request_mib * MIB),
                 max_response_bytes=int(args.max_response_mib * MIB),
                 log_level=args.log_level,
+                log_format=args.log_format,
+                log_sample_rate=args.log_sample_rate,
+                metrics_port=args.metrics_port or None,
+                metrics_triton_names=args.metrics_triton_names,
+                trace_otlp_endpoint=args.trace_otlp_endpoint,
                 exit_timeout_s=args.exit_timeout_secs,
             )
         )

@@ -6,6 +6,9 @@ checks, scheduling, output conformance) happens here, once.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -13,9 +16,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__
 from inferd.datatypes import V2_TO_NUMPY
-from inferd.errors import ErrorKind, InferdError
+from inferd.errors import ErrorKind, InferdError, not_found
+from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
+from inferd.statistics import StatisticsSink
 from inferd.types import Array, InferRequest, InferResponse, Tensor
 
 EXTENSIONS = [
@@ -23,12 +28,16 @@ EXTENSIONS = [
     "model_configuration",
     "model_repository",
     "parameters",
+    "statistics",
 ]
 
 
 class DataPlane:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, telemetry: Telemetry) -> None:
         self.registry = registry
+        self.telemetry = telemetry
+        self.statistics = StatisticsSink()
+        telemetry.add(self.statistics)
         self.is_shutting_down = False
 
     # -- health and metadata ------------------------------------------------------------
@@ -74,20 +83,76 @@ class DataPlane:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self.registry.index(ready_only)
 
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics: every model when `name` is empty, else its (given) versions."""
+        if not name:
+            names = sorted(self.registry.models)
+        elif name not in self.registry.models:
+            raise not_found(f"unknown model '{name}'")
+        else:
+            names = [name]
+        stats = []
+        for n in names:
+            versions = sorted(self.registry.models[n].versions, key=int)
+            if version:
+                if version not in versions:
+                    raise not_found(f"unknown version '{version}' of model '{n}'")
+                versions = [version]
+            stats.extend(self.statistics.model_stats(n, versions))
+        return {"model_stats": stats}
+
     # -- inference ----------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        mv = self.registry.get(request.model_name, request.model_version)
-        bound = mv.signature.bind(request)
-        assert mv.batcher is not None  # a READY version always has one
-        outputs = await mv.batcher.submit(bound)
-        tensors = [
-            _conform_output(mv, mv.signature.outputs[name], outputs, bound.rows)
-            for name in bound.output_names
-        ]
-        return InferResponse(
-            model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
-        )
+    async def infer(
+        self,
+        model_name: str,
+        version: str,
+        decode: Callable[[], Awaitable[InferRequest]],
+        ctx: CallContext,
+    ) -> InferResponse:
+        """Decode, check, schedule and answer one request, and tell telemetry how it went.
+
+        `decode` reads and decodes the adapter's wire message: its failures (a malformed
+        body) are counted like every other failure, under the model they were sent to.
+        """
+        record = RequestRecord(model="", version=version, ctx=ctx, duration_ns=0)
+        try:
+            request = await decode()
+            record.request = request
+            record.request_id = request.id
+            model = self.registry.models.get(model_name)
+            record.model = model_name if model is not None else ""
+            mv = self.registry.get(model_name, version)
+            record.version = mv.version
+            bound = mv.signature.bind(request)
+            record.rows = bound.rows
+            assert mv.batcher is not None  # a READY version always has one
+            outputs, times = await mv.batcher.submit(bound)
+            record.times = times
+            t0 = time.perf_counter_ns()
+            tensors = [
+                _conform_output(mv, mv.signature.outputs[name], outputs, bound.rows)
+                for name in bound.output_names
+            ]
+            times.compute_output_ns += time.perf_counter_ns() - t0
+            return InferResponse(
+                model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
+            )
+        except InferdError as exc:
+            record.failure = FAILURE_REASON[exc.kind]
+            record.message = exc.message
+            raise
+        except asyncio.CancelledError:
+            record.failure = CANCELLED
+            record.message = "the client cancelled the request"
+            raise
+        except Exception as exc:
+            record.failure = FAILURE_REASON[ErrorKind.INTERNAL]
+            record.message = str(exc)
+            raise
+        finally:
+            record.duration_ns = time.perf_counter_ns() - ctx.start_ns
+            self.telemetry.request(record)
 
 
 def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:

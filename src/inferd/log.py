@@ -6,7 +6,7 @@ import logging
 import sys
 
 
-def configure(level: str) -> None:
+def configure(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")

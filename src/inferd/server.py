@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 
 from inferd import model_output
 from inferd.dataplane import DataPlane
+from inferd.events import Telemetry
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.http import build_app
 from inferd.repository.registry import ModelRegistry
@@ -25,8 +26,9 @@ log = logging.getLogger("inferd.server")
 class InferenceServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.registry = ModelRegistry(settings.model_repository)
-        self.dataplane = DataPlane(self.registry)
+        self.telemetry = Telemetry()
+        self.registry = ModelRegistry(settings.model_repository, self.telemetry)
+        self.dataplane = DataPlane(self.registry, self.telemetry)
         self.app: Starlette = build_app(
             self.dataplane, settings.max_request_bytes, lifespan=self._lifespan
         )

@@ -17,4 +17,9 @@ class Settings:
     max_request_bytes: int = 64 * MIB  # HTTP bodies and received gRPC messages
     max_response_bytes: int = 64 * MIB  # sent gRPC messages
     log_level: str = "INFO"
+    log_format: str = "text"  # "text" or "json" (one JSON object per line)
+    log_sample_rate: float = 0.01  # share of successful requests logged; errors always are
+    metrics_port: int | None = 8002  # None: no metrics endpoint; 0: any free port (tests)
+    metrics_triton_names: bool = False  # also export Triton's nv_inference_* names
+    trace_otlp_endpoint: str = ""  # OTLP/HTTP traces endpoint; "" disables tracing
     exit_timeout_s: float = 30.0

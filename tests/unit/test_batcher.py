@@ -20,7 +20,13 @@ from inferd.scheduling.batcher import BatchClose, BatchingOptions, DynamicBatche
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
-GUARD_S = 10  # a test that hangs fails after this long instead of blocking the run
+GUARD_S = 10
+
+
+async def outputs(batcher: DynamicBatcher, request: BoundRequest) -> dict[str, Array]:
+    """Submit and keep only the outputs (not the execution timings)."""
+    result, _ = await batcher.submit(request)
+    return result  # a test that hangs fails after this long instead of blocking the run
 
 
 class Instance:
@@ -94,9 +100,9 @@ async def queue_behind_busy(
     Returns each request's outputs (or the exception it raised), in order.
     """
     assert instance.gate is not None
-    blocker = asyncio.create_task(batcher.submit(req(-1.0)))
+    blocker = asyncio.create_task(outputs(batcher, req(-1.0)))
     await until(instance.entered.is_set)
-    tasks = [asyncio.create_task(batcher.submit(r)) for r in requests]
+    tasks = [asyncio.create_task(outputs(batcher, r)) for r in requests]
     await until(lambda: batcher.inflight() == len(requests) + 1)
     instance.gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -121,7 +127,7 @@ def test_lone_request_executes_alone_at_once() -> None:
         # A long delay that must not be waited for: work_conserving never holds a request.
         batcher = DynamicBatcher("m", [inst], options(max_delay_s=3600))
         try:
-            out = await batcher.submit(req(1.5, 2.5))
+            out = await outputs(batcher, req(1.5, 2.5))
             assert out["OUT"].tolist() == [[3.0], [5.0]]
             assert [rows_of(b) for b in inst.batches] == [[1.5, 2.5]]
             assert list(batcher.executions) == [ExecutionRecord(2, 1, BatchClose.QUEUE_EMPTY)]
@@ -275,7 +281,7 @@ def test_window_waits_for_the_delay_when_nothing_else_comes() -> None:
         inst = Instance()
         batcher = DynamicBatcher("m", [inst], options(max_delay_s=0.02, policy="window"))
         try:
-            out = await batcher.submit(req(7))
+            out = await outputs(batcher, req(7))
             assert out["OUT"].tolist() == [[14.0]]
             assert list(batcher.executions) == [ExecutionRecord(1, 1, BatchClose.MAX_DELAY)]
         finally:
@@ -292,7 +298,7 @@ def test_window_leaves_at_once_when_full() -> None:
             "m", [inst], options(max_batch_size=4, max_delay_s=3600, policy="window")
         )
         try:
-            results = await asyncio.gather(*(batcher.submit(req(v)) for v in range(4)))
+            results = await asyncio.gather(*(outputs(batcher, req(v)) for v in range(4)))
             assert [r["OUT"].tolist() for r in results] == [[[2.0 * v]] for v in range(4)]
             assert [rows_of(b) for b in inst.batches] == [[0, 1, 2, 3]]
             assert list(batcher.executions) == [ExecutionRecord(4, 4, BatchClose.FULL)]
@@ -308,7 +314,7 @@ def test_window_leaves_at_once_at_a_preferred_size() -> None:
         opts = options(max_batch_size=8, preferred_sizes=(2,), max_delay_s=3600, policy="window")
         batcher = DynamicBatcher("m", [inst], opts)
         try:
-            await asyncio.gather(batcher.submit(req(1)), batcher.submit(req(2)))
+            await asyncio.gather(outputs(batcher, req(1)), outputs(batcher, req(2)))
             assert list(batcher.executions) == [ExecutionRecord(2, 2, BatchClose.PREFERRED_SIZE)]
         finally:
             await batcher.stop()
@@ -374,7 +380,7 @@ def test_wrong_output_batch_size_fails_a_lone_request() -> None:
         batcher = DynamicBatcher("m", [inst], options())
         try:
             with pytest.raises(InferdError) as info:
-                await batcher.submit(req(1, 2))
+                await outputs(batcher, req(1, 2))
             assert info.value.kind is ErrorKind.MODEL_ERROR
             assert "model 'm'" in info.value.message
             assert "output 'OUT'" in info.value.message
@@ -390,7 +396,7 @@ def test_scalar_output_of_a_batching_model_is_a_model_error() -> None:
         batcher = DynamicBatcher("m", [inst], options())
         try:
             with pytest.raises(InferdError) as info:
-                await batcher.submit(req(1))
+                await outputs(batcher, req(1))
             assert info.value.kind is ErrorKind.MODEL_ERROR
             assert "output 'OUT'" in info.value.message
         finally:
@@ -404,7 +410,7 @@ def test_unbatched_model_outputs_are_passed_through() -> None:
         inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})
         batcher = DynamicBatcher("m", [inst], options(max_batch_size=0))
         try:
-            out = await batcher.submit(req(1, 2))
+            out = await outputs(batcher, req(1, 2))
             assert out["OUT"].tolist() == 1.0
         finally:
             await batcher.stop()
@@ -421,13 +427,13 @@ def test_exception_in_execute_is_a_model_error() -> None:
         batcher = DynamicBatcher("m", [inst], options())
         try:
             with pytest.raises(InferdError) as info:
-                await batcher.submit(req(1))
+                await outputs(batcher, req(1))
             assert info.value.kind is ErrorKind.MODEL_ERROR
             assert "model 'm'" in info.value.message
             assert "boom: kernel exploded" in info.value.message
             # The instance is back in service afterwards.
             inst.run = None
-            assert (await batcher.submit(req(2)))["OUT"].tolist() == [[4.0]]
+            assert (await outputs(batcher, req(2)))["OUT"].tolist() == [[4.0]]
         finally:
             await batcher.stop()
 
@@ -462,11 +468,11 @@ def test_cancelled_queued_request_is_never_executed() -> None:
         inst = Instance(gate=threading.Event())
         batcher = DynamicBatcher("m", [inst], options())
         try:
-            blocker = asyncio.create_task(batcher.submit(req(-1)))
+            blocker = asyncio.create_task(outputs(batcher, req(-1)))
             await until(inst.entered.is_set)
-            first = asyncio.create_task(batcher.submit(req(1)))
-            doomed = asyncio.create_task(batcher.submit(req(2)))
-            last = asyncio.create_task(batcher.submit(req(3)))
+            first = asyncio.create_task(outputs(batcher, req(1)))
+            doomed = asyncio.create_task(outputs(batcher, req(2)))
+            last = asyncio.create_task(outputs(batcher, req(3)))
             await until(lambda: batcher.inflight() == 4)
             doomed.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -488,10 +494,10 @@ def test_cancelled_head_of_queue_is_skipped() -> None:
         inst = Instance(gate=threading.Event())
         batcher = DynamicBatcher("m", [inst], options())
         try:
-            blocker = asyncio.create_task(batcher.submit(req(-1)))
+            blocker = asyncio.create_task(outputs(batcher, req(-1)))
             await until(inst.entered.is_set)
-            doomed = asyncio.create_task(batcher.submit(req(1)))
-            kept = asyncio.create_task(batcher.submit(req(2)))
+            doomed = asyncio.create_task(outputs(batcher, req(1)))
+            kept = asyncio.create_task(outputs(batcher, req(2)))
             await until(lambda: batcher.inflight() == 3)
             doomed.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -514,14 +520,14 @@ def test_stop_drains_the_queue_then_closes() -> None:
         log: list[str] = []
         inst = Instance(gate=threading.Event(), log=log)
         batcher = DynamicBatcher("m", [inst], options())
-        blocker = asyncio.create_task(batcher.submit(req(-1)))
+        blocker = asyncio.create_task(outputs(batcher, req(-1)))
         await until(inst.entered.is_set)
-        queued = [asyncio.create_task(batcher.submit(req(v))) for v in (1, 2, 3)]
+        queued = [asyncio.create_task(outputs(batcher, req(v))) for v in (1, 2, 3)]
         await until(lambda: batcher.inflight() == 4)
         stopping = asyncio.create_task(batcher.stop())
         await asyncio.sleep(0)
         with pytest.raises(InferdError) as info:
-            await batcher.submit(req(9))
+            await outputs(batcher, req(9))
         assert info.value.kind is ErrorKind.UNAVAILABLE
         assert not inst.closed
         inst.gate.set()
@@ -538,7 +544,7 @@ def test_stop_closes_every_instance() -> None:
     async def main() -> None:
         instances = [Instance(), Instance(), Instance()]
         batcher = DynamicBatcher("m", instances, options())
-        await batcher.submit(req(1))
+        await outputs(batcher, req(1))
         await batcher.stop()
         assert all(inst.closed for inst in instances)
 
@@ -553,9 +559,9 @@ def test_instances_execute_batches_in_parallel() -> None:
         a, b = Instance(barrier=barrier), Instance(barrier=barrier)
         batcher = DynamicBatcher("m", [a, b], options())
         try:
-            first = asyncio.create_task(batcher.submit(req(1)))
+            first = asyncio.create_task(outputs(batcher, req(1)))
             await until(lambda: a.entered.is_set() or b.entered.is_set())
-            second = asyncio.create_task(batcher.submit(req(2)))
+            second = asyncio.create_task(outputs(batcher, req(2)))
             assert (await first)["OUT"].tolist() == [[2.0]]
             assert (await second)["OUT"].tolist() == [[4.0]]
             assert not barrier.broken

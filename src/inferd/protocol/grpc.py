@@ -10,16 +10,20 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError
+from inferd.events import CallContext
 from inferd.protocol.pb_codec import decode_infer_request, encode_infer_response
+from inferd.types import InferRequest, InferResponse
 
 log = logging.getLogger("inferd.grpc")
 
@@ -97,9 +101,28 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return pb.RepositoryIndexResponse(models=[index(**row) for row in rows])
 
     @errors_mapped
+    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        doc = self.dp.model_statistics(request.name, request.version)
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
+
+    @errors_mapped
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        response = await self.dp.infer(decode_infer_request(request))
-        return encode_infer_response(response)
+        return encode_infer_response(await self._infer(request, context))
+
+    async def _infer(self, request: Any, context: Any) -> InferResponse:
+        metadata = dict(context.invocation_metadata() or ())
+        ctx = CallContext(
+            "grpc",
+            context.peer() or "",
+            metadata.get("traceparent", ""),
+            time.time(),
+            time.perf_counter_ns(),
+        )
+
+        async def decode() -> InferRequest:
+            return decode_infer_request(request)
+
+        return await self.dp.infer(request.model_name, request.model_version, decode, ctx)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -111,7 +134,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
         async def one(request: Any) -> None:
             try:
-                response = await self.dp.infer(decode_infer_request(request))
+                response = await self._infer(request, context)
                 await done.put(
                     pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
                 )
@@ -144,9 +167,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     # Features that land with later releases answer UNIMPLEMENTED until then.
     async def _unimplemented(self, context: Any, what: str) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented yet")
-
-    async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "ModelStatistics")
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         return await self._unimplemented(context, "RepositoryModelLoad")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,8 +17,10 @@ from starlette.routing import Route
 
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
+from inferd.events import CallContext
 from inferd.protocol.codec import decode_request, encode_response
 from inferd.repository.config import to_json
+from inferd.types import InferRequest
 
 log = logging.getLogger("inferd.http")
 
@@ -69,6 +72,7 @@ class HttpAdapter:
         m = "/v2/models/{model}"
         mv = "/v2/models/{model}/versions/{version}"
         table: list[tuple[str, Endpoint, list[str]]] = [
+            ("/v2/models/stats", self.statistics, ["GET"]),  # before /v2/models/{model}
             ("/v2/health/live", self.live, ["GET"]),
             ("/v2/health/ready", self.ready, ["GET"]),
             ("/v2", self.server_metadata, ["GET"]),
@@ -78,6 +82,8 @@ class HttpAdapter:
             (mv + "/ready", self.model_ready, ["GET"]),
             (m + "/config", self.model_config, ["GET"]),
             (mv + "/config", self.model_config, ["GET"]),
+            (m + "/stats", self.statistics, ["GET"]),
+            (mv + "/stats", self.statistics, ["GET"]),
             (m + "/infer", self.infer, ["POST"]),
             (mv + "/infer", self.infer, ["POST"]),
             ("/v2/repository/index", self.repository_index, ["POST"]),
@@ -106,6 +112,10 @@ class HttpAdapter:
         p = request.path_params
         return json_response(to_json(self.dp.model_config(p["model"], p.get("version", ""))))
 
+    async def statistics(self, request: Request) -> Response:
+        p = request.path_params
+        return json_response(self.dp.model_statistics(p.get("model", ""), p.get("version", "")))
+
     async def repository_index(self, request: Request) -> Response:
         body = await self._read_body(request)
         ready_only = False
@@ -120,11 +130,24 @@ class HttpAdapter:
         return json_response(self.dp.repository_index(ready_only))
 
     async def infer(self, request: Request) -> Response:
-        p = request.path_params
-        header_length = _header_length(request)
-        body = await self._read_body(request)
-        infer_request = decode_request(body, header_length, p["model"], p.get("version", ""))
-        response = await self.dp.infer(infer_request)
+        ctx = CallContext(
+            "http",
+            _peer(request),
+            request.headers.get("traceparent", ""),
+            time.time(),
+            time.perf_counter_ns(),
+        )
+        model, version = request.path_params["model"], request.path_params.get("version", "")
+        decoded: list[InferRequest] = []
+
+        async def decode() -> InferRequest:
+            header_length = _header_length(request)
+            body = await self._read_body(request)
+            decoded.append(decode_request(body, header_length, model, version))
+            return decoded[0]
+
+        response = await self.dp.infer(model, version, decode, ctx)
+        infer_request = decoded[0]
         binary_default = bool(infer_request.parameters.get("binary_data_output", False))
         payload, json_length = encode_response(response, infer_request.outputs, binary_default)
         if json_length is None:
@@ -154,6 +177,11 @@ class HttpAdapter:
                 )
             chunks.append(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _peer(request: Request) -> str:
+    client = request.client
+    return f"{client.host}:{client.port}" if client else ""
 
 
 def _header_length(request: Request) -> int | None:

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends import get_backend
 from inferd.backends.base import AnyInstance, Backend, LoadContext
 from inferd.errors import InferdError, not_found, unavailable
+from inferd.events import Telemetry
 from inferd.repository.config import (
     ConfigError,
     backend_name,
@@ -95,8 +96,9 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path) -> None:
+    def __init__(self, repository: Path, telemetry: Telemetry | None = None) -> None:
         self.repository = repository
+        self.telemetry = telemetry or Telemetry()
         self.models: dict[str, Model] = {}
 
     # -- lookups on the request path ----------------------------------------------------
@@ -192,7 +194,9 @@ class ModelRegistry:
             mv.reason = f"load failed: {exc}"
             log.error("model %s version %s failed to load: %s", mv.name, mv.version, exc)
             return
-        mv.batcher = DynamicBatcher(mv.name, instances, batching_options(mv.config))
+        mv.batcher = DynamicBatcher(
+            mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
+        )
         mv.devices = [inst.device for inst in instances]
         mv.load_duration_s = time.monotonic() - started
         mv.state = State.READY

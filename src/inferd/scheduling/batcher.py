@@ -28,6 +28,7 @@ import numpy as np
 
 from inferd.backends.base import AnyInstance, RequestListInstance
 from inferd.errors import ErrorKind, InferdError, unavailable
+from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
@@ -47,8 +48,8 @@ class BatchClose(enum.Enum):
 @dataclass(slots=True, eq=False)
 class Pending:
     request: BoundRequest
-    future: asyncio.Future[dict[str, Array]]
-    enqueued_s: float = field(default_factory=time.monotonic)
+    future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]]
+    enqueued_ns: int = field(default_factory=time.perf_counter_ns)
     is_queued: bool = True  # its rows count in the batcher's queued_rows
 
 
@@ -77,8 +78,17 @@ class DynamicBatcher:
     its await leaves a cancelled future behind, which the batcher skips.
     """
 
-    def __init__(self, name: str, instances: Sequence[AnyInstance], options: BatchingOptions):
+    def __init__(
+        self,
+        name: str,
+        instances: Sequence[AnyInstance],
+        options: BatchingOptions,
+        version: str = "",
+        telemetry: Telemetry | None = None,
+    ):
         self.name = name
+        self.version = version
+        self._telemetry = telemetry or Telemetry()
         self._instances = list(instances)
         self._opts = options
         self._queue: deque[Pending] = deque()
@@ -104,10 +114,17 @@ class DynamicBatcher:
         """Requests queued or executing."""
         return len(self._queue) + self._executing
 
-    async def submit(self, request: BoundRequest) -> dict[str, Array]:
+    def queue_depth(self) -> int:
+        """Requests waiting for a batch."""
+        return len(self._queue)
+
+    async def submit(self, request: BoundRequest) -> tuple[dict[str, Array], ExecutionTimes]:
+        """The request's outputs, and how its batch went, once the batch has executed."""
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
-        future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]] = (
+            asyncio.get_running_loop().create_future()
+        )
         pending = Pending(request, future)
         self._queue.append(pending)
         self._queued_rows += request.rows
@@ -163,10 +180,10 @@ class DynamicBatcher:
         """Triton's window: from the oldest queued request, wait until full or the delay."""
         max_rows = self._opts.max_batch_size
         while self._queue:
-            deadline = self._queue[0].enqueued_s + self._opts.max_delay_s
+            deadline_ns = self._queue[0].enqueued_ns + int(self._opts.max_delay_s * 1e9)
             if self._queued_rows >= max_rows or self._queued_rows in self._opts.preferred_sizes:
                 return
-            remaining = deadline - time.monotonic()
+            remaining = (deadline_ns - time.perf_counter_ns()) / 1e9
             if remaining <= 0:
                 return
             self._arrived.clear()
@@ -228,8 +245,12 @@ class DynamicBatcher:
     ) -> None:
         loop = asyncio.get_running_loop()
         self._executing += len(batch)
+        dequeued_ns = time.perf_counter_ns()
+        rows = sum(p.request.rows for p in batch)
+        timings = (0, 0, 0)
+        failed = True
         try:
-            results = await loop.run_in_executor(
+            results, timings = await loop.run_in_executor(
                 self._executor, _run_batch, instance, batch, self._opts.max_batch_size > 0
             )
         except InferdError as exc:
@@ -237,6 +258,7 @@ class DynamicBatcher:
         except Exception as exc:
             self._fail(batch, InferdError(ErrorKind.MODEL_ERROR, f"model '{self.name}': {exc}"))
         else:
+            failed = False
             for p, out in zip(batch, results, strict=True):
                 if p.future.done():
                     continue
@@ -245,12 +267,16 @@ class DynamicBatcher:
                         InferdError(out.kind, f"model '{self.name}': {out.message}")
                     )
                 else:
-                    p.future.set_result(out)
+                    times = ExecutionTimes(dequeued_ns - p.enqueued_ns, *timings, rows, len(batch))
+                    p.future.set_result((out, times))
         finally:
             self._executing -= len(batch)
             self._idle.put_nowait(instance)
-            self.executions.append(
-                ExecutionRecord(sum(p.request.rows for p in batch), len(batch), reason)
+            self.executions.append(ExecutionRecord(rows, len(batch), reason))
+            self._telemetry.batch(
+                BatchRecord(
+                    self.name, self.version, rows, len(batch), reason.value, *timings, failed
+                )
             )
 
     @staticmethod
@@ -260,13 +286,18 @@ class DynamicBatcher:
                 p.future.set_exception(exc)
 
 
+Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), in ns
+
+
 def _run_batch(
     instance: AnyInstance, batch: list[Pending], batched: bool
-) -> list[dict[str, Array] | InferdError]:
+) -> tuple[list[dict[str, Array] | InferdError], Timings]:
     """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
+    clock = time.perf_counter_ns
     if isinstance(instance, RequestListInstance):
         # Models written against Triton's execute(requests) contract see the requests
         # separately, and answer each one (or fail it alone).
+        started = clock()
         results = instance.execute_requests([p.request for p in batch])
         if len(results) != len(batch):
             raise InferdError(
@@ -274,7 +305,8 @@ def _run_batch(
                 f"execute() returned {len(results)} responses for {len(batch)} requests; "
                 "it must return one response per request",
             )
-        return results
+        return results, (0, clock() - started, 0)
+    t0 = clock()
     first = batch[0].request
     if len(batch) == 1:
         inputs = first.inputs  # no copy for a lone request
@@ -282,9 +314,11 @@ def _run_batch(
         inputs = {
             name: np.concatenate([p.request.inputs[name] for p in batch]) for name in first.inputs
         }
+    t1 = clock()
     outputs = instance.execute(inputs)
+    t2 = clock()
     if not batched:
-        return [outputs]
+        return [outputs], (t1 - t0, t2 - t1, clock() - t2)
     total = sum(p.request.rows for p in batch)
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
@@ -294,11 +328,11 @@ def _run_batch(
                 f"for a batch of {total} rows; a model must keep the batch dimension",
             )
     if len(batch) == 1:
-        return [outputs]
+        return [outputs], (t1 - t0, t2 - t1, clock() - t2)
     split: list[dict[str, Array] | InferdError] = []
     offset = 0
     for p in batch:
         end = offset + p.request.rows
         split.append({name: array[offset:end] for name, array in outputs.items()})
         offset = end
-    return split
+    return split, (t1 - t0, t2 - t1, clock() - t2)

@@ -1,0 +1,117 @@
+"""What happened to each request and each batch, told once to every telemetry sink.
+
+The core (DataPlane) and the scheduler (batcher) build these records; metrics, Triton
+statistics, structured logs and traces are views of them. Adapters never count anything.
+Sinks run on the event loop, inline: each must be cheap and must not block.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from inferd.errors import ErrorKind
+
+if TYPE_CHECKING:
+    from inferd.types import InferRequest
+
+log = logging.getLogger("inferd.events")
+
+# ErrorKind -> the `reason` label of a failed request (docs/metrics.md).
+FAILURE_REASON: dict[ErrorKind, str] = {
+    ErrorKind.INVALID_ARGUMENT: "invalid_input",
+    ErrorKind.PAYLOAD_TOO_LARGE: "invalid_input",
+    ErrorKind.NOT_FOUND: "not_found",
+    ErrorKind.MODEL_ERROR: "model_error",
+    ErrorKind.DEADLINE_EXCEEDED: "timeout",
+    ErrorKind.RESOURCE_EXHAUSTED: "rejected",
+    ErrorKind.UNAVAILABLE: "unavailable",
+    ErrorKind.INTERNAL: "internal",
+}
+CANCELLED = "cancelled"
+
+
+@dataclass(slots=True)
+class CallContext:
+    """Where a request came from; filled by the adapter, read by sinks."""
+
+    protocol: str  # "http" or "grpc"
+    client: str = ""  # "host:port" of the peer, when known
+    traceparent: str = ""  # the W3C traceparent the client sent, if any
+    wall_start_s: float = 0.0  # time.time() at arrival, for log timestamps
+    start_ns: int = 0  # time.perf_counter_ns() at arrival
+
+
+@dataclass(slots=True)
+class ExecutionTimes:
+    """How the batch that carried a request went; attached to the request's record."""
+
+    queue_ns: int = 0  # enqueued -> its batch left the queue
+    compute_input_ns: int = 0  # merging the batch's inputs
+    compute_infer_ns: int = 0  # the backend's execute
+    compute_output_ns: int = 0  # splitting outputs back per request
+    batch_rows: int = 0
+    batch_requests: int = 0
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    model: str  # "" when the name is not a model of the repository (bounded label values)
+    version: str  # the version that served (or was asked for); "" when unresolved
+    ctx: CallContext
+    duration_ns: int
+    request_id: str = ""
+    failure: str | None = None  # the reason label; None for a success
+    message: str = ""  # the error message of a failure
+    rows: int = 0  # rows of this request
+    times: ExecutionTimes | None = None  # None when it never reached a batch
+    request: InferRequest | None = field(default=None, repr=False)  # decoded, when it was
+
+    @property
+    def is_success(self) -> bool:
+        return self.failure is None
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    model: str
+    version: str
+    rows: int
+    requests: int
+    close_reason: str  # BatchClose value: full, preferred_size, max_delay, ...
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+    failed: bool
+
+
+class Sink(Protocol):
+    def on_request(self, record: RequestRecord) -> None: ...
+
+    def on_batch(self, record: BatchRecord) -> None: ...
+
+
+class Telemetry:
+    """Fans records out to the sinks; a failing sink is logged, never the request's problem."""
+
+    def __init__(self, sinks: Sequence[Sink] = ()) -> None:
+        self.sinks = list(sinks)
+
+    def add(self, sink: Sink) -> None:
+        self.sinks.append(sink)
+
+    def request(self, record: RequestRecord) -> None:
+        for sink in self.sinks:
+            try:
+                sink.on_request(record)
+            except Exception:
+                log.exception("telemetry sink %s failed", type(sink).__name__)
+
+    def batch(self, record: BatchRecord) -> None:
+        for sink in self.sinks:
+            try:
+                sink.on_batch(record)
+            except Exception:
+                log.exception("telemetry sink %s failed", type(sink).__name__)

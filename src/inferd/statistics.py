@@ -1,0 +1,121 @@
+"""Triton's statistics extension: cumulative counts and durations per model version.
+
+A telemetry sink; `GET /v2/models/{m}[/versions/{v}]/stats` and gRPC ModelStatistics render
+it in Triton's shape, so perf_analyzer prints its server-side breakdown against inferd.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.events import BatchRecord, RequestRecord
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class VersionStats:
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0  # rows inferred
+    execution_count: int = 0  # batches executed
+    last_inference_ms: int = 0  # ms since the epoch
+    batches: dict[int, BatchStats] = field(default_factory=lambda: defaultdict(BatchStats))
+
+
+_ZERO = {"count": 0, "ns": 0}
+
+
+class StatisticsSink:
+    def __init__(self) -> None:
+        self.versions: dict[tuple[str, str], VersionStats] = defaultdict(VersionStats)
+
+    def on_request(self, record: RequestRecord) -> None:
+        if not record.model or not record.version:
+            return  # a request no model version accepted belongs to none
+        stats = self.versions[(record.model, record.version)]
+        if record.failure is not None:
+            stats.fail.add(record.duration_ns)
+            return
+        stats.success.add(record.duration_ns)
+        times = record.times
+        if times is not None:
+            # Triton's per-request durations: each request counts its batch's compute time.
+            stats.queue.add(times.queue_ns)
+            stats.compute_input.add(times.compute_input_ns)
+            stats.compute_infer.add(times.compute_infer_ns)
+            stats.compute_output.add(times.compute_output_ns)
+        stats.inference_count += record.rows
+        stats.last_inference_ms = int(time.time() * 1000)
+
+    def on_batch(self, record: BatchRecord) -> None:
+        if record.failed:
+            return
+        stats = self.versions[(record.model, record.version)]
+        stats.execution_count += 1
+        batch = stats.batches[record.rows]
+        batch.compute_input.add(record.compute_input_ns)
+        batch.compute_infer.add(record.compute_infer_ns)
+        batch.compute_output.add(record.compute_output_ns)
+
+    def model_stats(self, name: str, versions: list[str]) -> list[dict[str, Any]]:
+        """Triton's `model_stats` entries for the given versions of a model."""
+        return [
+            self._render(name, v, self.versions.get((name, v), VersionStats())) for v in versions
+        ]
+
+    @staticmethod
+    def _render(name: str, version: str, s: VersionStats) -> dict[str, Any]:
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": s.last_inference_ms,
+            "inference_count": s.inference_count,
+            "execution_count": s.execution_count,
+            "inference_stats": {
+                "success": s.success.to_dict(),
+                "fail": s.fail.to_dict(),
+                "queue": s.queue.to_dict(),
+                "compute_input": s.compute_input.to_dict(),
+                "compute_infer": s.compute_infer.to_dict(),
+                "compute_output": s.compute_output.to_dict(),
+                "cache_hit": dict(_ZERO),
+                "cache_miss": dict(_ZERO),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": b.compute_input.to_dict(),
+                    "compute_infer": b.compute_infer.to_dict(),
+                    "compute_output": b.compute_output.to_dict(),
+                }
+                for size, b in sorted(s.batches.items())
+            ],
+            "memory_usage": [],
+        }
