@@ -25,6 +25,11 @@ class RunningServer:
     server: InferenceServer
 
     @property
+    def metrics_url(self) -> str:
+        assert self.server.metrics_server, "this server has no metrics endpoint"
+        return f"http://127.0.0.1:{self.server.metrics_server.port}/metrics"
+
+    @property
     def grpc_address(self) -> str:
         assert self.server.grpc_port, "this server has no gRPC endpoint"
         return f"127.0.0.1:{self.server.grpc_port}"
@@ -40,6 +45,7 @@ def run_server(repository: Path, **settings: Any) -> Iterator[RunningServer]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     settings.setdefault("grpc_port", 0)  # any free port
+    settings.setdefault("metrics_port", 0)
     server = InferenceServer(
         Settings(model_repository=repository, http_port=port, log_level="WARNING", **settings)
     )

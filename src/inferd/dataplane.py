@@ -115,15 +115,17 @@ class DataPlane:
         `decode` reads and decodes the adapter's wire message: its failures (a malformed
         body) are counted like every other failure, under the model they were sent to.
         """
-        record = RequestRecord(model="", version=version, ctx=ctx, duration_ns=0)
+        # Labels stay "" until resolved: a name or version no model has must not become a
+        # label value (clients could otherwise grow the metrics without bound).
+        record = RequestRecord(model="", version="", ctx=ctx, duration_ns=0)
         try:
+            if model_name in self.registry.models:
+                record.model = model_name
+            mv = self.registry.get(model_name, version)
+            record.version = mv.version
             request = await decode()
             record.request = request
             record.request_id = request.id
-            model = self.registry.models.get(model_name)
-            record.model = model_name if model is not None else ""
-            mv = self.registry.get(model_name, version)
-            record.version = mv.version
             bound = mv.signature.bind(request)
             record.rows = bound.rows
             assert mv.batcher is not None  # a READY version always has one

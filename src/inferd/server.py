@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from inferd import model_output
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
+from inferd.metrics import MetricsServer, MetricsSink
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.http import build_app
 from inferd.repository.registry import ModelRegistry
@@ -29,6 +30,13 @@ class InferenceServer:
         self.telemetry = Telemetry()
         self.registry = ModelRegistry(settings.model_repository, self.telemetry)
         self.dataplane = DataPlane(self.registry, self.telemetry)
+        self.metrics: MetricsSink | None = None
+        self.metrics_server: MetricsServer | None = None
+        if settings.metrics_port is not None:
+            self.metrics = MetricsSink(
+                self.registry, self.dataplane.statistics, settings.metrics_triton_names
+            )
+            self.telemetry.add(self.metrics)
         self.app: Starlette = build_app(
             self.dataplane, settings.max_request_bytes, lifespan=self._lifespan
         )
@@ -54,6 +62,13 @@ class InferenceServer:
         gc.freeze()
         if self.settings.grpc_port is not None:
             await self._start_grpc(self.settings.grpc_port)
+        if self.metrics is not None and self.settings.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                self.metrics, self.settings.host, self.settings.metrics_port
+            )
+            log.info(
+                "metrics at http://%s:%d/metrics", self.settings.host, self.metrics_server.port
+            )
         log.info(
             "HTTP server listening on http://%s:%d (ready: %s)",
             self.settings.host,
@@ -75,6 +90,11 @@ class InferenceServer:
                     await self.registry.unload_all()
             except TimeoutError:
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
+            # 4. stop the metrics endpoint last, so the drain stays observable.
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+            if self.metrics is not None:
+                self.metrics.close()
             log.info("shutdown complete")
 
     async def _start_grpc(self, port: int) -> None:

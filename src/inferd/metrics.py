@@ -1,0 +1,337 @@
+"""Prometheus metrics: every inferd_* metric is defined here and nowhere else.
+
+A telemetry sink for what happens per request and per batch, plus a collector that reads the
+registry's state at scrape time (queue depths, model states, devices, health), so nothing on
+the request path pays for gauges. docs/metrics.md defines each metric.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inferd.events import BatchRecord, RequestRecord
+from inferd.repository.config import backend_name, parameter
+from inferd.repository.registry import ModelRegistry, State
+from inferd.statistics import StatisticsSink
+
+log = logging.getLogger("inferd.metrics")
+
+# The *_created series double every counter's output for a feature few queries use.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# 0.1 ms .. 10 s: from a tiny model's queue wait to a slow model's whole request.
+LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+GC_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
+
+HEALTH_WINDOW_S = 60.0
+HEALTH_BASELINE_FACTOR = 4.0  # default p99 baseline: 4x the best windowed p99 seen
+MV = ("model", "version")
+
+
+@dataclass(slots=True)
+class _Window:
+    """Recent outcomes of one model version, for its health score."""
+
+    samples: deque[tuple[float, float, bool]] = field(default_factory=lambda: deque(maxlen=100_000))
+    best_p99_s: float = 0.0
+    max_throughput: float = 0.0
+
+
+class _Children:
+    """The labelled series of one model version, looked up once instead of per request."""
+
+    def __init__(self, sink: MetricsSink, model: str, version: str) -> None:
+        self.success = sink.success.labels(model, version)
+        self.inferences = sink.inferences.labels(model, version)
+        self.duration = sink.request_duration.labels(model, version)
+        self.queue = sink.queue_duration.labels(model, version)
+        self.compute_input = sink.compute_input.labels(model, version)
+        self.compute_infer = sink.compute_infer.labels(model, version)
+        self.compute_output = sink.compute_output.labels(model, version)
+        self.executions = sink.executions.labels(model, version)
+        self.batch_size = sink.batch_size.labels(model, version)
+
+
+class MetricsSink:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        statistics: StatisticsSink,
+        triton_names: bool = False,
+        prometheus: CollectorRegistry | None = None,
+    ) -> None:
+        self.prometheus = prometheus or CollectorRegistry()
+        r = self.prometheus
+        self.success = Counter(
+            "inferd_request_success", "Requests answered successfully.", MV, registry=r
+        )
+        self.failure = Counter(
+            "inferd_request_failure",
+            "Requests that failed, by reason.",
+            (*MV, "reason"),
+            registry=r,
+        )
+        self.inferences = Counter(
+            "inferd_inference_count", "Rows inferred (a request may carry several).", MV, registry=r
+        )
+        self.executions = Counter(
+            "inferd_execution_count", "Batches executed by the model.", MV, registry=r
+        )
+
+        def latency(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, MV, buckets=LATENCY_BUCKETS_S, registry=r)
+
+        self.request_duration = latency(
+            "inferd_request_duration_seconds", "End-to-end time of successful requests."
+        )
+        self.queue_duration = latency(
+            "inferd_queue_duration_seconds", "Time a request waited in the queue for a batch."
+        )
+        self.compute_input = latency(
+            "inferd_compute_input_duration_seconds", "Time merging a request's batch inputs."
+        )
+        self.compute_infer = latency(
+            "inferd_compute_infer_duration_seconds", "Model execution time of a request's batch."
+        )
+        self.compute_output = latency(
+            "inferd_compute_output_duration_seconds",
+            "Time splitting and checking a request's outputs.",
+        )
+        self.batch_size = Histogram(
+            "inferd_batch_size", "Rows per executed batch.", MV, buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_close = Counter(
+            "inferd_batch_close",
+            "Why each batch left the queue: full, preferred_size, max_delay, "
+            "shape_mismatch, queue_empty.",
+            (*MV, "reason"),
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "inferd_gc_pause_seconds",
+            "Pauses of Python's garbage collector.",
+            ("generation",),
+            buckets=GC_BUCKETS_S,
+            registry=r,
+        )
+        self._children: dict[tuple[str, str], _Children] = {}
+        self._windows: dict[tuple[str, str], _Window] = {}
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+        r.register(_StateCollector(registry, self, statistics, triton_names))
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total
+        GCCollector(registry=r)
+        PlatformCollector(registry=r)
+
+    def _child(self, model: str, version: str) -> _Children:
+        key = (model, version)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = _Children(self, model, version)
+        return child
+
+    def on_request(self, record: RequestRecord) -> None:
+        model, version = record.model, record.version
+        if record.failure is not None:
+            self.failure.labels(model, version, record.failure).inc()
+            if model and version:
+                self._window(model, version).samples.append(
+                    (time.monotonic(), record.duration_ns / 1e9, False)
+                )
+            return
+        c = self._child(model, version)
+        c.success.inc()
+        c.inferences.inc(record.rows)
+        seconds = record.duration_ns / 1e9
+        c.duration.observe(seconds)
+        times = record.times
+        if times is not None:
+            c.queue.observe(times.queue_ns / 1e9)
+            c.compute_input.observe(times.compute_input_ns / 1e9)
+            c.compute_infer.observe(times.compute_infer_ns / 1e9)
+            c.compute_output.observe(times.compute_output_ns / 1e9)
+        self._window(model, version).samples.append((time.monotonic(), seconds, True))
+
+    def on_batch(self, record: BatchRecord) -> None:
+        c = self._child(record.model, record.version)
+        self.batch_close.labels(record.model, record.version, record.close_reason).inc()
+        if not record.failed:
+            c.executions.inc()
+            c.batch_size.observe(record.rows)
+
+    def _window(self, model: str, version: str) -> _Window:
+        key = (model, version)
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = _Window()
+        return window
+
+    def health_score(self, model: str, version: str, baseline_s: float | None) -> float:
+        """0.4·(1 − min(1, p99/baseline)) + 0.3·min(1, throughput/max) + 0.3·(1 − errors).
+
+        Over the last HEALTH_WINDOW_S seconds; see docs/metrics.md for the baseline.
+        """
+        window = self._window(model, version)
+        now = time.monotonic()
+        samples = window.samples
+        while samples and samples[0][0] < now - HEALTH_WINDOW_S:
+            samples.popleft()
+        if not samples:
+            return 0.7  # idle: no latency or error problem, no throughput
+        ok = sorted(latency for _, latency, success in samples if success)
+        errors = len(samples) - len(ok)
+        p99 = ok[min(len(ok) - 1, int(0.99 * len(ok)))] if ok else 0.0
+        if ok and (window.best_p99_s == 0.0 or p99 < window.best_p99_s):
+            window.best_p99_s = p99
+        baseline = baseline_s or window.best_p99_s * HEALTH_BASELINE_FACTOR
+        span_s = max(1.0, min(HEALTH_WINDOW_S, now - samples[0][0]))
+        throughput = len(ok) / span_s
+        window.max_throughput = max(window.max_throughput, throughput)
+        latency_term = 1 - min(1.0, p99 / baseline) if ok and baseline > 0 else 1.0
+        throughput_term = (
+            min(1.0, throughput / window.max_throughput) if window.max_throughput else 0.0
+        )
+        return 0.4 * latency_term + 0.3 * throughput_term + 0.3 * (1 - errors / len(samples))
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started:
+            self.gc_pause.labels(str(info.get("generation", ""))).observe(
+                time.perf_counter() - self._gc_started
+            )
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+
+class _StateCollector(Collector):
+    """Gauges read from the registry at scrape time, and Triton's names from the statistics."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        sink: MetricsSink,
+        statistics: StatisticsSink,
+        triton_names: bool,
+    ) -> None:
+        self._registry = registry
+        self._sink = sink
+        self._statistics = statistics
+        self._triton_names = triton_names
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=MV)
+        inflight = GaugeMetricFamily(
+            "inferd_inflight_requests", "Requests queued or executing.", labels=MV
+        )
+        state = GaugeMetricFamily(
+            "inferd_model_state",
+            "1 for the state a model version is in (LOADING, READY, UNAVAILABLE, UNLOADING).",
+            labels=(*MV, "state"),
+        )
+        load = GaugeMetricFamily(
+            "inferd_model_load_duration_seconds", "Time the version took to load.", labels=MV
+        )
+        info = GaugeMetricFamily(
+            "inferd_model_info",
+            "Always 1: the backend and the device each model version actually runs on.",
+            labels=(*MV, "backend", "device"),
+        )
+        health = GaugeMetricFamily(
+            "inferd_health_score",
+            "0..1 health of a model version over the last 60 s (see docs/metrics.md).",
+            labels=MV,
+        )
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count", "Triton: requests queued.", labels=MV
+        )
+        for name, model in sorted(self._registry.models.items()):
+            for v, mv in sorted(model.versions.items()):
+                labels = [name, v]
+                for s in State:
+                    state.add_metric([*labels, s.value], 1.0 if mv.state is s else 0.0)
+                if mv.state is State.READY or mv.batcher is not None:
+                    load.add_metric(labels, mv.load_duration_s)
+                    for device in sorted(set(mv.devices)) or ["unknown"]:
+                        info.add_metric([*labels, backend_name(mv.config), device], 1.0)
+                if mv.batcher is not None:
+                    depth.add_metric(labels, mv.batcher.queue_depth())
+                    inflight.add_metric(labels, mv.batcher.inflight())
+                    pending.add_metric(labels, mv.batcher.queue_depth())
+                if mv.is_ready:
+                    raw = parameter(mv.config, "health_p99_baseline_ms", "")
+                    baseline = float(raw) / 1000 if raw else None
+                    health.add_metric(labels, self._sink.health_score(name, v, baseline))
+        yield from (depth, inflight, state, load, info, health)
+        if self._triton_names:
+            yield pending
+            yield from self._triton_counters()
+
+    def _triton_counters(self) -> Iterator[Metric]:
+        """Triton's counter names, cumulative like Triton's (microseconds, no _total)."""
+        names = {
+            "nv_inference_request_success": "Number of successful inference requests",
+            "nv_inference_request_failure": "Number of failed inference requests",
+            "nv_inference_count": "Number of inferences performed",
+            "nv_inference_exec_count": "Number of model executions performed",
+            "nv_inference_request_duration_us": "Cumulative inference request duration in us",
+            "nv_inference_queue_duration_us": "Cumulative inference queuing duration in us",
+            "nv_inference_compute_input_duration_us": "Cumulative compute input duration in us",
+            "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in us",
+            "nv_inference_compute_output_duration_us": "Cumulative compute output duration in us",
+        }
+        families = {n: Metric(n, doc, "counter") for n, doc in names.items()}
+        for (model, version), s in sorted(self._statistics.versions.items()):
+            labels = {"model": model, "version": version}
+            values = {
+                "nv_inference_request_success": s.success.count,
+                "nv_inference_request_failure": s.fail.count,
+                "nv_inference_count": s.inference_count,
+                "nv_inference_exec_count": s.execution_count,
+                "nv_inference_request_duration_us": s.success.ns // 1000,
+                "nv_inference_queue_duration_us": s.queue.ns // 1000,
+                "nv_inference_compute_input_duration_us": s.compute_input.ns // 1000,
+                "nv_inference_compute_infer_duration_us": s.compute_infer.ns // 1000,
+                "nv_inference_compute_output_duration_us": s.compute_output.ns // 1000,
+            }
+            for n, value in values.items():
+                families[n].add_sample(n, labels, float(value))
+        yield from families.values()
+
+
+class MetricsServer:
+    """`GET /metrics` on its own port, served by prometheus_client's thread (off the loop)."""
+
+    def __init__(self, sink: MetricsSink, host: str, port: int) -> None:
+        self._server, self._thread = start_http_server(port, host, registry=sink.prometheus)
+        self.port = int(self._server.server_port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
