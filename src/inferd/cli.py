@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from inferd import log, server
 
+        if not 0.0 <= args.log_sample_rate <= 1.0:
+            print("inferd: --log-sample-rate must be within 0..1", file=sys.stderr)
+            return 2
         log.configure(args.log_level, args.log_format)
         if not args.model_repository.is_dir():
             print(

@@ -1,17 +1,121 @@
-"""Logging setup only."""
+"""Logging setup: human text lines or one JSON object per line.
+
+Structured fields travel as `extra` on a log call (`log.info("...", extra={"model": m})`):
+JSON lines carry them as top-level keys, text lines append them as compact `key=value`s.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import time
+from typing import Any
+
+# Attributes every LogRecord has; anything else on a record came in through `extra`.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+_TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+_TEXT_DATEFMT = "%H:%M:%S"
+# The loggers configure() sets up: inferd's own, and uvicorn's when the server lets it (the
+# server passes log_config=None to uvicorn; otherwise uvicorn installs its own handlers).
+_LOGGERS = ("inferd", "uvicorn")
+
+
+def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields a log call passed in `extra`."""
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+
+
+def _json_default(value: Any) -> Any:
+    tolist = getattr(value, "tolist", None)  # numpy scalars and arrays
+    if tolist is not None:
+        return tolist()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: timestamp (ISO-8601 UTC, ms), level, logger, message, the
+    `extra` fields, and `exception`/`stack` as strings when present."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
+
+    def _timestamp(self, created: float) -> str:
+        second = int(created)
+        cached, prefix = self._second
+        if second != cached:
+            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, prefix)
+        return f"{prefix}.{int((created - second) * 1000):03d}Z"
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "timestamp": self._timestamp(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and key not in doc:
+                doc[key] = value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            doc["exception"] = record.exc_text
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(doc, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value if value and " " not in value and '"' not in value else json.dumps(value)
+    if isinstance(value, int | float | bool):
+        return str(value)
+    return json.dumps(value, default=_json_default, separators=(",", ":"))
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, str | list | tuple | dict) and not value)
+
+
+class TextFormatter(logging.Formatter):
+    """The human format; `extra` fields follow the message as ` key=value` (empty ones
+    are left out)."""
+
+    def __init__(self) -> None:
+        super().__init__(_TEXT_FORMAT, _TEXT_DATEFMT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        line = super().formatMessage(record)
+        parts = [
+            f"{key}={_text_value(value)}"
+            for key, value in record.__dict__.items()
+            if key not in _STANDARD and not _is_empty(value)
+        ]
+        return f"{line} {' '.join(parts)}" if parts else line
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    if fmt == "json":
+        return JsonFormatter()
+    if fmt == "text":
+        return TextFormatter()
+    raise ValueError(f"unknown log format {fmt!r}: 'text' or 'json'")
 
 
 def configure(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
-    )
-    root = logging.getLogger("inferd")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    handler.setFormatter(formatter(fmt))
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False

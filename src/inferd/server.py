@@ -16,6 +16,8 @@ from inferd import model_output
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
 from inferd.metrics import MetricsServer, MetricsSink
+from inferd.request_log import RequestLogSink
+from inferd.tracing import TraceSink
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.http import build_app
 from inferd.repository.registry import ModelRegistry
@@ -28,6 +30,11 @@ class InferenceServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.telemetry = Telemetry()
+        self.telemetry.add(RequestLogSink(settings.log_sample_rate))
+        self.trace_sink: TraceSink | None = None
+        if settings.trace_otlp_endpoint:
+            self.trace_sink = TraceSink(settings.trace_otlp_endpoint)
+            self.telemetry.add(self.trace_sink)
         self.registry = ModelRegistry(settings.model_repository, self.telemetry)
         self.dataplane = DataPlane(self.registry, self.telemetry)
         self.metrics: MetricsSink | None = None
@@ -90,7 +97,9 @@ class InferenceServer:
                     await self.registry.unload_all()
             except TimeoutError:
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
-            # 4. stop the metrics endpoint last, so the drain stays observable.
+            # 4. flush traces, then stop the metrics endpoint last, so the drain stays visible.
+            if self.trace_sink is not None:
+                await asyncio.to_thread(self.trace_sink.shutdown)
             if self.metrics_server is not None:
                 self.metrics_server.close()
             if self.metrics is not None:
@@ -117,6 +126,7 @@ class InferenceServer:
             port=self.settings.http_port,
             log_level=self.settings.log_level.lower(),
             access_log=False,
+            log_config=None,  # inferd's own handlers (text or JSON) format uvicorn's lines too
             lifespan="on",
             timeout_graceful_shutdown=int(self.settings.exit_timeout_s),
         )

@@ -19,6 +19,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from inferd import tracing
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import CallContext
@@ -107,17 +108,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @errors_mapped
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        return encode_infer_response(await self._infer(request, context))
+        ctx = _call_context(context)
+        # Trailing metadata: sent with the response and with an error status alike.
+        if traceparent := tracing.echo(ctx):  # "" unless a valid traceparent came in
+            context.set_trailing_metadata((("traceparent", traceparent),))
+        return encode_infer_response(await self._infer(request, context, ctx))
 
-    async def _infer(self, request: Any, context: Any) -> InferResponse:
-        metadata = dict(context.invocation_metadata() or ())
-        ctx = CallContext(
-            "grpc",
-            context.peer() or "",
-            metadata.get("traceparent", ""),
-            time.time(),
-            time.perf_counter_ns(),
-        )
+    async def _infer(
+        self, request: Any, context: Any, ctx: CallContext | None = None
+    ) -> InferResponse:
+        if ctx is None:
+            ctx = _call_context(context)
 
         async def decode() -> InferRequest:
             return decode_infer_request(request)
@@ -198,6 +199,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def LogSettings(self, request: Any, context: Any) -> Any:
         return await self._unimplemented(context, "LogSettings")
+
+
+def _call_context(context: Any) -> CallContext:
+    metadata = dict(context.invocation_metadata() or ())
+    return CallContext(
+        "grpc",
+        context.peer() or "",
+        metadata.get("traceparent", ""),
+        time.time(),
+        time.perf_counter_ns(),
+    )
 
 
 def _stream_error(request: Any, message: str) -> pb.ModelStreamInferResponse:

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from inferd import tracing
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
@@ -39,12 +40,14 @@ HEADER_LENGTH = "inference-header-content-length"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def json_response(doc: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers
+    )
 
 
-def error_response(status: int, message: str) -> Response:
-    return json_response({"error": message}, status)
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response({"error": message}, status, headers)
 
 
 def errors_mapped(endpoint: Endpoint) -> Endpoint:
@@ -137,6 +140,8 @@ class HttpAdapter:
             time.time(),
             time.perf_counter_ns(),
         )
+        traceparent = tracing.echo(ctx)  # "" unless the request carried a valid traceparent
+        trace_headers = {"traceparent": traceparent} if traceparent else None
         model, version = request.path_params["model"], request.path_params.get("version", "")
         decoded: list[InferRequest] = []
 
@@ -146,17 +151,21 @@ class HttpAdapter:
             decoded.append(decode_request(body, header_length, model, version))
             return decoded[0]
 
-        response = await self.dp.infer(model, version, decode, ctx)
+        try:
+            response = await self.dp.infer(model, version, decode, ctx)
+        except InferdError as exc:
+            if trace_headers is None:
+                raise
+            return error_response(STATUS[exc.kind], exc.message, trace_headers)
         infer_request = decoded[0]
         binary_default = bool(infer_request.parameters.get("binary_data_output", False))
         payload, json_length = encode_response(response, infer_request.outputs, binary_default)
         if json_length is None:
-            return Response(payload, media_type="application/json")
-        return Response(
-            payload,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(json_length)},
-        )
+            return Response(payload, media_type="application/json", headers=trace_headers)
+        headers = {"Inference-Header-Content-Length": str(json_length)}
+        if trace_headers is not None:
+            headers.update(trace_headers)
+        return Response(payload, media_type="application/octet-stream", headers=headers)
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.max_request_bytes
