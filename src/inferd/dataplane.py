@@ -78,7 +78,13 @@ class DataPlane:
         }
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        return self.registry.get(name, version).config
+        """The served version's config, with its files' checksum as parameter
+        `model_checksum` (to check what is deployed, field lesson 16)."""
+        mv = self.registry.get(name, version)
+        config = mc.ModelConfig()
+        config.CopyFrom(mv.config)
+        config.parameters["model_checksum"].string_value = mv.checksum
+        return config
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self.registry.index(ready_only)
@@ -121,11 +127,16 @@ class DataPlane:
         try:
             if model_name in self.registry.models:
                 record.model = model_name
-            mv = self.registry.get(model_name, version)
+            mv = self.registry.get(model_name, version, ctx.routing_key)
             record.version = mv.version
             request = await decode()
             record.request = request
             record.request_id = request.id
+            # Resolve again now that the body is in: a version swapped in while it was read
+            # takes the request (the old one may be draining), and the request id is known
+            # for sticky canary routing.
+            mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
+            record.version = mv.version
             bound = mv.signature.bind(request)
             record.rows = bound.rows
             assert mv.batcher is not None  # a READY version always has one

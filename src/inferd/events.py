@@ -42,6 +42,7 @@ class CallContext:
     traceparent: str = ""  # the W3C traceparent the client sent, if any
     wall_start_s: float = 0.0  # time.time() at arrival, for log timestamps
     start_ns: int = 0  # time.perf_counter_ns() at arrival
+    routing_key: str = ""  # makes canary routing sticky (inferd-routing-key header/metadata)
 
 
 @dataclass(slots=True)

@@ -112,11 +112,14 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]) for _ in requests]
 """
 
+# Broken on purpose at request time: the automatic warm-up (which would refuse to load it)
+# is turned off so the runtime errors can be seen.
 TBROKEN_CONFIG = """
 name: "tbroken"
 backend: "python"
 input [ { name: "IN", data_type: TYPE_FP32, dims: [ 1 ] } ]
 output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]
+parameters { key: "auto_warmup" value: { string_value: "false" } }
 """
 
 # Writes a file at finalize; prints and logs at initialize.

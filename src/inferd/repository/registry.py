@@ -1,14 +1,18 @@
-"""The model registry: scans the repository, loads each model version, tracks its state.
+"""The model registry: which model versions exist, their states, and swapping them safely.
 
-A model whose config is broken, or a version that fails to load, is marked UNAVAILABLE with
-the reason; every other model still loads and serves.
+A model whose config is broken, or a version that fails to load or warm up, is marked
+UNAVAILABLE with the reason; every other model keeps serving. Reloading loads and warms the
+new version beside the old one, switches routing in one step (a dict assignment on the event
+loop), then drains the old one's queued and running requests and releases it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import gc
 import logging
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,30 +20,23 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends import get_backend
-from inferd.backends.base import AnyInstance, Backend, LoadContext
-from inferd.errors import InferdError, not_found, unavailable
+from inferd.backends.base import Backend
+from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
-from inferd.repository.config import (
-    ConfigError,
-    backend_name,
-    instance_count,
-    parameter,
-    read_config,
-    validate,
+from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
+from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name, instance_count
+from inferd.repository.loader import (
+    batching_options,
+    load_instances,
+    model_file,
+    prepare,
 )
-from inferd.scheduling.batcher import BatchingOptions, DynamicBatcher
+from inferd.repository.warmup import run_warmup, warmup_samples
+from inferd.routing import RollbackPolicy, Router, parse_weights
+from inferd.scheduling.batcher import DynamicBatcher
 from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
-
-# Which backend serves a model that has no config naming one (Triton's platform detection).
-MODEL_FILES = {
-    "model.onnx": "onnxruntime",
-    "model.py": "python",
-    "model.pt": "pytorch",
-    "model.pt2": "pytorch",
-}
 
 
 class State(enum.Enum):
@@ -59,7 +56,9 @@ class ModelVersion:
     reason: str = ""
     batcher: DynamicBatcher | None = None
     devices: list[str] = field(default_factory=list)
+    checksum: str = ""  # of the version directory's files
     load_duration_s: float = 0.0
+    warmup_duration_s: float = 0.0
 
     @property
     def is_ready(self) -> bool:
@@ -70,29 +69,18 @@ class ModelVersion:
 class Model:
     name: str
     config: mc.ModelConfig | None = None
-    reason: str = ""  # why the model as a whole could not be configured
+    reason: str = ""  # why the model (or its last reload) could not be configured
     versions: dict[str, ModelVersion] = field(default_factory=dict)
+    router: Router = field(default_factory=Router)
+    config_checksum: str = ""
+    seen: Fingerprint = ()  # the files' stat fingerprint at the last (re)load
+    load_failures: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def default_version(self) -> ModelVersion | None:
         """The highest-numbered ready version."""
         ready = [v for v in self.versions.values() if v.is_ready]
         return max(ready, key=lambda v: int(v.version)) if ready else None
-
-
-def list_versions(model_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
-
-
-def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
-    """Apply the config's version_policy (Triton's default: the latest one)."""
-    policy = config.version_policy
-    if policy.HasField("all"):
-        return available
-    if policy.HasField("specific"):
-        wanted = {int(v) for v in policy.specific.versions}
-        return [v for v in available if v in wanted]
-    num = policy.latest.num_versions if policy.HasField("latest") else 1
-    return available[-num:]
 
 
 class ModelRegistry:
@@ -103,12 +91,17 @@ class ModelRegistry:
 
     # -- lookups on the request path ----------------------------------------------------
 
-    def get(self, name: str, version: str = "") -> ModelVersion:
+    def get(self, name: str, version: str = "", routing_key: str = "") -> ModelVersion:
         model = self.models.get(name)
         if model is None:
             raise not_found(f"unknown model '{name}'")
         if not version:
-            mv = model.default_version()
+            routed = (
+                model.router.pick(model.versions, routing_key) if model.router.weights else None
+            )
+            mv = model.versions.get(routed) if routed else None
+            if mv is None or not mv.is_ready:
+                mv = model.default_version()
             if mv is None:
                 reason = model.reason or _first_reason(model)
                 raise unavailable(
@@ -126,10 +119,9 @@ class ModelRegistry:
         return mv
 
     def is_ready(self) -> bool:
-        """Strict readiness, as Triton: every model has all its versions READY."""
+        """Every model (but those unloaded on request) can serve: it has a READY version."""
         return all(
-            m.versions and all(v.is_ready for v in m.versions.values())
-            for m in self.models.values()
+            m.default_version() is not None for m in self.models.values() if m.reason != "unloaded"
         )
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -152,57 +144,207 @@ class ModelRegistry:
                 rows.append(row)
         return rows
 
+    # -- routing ------------------------------------------------------------------------
+
+    def set_weights(self, name: str, raw: object) -> dict[str, int]:
+        model = self._model(name)
+        weights = parse_weights(raw, f"model '{name}' routing")
+        for version, weight in weights.items():
+            mv = model.versions.get(version)
+            if weight > 0 and (mv is None or not mv.is_ready):
+                raise invalid(f"model '{name}' version {version} is not loaded and ready")
+        model.router.weights = weights
+        log.info("model %s routing weights set to %s", name, weights)
+        return weights
+
+    def promote(self, name: str, version: str) -> dict[str, int]:
+        return self.set_weights(name, {version: 100})
+
+    def rollback(self, name: str, version: str = "") -> dict[str, int]:
+        """Send the canary's traffic back: `version` (default: every non-stable version) -> 0."""
+        model = self._model(name)
+        router = model.router
+        stable = router.stable
+        if stable is None:
+            raise invalid(f"model '{name}' has no traffic split to roll back")
+        targets = [version] if version else [v for v in router.weights if v != stable]
+        for v in targets:
+            if v not in router.weights:
+                raise invalid(f"model '{name}' routes no traffic to version {v}")
+            router.weights[v] = 0
+        if sum(router.weights.values()) == 0:
+            router.weights[stable] = 100
+        log.info("model %s rolled back; routing weights now %s", name, router.weights)
+        return dict(router.weights)
+
+    def _model(self, name: str) -> Model:
+        model = self.models.get(name)
+        if model is None:
+            raise not_found(f"unknown model '{name}'")
+        return model
+
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def load_all(self) -> None:
+    def model_names_on_disk(self) -> list[str]:
         if not self.repository.is_dir():
             raise FileNotFoundError(f"model repository {self.repository} is not a directory")
-        dirs = sorted(
-            p for p in self.repository.iterdir() if p.is_dir() and not p.name.startswith(".")
+        return sorted(
+            p.name
+            for p in self.repository.iterdir()
+            if p.is_dir() and not p.name.startswith((".", "_"))
         )
-        await asyncio.gather(*(self._load_model(d) for d in dirs))
 
-    async def _load_model(self, model_dir: Path) -> None:
-        model = Model(model_dir.name)
-        self.models[model.name] = model
+    async def load_all(self, names: list[str] | None = None) -> None:
+        """Load models (all on disk by default); one that fails is logged and listed, the
+        others load regardless."""
+        wanted = self.model_names_on_disk() if names is None else names
+        await asyncio.gather(*(self._load_logged(n) for n in wanted))
+
+    async def _load_logged(self, name: str) -> None:
         try:
-            config, backend, versions = await asyncio.to_thread(_prepare, model_dir)
-        except (ConfigError, InferdError, OSError, RuntimeError, ValueError) as exc:
-            model.reason = str(exc)
-            log.error("model %s failed: %s", model.name, model.reason)
-            return
-        model.config = config
-        for number in versions:
-            mv = ModelVersion(model.name, str(number), config, ModelSignature(config))
-            model.versions[mv.version] = mv
-        await asyncio.gather(
-            *(self._load_version(mv, backend, model_dir) for mv in model.versions.values())
+            await self.load_model(name)
+        except InferdError as exc:
+            if name not in self.models:  # not even a directory: keep it visible in the index
+                self.models[name] = Model(name, reason=exc.message)
+                log.error("model %s failed: %s", name, exc.message)
+
+    async def load_model(
+        self,
+        name: str,
+        override: mc.ModelConfig | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        """Load `name`, or reload it: changed or new versions are loaded and warmed beside the
+        serving ones and swapped in; versions no longer selected drain and unload.
+
+        A failure never replaces a working version. Raises InferdError (for the repository
+        API) when the model cannot be loaded at all; the reason is kept in the index too.
+        """
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise invalid(f"invalid model name '{name}'")
+        model = self.models.get(name)
+        if model is None:
+            model = self.models[name] = Model(name)
+        async with model.lock:
+            if files:
+                if override is None:
+                    raise invalid(
+                        "file: parameters need a 'config' parameter as well (Triton's rule)"
+                    )
+                with tempfile.TemporaryDirectory(prefix="inferd-") as tmp:
+                    model_dir = Path(tmp) / name
+                    _write_files(model_dir, files)
+                    await self._load_locked(model, model_dir, override)
+                return
+            model_dir = self.repository / name
+            if not model_dir.is_dir():
+                if not model.versions:
+                    del self.models[name]
+                raise not_found(f"no model '{name}' in the repository")
+            await self._load_locked(model, model_dir, override)
+
+    async def _load_locked(
+        self, model: Model, model_dir: Path, override: mc.ModelConfig | None
+    ) -> None:
+        seen = await asyncio.to_thread(fingerprint, model_dir)
+        try:
+            config, backend, numbers = await asyncio.to_thread(prepare, model_dir, override)
+            policy = RollbackPolicy.from_config(config)
+        except (ConfigError, InferdError, OSError, ValueError) as exc:
+            message = exc.message if isinstance(exc, InferdError) else str(exc)
+            model.load_failures += 1
+            if model.default_version() is not None:
+                model.reason = f"reload failed, still serving the loaded versions: {message}"
+            else:
+                model.reason = message
+            model.seen = seen
+            log.error("model %s failed: %s", model.name, message)
+            raise invalid(message) from None
+        sums = await asyncio.to_thread(
+            lambda: {str(n): checksum(model_dir / str(n)) for n in numbers}
         )
+        config_sum = await asyncio.to_thread(file_checksum, model_dir / CONFIG_FILE)
+        config_sum = config_sum + "|" + str(config)  # an override changes it too
+        config_changed = config_sum != model.config_checksum
+        keep: dict[str, ModelVersion] = {}
+        fresh: list[ModelVersion] = []
+        for v, digest in sums.items():
+            old = model.versions.get(v)
+            if old is not None and old.is_ready and not config_changed and old.checksum == digest:
+                keep[v] = old
+            else:
+                fresh.append(
+                    ModelVersion(model.name, v, config, ModelSignature(config), checksum=digest)
+                )
+        await asyncio.gather(*(self._load_version(mv, backend, model_dir) for mv in fresh))
+
+        for mv in fresh:
+            old = model.versions.get(mv.version)
+            if mv.is_ready or old is None or not old.is_ready:
+                keep[mv.version] = mv
+            else:  # a broken replacement never replaces a working version
+                old.reason = f"reload failed, still serving the loaded files: {mv.reason}"
+                keep[mv.version] = old
+                model.load_failures += 1
+        if not any(v.is_ready for v in keep.values()):
+            for v, old in model.versions.items():
+                if old.is_ready and v not in keep:
+                    old.reason = "kept serving: no newer version loaded"
+                    keep[v] = old
+        failed = [mv for mv in fresh if not mv.is_ready]
+        model.load_failures += sum(1 for mv in failed if mv.version not in model.versions)
+        retired = [old for v, old in model.versions.items() if keep.get(v) is not old]
+        # The switch: one assignment, between two requests, on the event loop.
+        model.versions = keep
+        model.config = (
+            config if any(mv.is_ready for mv in fresh) or not model.config else model.config
+        )
+        model.config_checksum = config_sum if not failed else model.config_checksum
+        model.seen = seen
+        model.reason = "" if not failed else model.reason
+        model.router.policy = policy
+        _apply_config_weights(model, config)
+        if retired:
+            await self._retire(retired)
 
     async def _load_version(self, mv: ModelVersion, backend: Backend, model_dir: Path) -> None:
         version_dir = model_dir / mv.version
         count = instance_count(mv.config)
         started = time.monotonic()
         try:
-            if _model_file(backend, version_dir) is None:
+            if model_file(backend, version_dir) is None:
                 raise RuntimeError(
                     f"{mv.name}/{mv.version}/ holds no {' or '.join(backend.model_files)}"
                 )
-            instances = await asyncio.to_thread(_load_instances, backend, mv, version_dir, count)
+            instances = await asyncio.to_thread(
+                load_instances, backend, mv.name, mv.version, mv.config, version_dir, count
+            )
         except Exception as exc:
             mv.state = State.UNAVAILABLE
             mv.reason = f"load failed: {exc}"
             log.error("model %s version %s failed to load: %s", mv.name, mv.version, exc)
             return
+        loaded = time.monotonic()
+        try:
+            samples = await asyncio.to_thread(warmup_samples, mv.config, model_dir)
+            await asyncio.to_thread(run_warmup, instances, samples, mv.config.max_batch_size > 0)
+        except Exception as exc:
+            for inst in instances:
+                inst.close()
+            mv.state = State.UNAVAILABLE
+            mv.reason = f"load failed: {exc}"
+            log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, exc)
+            return
         mv.batcher = DynamicBatcher(
             mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
         )
         mv.devices = [inst.device for inst in instances]
-        mv.load_duration_s = time.monotonic() - started
+        mv.load_duration_s = loaded - started
+        mv.warmup_duration_s = time.monotonic() - loaded
         mv.state = State.READY
         log.info(
             "loaded model %s version %s (%s, %d instance%s on %s, max_batch_size %d, "
-            "batching %s) in %.2fs",
+            "batching %s) in %.2fs, warm-up %.2fs (%d sample%s)",
             mv.name,
             mv.version,
             backend_name(mv.config),
@@ -212,107 +354,68 @@ class ModelRegistry:
             mv.config.max_batch_size,
             batching_options(mv.config).policy if mv.config.max_batch_size else "off",
             mv.load_duration_s,
+            mv.warmup_duration_s,
+            len(samples),
+            "" if len(samples) == 1 else "s",
         )
 
-    async def unload_all(self) -> None:
-        versions = [v for m in self.models.values() for v in m.versions.values()]
+    async def _retire(self, versions: list[ModelVersion]) -> None:
+        """Drain and release versions that no longer take new requests."""
         for mv in versions:
             if mv.is_ready:
                 mv.state = State.UNLOADING
         await asyncio.gather(*(v.batcher.stop() for v in versions if v.batcher is not None))
         for mv in versions:
+            mv.batcher = None
             mv.state = State.UNAVAILABLE
             mv.reason = "unloaded"
+            log.info("unloaded model %s version %s", mv.name, mv.version)
+        gc.collect()  # return the sessions' memory now, not at some later collection
+
+    async def unload_model(self, name: str, forget: bool = False) -> None:
+        """Drain and unload every version; the model stays in the index as unloaded."""
+        model = self._model(name)
+        async with model.lock:
+            retired = list(model.versions.values())
+            model.versions = {}
+            model.reason = "unloaded"
+            model.config_checksum = ""
+            model.router.weights = {}
+            if forget:
+                del self.models[name]
+            await self._retire([v for v in retired if v.batcher is not None])
+
+    async def unload_all(self) -> None:
+        versions = [v for m in self.models.values() for v in m.versions.values()]
+        await self._retire([v for v in versions if v.batcher is not None])
+
+
+def _apply_config_weights(model: Model, config: mc.ModelConfig) -> None:
+    """Weights from the config's `canary_weights` parameter, when it sets them."""
+    raw = (
+        config.parameters["canary_weights"].string_value
+        if "canary_weights" in config.parameters
+        else ""
+    )
+    if not raw:
+        return
+    try:
+        weights = parse_weights(raw, f"{model.name}/config.pbtxt: parameters.canary_weights")
+    except InferdError as exc:
+        model.reason = exc.message
+        log.error("%s", exc.message)
+        return
+    model.router.weights = {v: w for v, w in weights.items() if v in model.versions}
+
+
+def _write_files(model_dir: Path, files: dict[str, bytes]) -> None:
+    for relative, content in files.items():
+        path = (model_dir / relative).resolve()
+        if model_dir.resolve() not in path.parents:
+            raise invalid(f"file parameter '{relative}' points outside the model directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
 
 
 def _first_reason(model: Model) -> str:
     return next((v.reason for v in model.versions.values() if v.reason), "")
-
-
-def batching_options(config: mc.ModelConfig) -> BatchingOptions:
-    db = config.dynamic_batching
-    return BatchingOptions(
-        max_batch_size=int(config.max_batch_size),
-        preferred_sizes=tuple(int(s) for s in db.preferred_batch_size),
-        max_delay_s=db.max_queue_delay_microseconds / 1e6,
-        policy=parameter(config, "batching_policy", "work_conserving"),
-    )
-
-
-def _prepare(model_dir: Path) -> tuple[mc.ModelConfig, Backend, list[int]]:
-    """Read, complete and check a model's config; choose its versions. Runs in a thread."""
-    config, _ = read_config(model_dir)
-    available = list_versions(model_dir)
-    if not available:
-        raise ConfigError(
-            f"{model_dir.name}: no numeric version directory (e.g. {model_dir.name}/1/)"
-        )
-    name = backend_name(config)
-    if not name and not config.platform:
-        # No config (or one without platform/backend): infer the backend from the file.
-        newest = model_dir / str(available[-1])
-        name = next((b for f, b in MODEL_FILES.items() if (newest / f).exists()), "")
-        if not name:
-            raise ConfigError(
-                f"{model_dir.name}/config.pbtxt: platform/backend: not set, and "
-                f"{model_dir.name}/{available[-1]}/ holds no {' or '.join(MODEL_FILES)}"
-            )
-        if name == "onnxruntime":
-            config.platform = "onnxruntime_onnx"
-        elif name == "pytorch":
-            config.platform = "pytorch_libtorch"
-        else:
-            config.backend = name
-    elif not name:
-        raise ConfigError(
-            f"{model_dir.name}/config.pbtxt: platform '{config.platform}' is not supported"
-        )
-    try:
-        backend = get_backend(name)
-    except InferdError as exc:
-        raise ConfigError(f"{model_dir.name}/config.pbtxt: backend: {exc.message}") from None
-    versions = select_versions(config, available)
-    if not versions:
-        raise ConfigError(
-            f"{model_dir.name}/config.pbtxt: version_policy selects none of the versions "
-            f"{available}"
-        )
-    newest_dir = model_dir / str(versions[-1])
-    model_file = _model_file(backend, newest_dir)
-    if model_file is not None:
-        try:
-            backend.complete_config(config, newest_dir)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            # Library messages often quote the absolute path: keep it out of what clients see.
-            detail = str(exc).replace(str(model_file), model_file.name)
-            raise ConfigError(
-                f"{model_dir.name}/{versions[-1]}/{model_file.name}: cannot read: {detail}"
-            ) from None
-    if not config.instance_group:
-        # Triton's completion: one instance; CPU, since no GPU kind was asked for.
-        group = config.instance_group.add()
-        group.count = 1
-        group.kind = mc.ModelInstanceGroup.KIND_CPU
-    validate(config, model_dir)
-    return config, backend, versions
-
-
-def _model_file(backend: Backend, version_dir: Path) -> Path | None:
-    return next((version_dir / f for f in backend.model_files if (version_dir / f).exists()), None)
-
-
-def _load_instances(
-    backend: Backend, mv: ModelVersion, version_dir: Path, count: int
-) -> list[AnyInstance]:
-    instances: list[AnyInstance] = []
-    try:
-        for index in range(count):
-            ctx = LoadContext(mv.name, mv.version, version_dir, mv.config, index, count)
-            instances.append(backend.load(ctx))
-    except BaseException:
-        for inst in instances:
-            inst.close()
-        raise
-    return instances

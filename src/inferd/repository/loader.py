@@ -1,0 +1,158 @@
+"""Turning a model directory into loadable parts: config, backend, versions, instances.
+
+Blocking work (file reads, ONNX parsing, model loading, warm-up) lives here and runs in
+worker threads; the registry (on the event loop) only decides and swaps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferd.backends import get_backend
+from inferd.backends.base import AnyInstance, Backend, LoadContext
+from inferd.errors import InferdError
+from inferd.repository.config import (
+    ConfigError,
+    backend_name,
+    parameter,
+    read_config,
+    validate,
+)
+from inferd.scheduling.batcher import BatchingOptions
+
+# Which backend serves a model that has no config naming one (Triton's platform detection).
+MODEL_FILES = {
+    "model.onnx": "onnxruntime",
+    "model.py": "python",
+    "model.pt": "pytorch",
+    "model.pt2": "pytorch",
+}
+
+
+def list_versions(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
+    """Apply the config's version_policy (Triton's default: the latest one)."""
+    policy = config.version_policy
+    if policy.HasField("all"):
+        return available
+    if policy.HasField("specific"):
+        wanted = {int(v) for v in policy.specific.versions}
+        return [v for v in available if v in wanted]
+    num = policy.latest.num_versions if policy.HasField("latest") else 1
+    return available[-num:]
+
+
+def batching_options(config: mc.ModelConfig) -> BatchingOptions:
+    db = config.dynamic_batching
+    return BatchingOptions(
+        max_batch_size=int(config.max_batch_size),
+        preferred_sizes=tuple(int(s) for s in db.preferred_batch_size),
+        max_delay_s=db.max_queue_delay_microseconds / 1e6,
+        policy=parameter(config, "batching_policy", "work_conserving"),
+    )
+
+
+def parse_config_override(name: str, text: str) -> mc.ModelConfig:
+    """A config given with a load request (Triton's `config` parameter: JSON)."""
+    config = mc.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except (json_format.ParseError, json.JSONDecodeError) as exc:
+        raise ConfigError(
+            f"{name}: the 'config' parameter is not a valid model config: {exc}"
+        ) from None
+    if not config.name:
+        config.name = name
+    return config
+
+
+def prepare(
+    model_dir: Path, override: mc.ModelConfig | None = None
+) -> tuple[mc.ModelConfig, Backend, list[int]]:
+    """Read, complete and check a model's config; choose its versions. Runs in a thread."""
+    if override is not None:
+        config = mc.ModelConfig()
+        config.CopyFrom(override)
+    else:
+        config, _ = read_config(model_dir)
+    available = list_versions(model_dir)
+    if not available:
+        raise ConfigError(
+            f"{model_dir.name}: no numeric version directory (e.g. {model_dir.name}/1/)"
+        )
+    name = backend_name(config)
+    if not name and not config.platform:
+        # No config (or one without platform/backend): infer the backend from the file.
+        newest = model_dir / str(available[-1])
+        name = next((b for f, b in MODEL_FILES.items() if (newest / f).exists()), "")
+        if not name:
+            raise ConfigError(
+                f"{model_dir.name}/config.pbtxt: platform/backend: not set, and "
+                f"{model_dir.name}/{available[-1]}/ holds no {' or '.join(MODEL_FILES)}"
+            )
+        if name == "onnxruntime":
+            config.platform = "onnxruntime_onnx"
+        elif name == "pytorch":
+            config.platform = "pytorch_libtorch"
+        else:
+            config.backend = name
+    elif not name:
+        raise ConfigError(
+            f"{model_dir.name}/config.pbtxt: platform '{config.platform}' is not supported"
+        )
+    try:
+        backend = get_backend(name)
+    except InferdError as exc:
+        raise ConfigError(f"{model_dir.name}/config.pbtxt: backend: {exc.message}") from None
+    versions = select_versions(config, available)
+    if not versions:
+        raise ConfigError(
+            f"{model_dir.name}/config.pbtxt: version_policy selects none of the versions "
+            f"{available}"
+        )
+    newest_dir = model_dir / str(versions[-1])
+    found = model_file(backend, newest_dir)
+    if found is not None:
+        try:
+            backend.complete_config(config, newest_dir)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            # Library messages often quote the absolute path: keep it out of what clients see.
+            detail = str(exc).replace(str(found), found.name)
+            raise ConfigError(
+                f"{model_dir.name}/{versions[-1]}/{found.name}: cannot read: {detail}"
+            ) from None
+    if not config.instance_group:
+        # Triton's completion: one instance; CPU, since no GPU kind was asked for.
+        group = config.instance_group.add()
+        group.count = 1
+        group.kind = mc.ModelInstanceGroup.KIND_CPU
+    validate(config, model_dir)
+    return config, backend, versions
+
+
+def model_file(backend: Backend, version_dir: Path) -> Path | None:
+    return next((version_dir / f for f in backend.model_files if (version_dir / f).exists()), None)
+
+
+def load_instances(
+    backend: Backend, name: str, version: str, config: mc.ModelConfig, version_dir: Path, count: int
+) -> list[AnyInstance]:
+    instances: list[AnyInstance] = []
+    try:
+        for index in range(count):
+            ctx = LoadContext(name, version, version_dir, config, index, count)
+            instances.append(backend.load(ctx))
+    except BaseException:
+        for inst in instances:
+            inst.close()
+        raise
+    return instances

@@ -1,0 +1,109 @@
+"""Warm-up before ready (field lesson 6): run samples through every instance at load.
+
+Samples come from Triton's `model_warmup` entries (zero, random or file data, a batch size,
+a count) or, when the config gives none, from zeros at batch size 1 and at each preferred
+batch size. A version becomes READY only after its warm-up succeeded; a failing warm-up
+fails the load, so a version that cannot answer never takes traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferd.backends.base import AnyInstance, RequestListInstance
+from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
+from inferd.protocol.codec import decode_bytes_elements
+from inferd.repository.config import ConfigError, parameter
+from inferd.signature import BoundRequest
+from inferd.types import Array
+
+Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
+
+
+def warmup_samples(config: mc.ModelConfig, model_dir: Path) -> list[Sample]:
+    where = f"{config.name}/config.pbtxt"
+    if config.model_warmup:
+        return [_configured(w, config, model_dir, where) for w in config.model_warmup]
+    if parameter(config, "auto_warmup", "true").lower() in ("0", "false", "no"):
+        return []
+    sizes = [1]
+    if config.max_batch_size > 0:
+        sizes += sorted({int(s) for s in config.dynamic_batching.preferred_batch_size} - {1})
+    return [
+        (f"auto batch {size}", {t.name: _zeros(t, size, config) for t in config.input}, 1)
+        for size in sizes
+    ]
+
+
+def _zeros(t: mc.ModelInput, batch: int, config: mc.ModelConfig) -> Array:
+    # Samples go straight to the instances, so they take the shape the model itself sees.
+    dims = t.reshape.shape if t.HasField("reshape") else t.dims
+    shape = ([batch] if config.max_batch_size > 0 else []) + [d if d > 0 else 1 for d in dims]
+    datatype = CONFIG_TO_V2[t.data_type]
+    if datatype == "BYTES":
+        array = np.empty(shape, dtype=object)
+        array.fill(b"")
+        return array
+    return np.zeros(shape, dtype=V2_TO_NUMPY[datatype])
+
+
+def _configured(w: mc.ModelWarmup, config: mc.ModelConfig, model_dir: Path, where: str) -> Sample:
+    rng = np.random.default_rng(0)
+    inputs: dict[str, Array] = {}
+    declared = {t.name for t in config.input}
+    for name, spec in w.inputs.items():
+        field = f"{where}: model_warmup '{w.name}' input '{name}'"
+        if name not in declared:
+            raise ConfigError(f"{field}: the model has no such input")
+        datatype = CONFIG_TO_V2.get(spec.data_type)
+        if datatype is None:
+            raise ConfigError(f"{field}: data_type is not supported")
+        lead = [w.batch_size] if config.max_batch_size > 0 else []
+        shape = lead + [int(d) for d in spec.dims]
+        dtype = V2_TO_NUMPY[datatype]
+        kind = spec.WhichOneof("input_data_type")
+        count = int(np.prod(shape)) if shape else 1
+        if kind == "input_data_file":
+            path = model_dir / "warmup" / spec.input_data_file
+            if not path.is_file():
+                raise ConfigError(f"{field}: {config.name}/warmup/{spec.input_data_file} not found")
+            raw = path.read_bytes()
+            if datatype == "BYTES":
+                inputs[name] = decode_bytes_elements(raw, count, field).reshape(shape)
+            else:
+                inputs[name] = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+        elif kind == "random_data" and datatype not in ("BYTES", "BOOL"):
+            if dtype.kind == "f":
+                inputs[name] = rng.random(shape).astype(dtype)
+            else:
+                inputs[name] = rng.integers(0, 100, shape).astype(dtype)
+        else:  # zero_data (and random BOOL/BYTES, which Triton also fills with zeros)
+            if datatype == "BYTES":
+                array = np.empty(shape, dtype=object)
+                array.fill(b"")
+                inputs[name] = array
+            else:
+                inputs[name] = np.zeros(shape, dtype=dtype)
+    return (w.name or "warmup", inputs, max(1, int(w.count)))
+
+
+def run_warmup(instances: Sequence[AnyInstance], samples: list[Sample], batched: bool) -> None:
+    """Execute every sample `count` times on every instance; raises on the first failure."""
+    for name, inputs, count in samples:
+        rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
+        for instance in instances:
+            for _ in range(count):
+                try:
+                    if isinstance(instance, RequestListInstance):
+                        request = BoundRequest(inputs, rows, (), [], "warmup")
+                        (result,) = instance.execute_requests([request])
+                        if isinstance(result, Exception):
+                            raise result
+                    else:
+                        instance.execute(inputs)
+                except Exception as exc:
+                    raise RuntimeError(f"warm-up '{name}' failed: {exc}") from None
