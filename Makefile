@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: serve test check models bench clean
+.PHONY: serve test test-tools check models bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,11 @@ models: $(VENV)/.serve-deps
 serve: models
 	$(BIN)/inferd serve --model-repository examples/models $(ARGS)
 
-test: $(VENV)/.test-deps
+# promtool and prometheus, for tests/integration/test_deploy.py (a no-op once installed).
+test-tools:
+	sh scripts/install-test-tools.sh
+
+test: $(VENV)/.test-deps test-tools
 	$(BIN)/python -m pytest $(ARGS)
 
 check: $(VENV)/.test-deps

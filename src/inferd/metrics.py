@@ -25,7 +25,7 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inferd.events import BatchRecord, RequestRecord
@@ -210,7 +210,11 @@ class MetricsSink:
         span_s = max(1.0, min(HEALTH_WINDOW_S, now - samples[0][0]))
         throughput = len(ok) / span_s
         window.max_throughput = max(window.max_throughput, throughput)
-        latency_term = 1 - min(1.0, p99 / baseline) if ok and baseline > 0 else 1.0
+        latency_term = 1.0
+        if not ok:
+            latency_term = 0.0  # every request failed: no latency to be proud of
+        elif baseline > 0:
+            latency_term = 1 - min(1.0, p99 / baseline)
         throughput_term = (
             min(1.0, throughput / window.max_throughput) if window.max_throughput else 0.0
         )
@@ -262,6 +266,26 @@ class _StateCollector(Collector):
             "Always 1: the backend and the device each model version actually runs on.",
             labels=(*MV, "backend", "device"),
         )
+        warmup = GaugeMetricFamily(
+            "inferd_model_warmup_duration_seconds",
+            "Time the version's warm-up took before it became READY.",
+            labels=MV,
+        )
+        weight = GaugeMetricFamily(
+            "inferd_routing_weight",
+            "Canary routing weight of a version (absent: the default route).",
+            labels=MV,
+        )
+        rollbacks = CounterMetricFamily(
+            "inferd_canary_rollbacks",
+            "Automatic canary rollbacks (weight set to 0 by the canary guard).",
+            labels=MV,
+        )
+        load_failures = CounterMetricFamily(
+            "inferd_model_load_failures",
+            "Loads or reloads of a model that failed (a working version kept serving).",
+            labels=("model",),
+        )
         health = GaugeMetricFamily(
             "inferd_health_score",
             "0..1 health of a model version over the last 60 s (see docs/metrics.md).",
@@ -271,12 +295,18 @@ class _StateCollector(Collector):
             "nv_inference_pending_request_count", "Triton: requests queued.", labels=MV
         )
         for name, model in sorted(self._registry.models.items()):
+            load_failures.add_metric([name], model.load_failures)
+            for v, w in sorted(model.router.weights.items()):
+                weight.add_metric([name, v], w)
+            for v, count in sorted(model.router.rollbacks.items()):
+                rollbacks.add_metric([name, v], count)
             for v, mv in sorted(model.versions.items()):
                 labels = [name, v]
                 for s in State:
                     state.add_metric([*labels, s.value], 1.0 if mv.state is s else 0.0)
                 if mv.state is State.READY or mv.batcher is not None:
                     load.add_metric(labels, mv.load_duration_s)
+                    warmup.add_metric(labels, mv.warmup_duration_s)
                     for device in sorted(set(mv.devices)) or ["unknown"]:
                         info.add_metric([*labels, backend_name(mv.config), device], 1.0)
                 if mv.batcher is not None:
@@ -287,7 +317,8 @@ class _StateCollector(Collector):
                     raw = parameter(mv.config, "health_p99_baseline_ms", "")
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
-        yield from (depth, inflight, state, load, info, health)
+        yield from (depth, inflight, state, load, warmup, info, health)
+        yield from (weight, rollbacks, load_failures)
         if self._triton_names:
             yield pending
             yield from self._triton_counters()
@@ -305,7 +336,9 @@ class _StateCollector(Collector):
             "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in us",
             "nv_inference_compute_output_duration_us": "Cumulative compute output duration in us",
         }
-        families = {n: Metric(n, doc, "counter") for n, doc in names.items()}
+        # Typed "unknown": the text format would print a counter's TYPE line with `_total`,
+        # which Triton's names don't carry; rate() works on them either way.
+        families = {n: Metric(n, doc, "unknown") for n, doc in names.items()}
         for (model, version), s in sorted(self._statistics.versions.items()):
             labels = {"model": model, "version": version}
             values = {

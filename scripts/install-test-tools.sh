@@ -1,0 +1,61 @@
+#!/bin/sh
+# Installs the tools tests/integration/test_deploy.py needs: Prometheus' `promtool` (checks
+# deploy/prometheus/*.yaml) and `prometheus` itself (scrapes a live test server end to end).
+#
+# Idempotent: does nothing when both are already on PATH. Otherwise installs Debian's
+# `prometheus` package (which ships both binaries) with apt. `make test` runs this first.
+#
+# The package's maintainer scripts would start a Prometheus service listening on :9090; a
+# temporary policy-rc.d forbids that (the tests start their own Prometheus on free ports), and
+# any service that starts anyway (systemd hosts) is stopped and disabled afterwards.
+set -eu
+
+if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+    exit 0
+fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "install-test-tools: promtool/prometheus are missing and apt-get is not available;" >&2
+    echo "install Prometheus (https://prometheus.io/download/) so both are on PATH." >&2
+    exit 1
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+
+echo "install-test-tools: installing Debian's prometheus package (promtool, prometheus)" >&2
+
+# Forbid service starts during the install, unless the host already has its own policy.
+POLICY=/usr/sbin/policy-rc.d
+OUR_POLICY=""
+if [ ! -e "$POLICY" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
+    $SUDO chmod 755 "$POLICY"
+    OUR_POLICY=1
+fi
+cleanup() {
+    if [ -n "$OUR_POLICY" ]; then
+        $SUDO rm -f "$POLICY"
+    fi
+}
+trap cleanup EXIT
+
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    prometheus >/dev/null
+
+# On a systemd host the unit may be enabled and running anyway: the tests don't need it.
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+
+# Debian puts both in /usr/bin; check they are really reachable now.
+for tool in promtool prometheus; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "install-test-tools: $tool is still not on PATH after installing" >&2
+        exit 1
+    fi
+done
+echo "install-test-tools: $(promtool --version 2>&1 | head -n 1)" >&2
