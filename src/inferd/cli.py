@@ -95,6 +95,33 @@ def build_parser() -> argparse.ArgumentParser:
         "http://127.0.0.1:4318/v1/traces); needs the 'otel' extra. Empty: no tracing",
     )
     serve.add_argument(
+        "--model-control-mode",
+        default=defaults.model_control_mode,
+        choices=["none", "poll", "explicit"],
+        help="none: load the repository at start; poll: also apply changes found on disk; "
+        "explicit: load only --load-model at start, then what the repository API asks",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=defaults.repository_poll_s,
+        help="poll mode: seconds between two scans of the repository",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: a model to load at start (repeatable; '*' loads all)",
+    )
+    serve.add_argument(
+        "--admin-api",
+        choices=["on", "off"],
+        default=None,
+        help="repository load/unload and canary routing calls (default: on in explicit "
+        "mode, off otherwise)",
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=float,
         default=defaults.exit_timeout_s,
@@ -132,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                 metrics_port=args.metrics_port or None,
                 metrics_triton_names=args.metrics_triton_names,
                 trace_otlp_endpoint=args.trace_otlp_endpoint,
+                model_control_mode=args.model_control_mode,
+                repository_poll_s=args.repository_poll_secs,
+                load_models=tuple(args.load_model),
+                admin_api=None if args.admin_api is None else args.admin_api == "on",
                 exit_timeout_s=args.exit_timeout_secs,
             )
         )

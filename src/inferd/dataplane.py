@@ -16,8 +16,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__
 from inferd.datatypes import V2_TO_NUMPY
-from inferd.errors import ErrorKind, InferdError, not_found
+from inferd.errors import ErrorKind, InferdError, invalid, not_found
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
+from inferd.repository.config import ConfigError
+from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
@@ -33,8 +35,11 @@ EXTENSIONS = [
 
 
 class DataPlane:
-    def __init__(self, registry: ModelRegistry, telemetry: Telemetry) -> None:
+    def __init__(
+        self, registry: ModelRegistry, telemetry: Telemetry, admin_api: bool = False
+    ) -> None:
         self.registry = registry
+        self.admin_api = admin_api
         self.telemetry = telemetry
         self.statistics = StatisticsSink()
         telemetry.add(self.statistics)
@@ -87,7 +92,17 @@ class DataPlane:
         return config
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        return self.registry.index(ready_only)
+        rows = self.registry.index(ready_only)
+        if not ready_only:
+            # As Triton: models in the repository that are not loaded are listed by name.
+            listed = {r["name"] for r in rows}
+            try:
+                on_disk = self.registry.model_names_on_disk()
+            except OSError:
+                on_disk = []
+            rows += [{"name": n} for n in on_disk if n not in listed]
+            rows.sort(key=lambda r: (r["name"], int(r.get("version", 0))))
+        return rows
 
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics: every model when `name` is empty, else its (given) versions."""
@@ -106,6 +121,75 @@ class DataPlane:
                 versions = [version]
             stats.extend(self.statistics.model_stats(n, versions))
         return {"model_stats": stats}
+
+    # -- repository and routing administration (Triton's model_repository extension) -----
+
+    def _admin(self, what: str) -> None:
+        if not self.admin_api:
+            raise InferdError(
+                ErrorKind.PERMISSION_DENIED,
+                f"{what} is disabled: start inferd with --model-control-mode explicit or "
+                "--admin-api on",
+            )
+
+    async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Triton's load: `config` (a JSON model config) and `file:<path>` (bytes) optional."""
+        self._admin("the repository API")
+        override = None
+        files: dict[str, bytes] = {}
+        for key, value in parameters.items():
+            if key == "config":
+                if not isinstance(value, str):
+                    raise invalid("parameter 'config' must be a JSON string")
+                try:
+                    override = parse_config_override(name, value)
+                except ConfigError as exc:
+                    raise invalid(str(exc)) from None
+            elif key.startswith("file:"):
+                if not isinstance(value, bytes):
+                    raise invalid(f"parameter '{key}' must hold the file's bytes")
+                files[key.removeprefix("file:")] = value
+            else:
+                raise invalid(f"unknown load parameter '{key}'; expected 'config' or 'file:<path>'")
+        try:
+            await self.registry.load_model(name, override, files)
+        except ConfigError as exc:
+            raise invalid(str(exc)) from None
+
+    async def unload_model(self, name: str) -> None:
+        self._admin("the repository API")
+        await self.registry.unload_model(name)
+
+    def routing(self, name: str) -> dict[str, Any]:
+        model = self.registry.models.get(name)
+        if model is None:
+            raise not_found(f"unknown model '{name}'")
+        router = model.router
+        default = model.default_version()
+        return {
+            "model": name,
+            "weights": dict(router.weights),
+            "stable": router.stable or (default.version if default else None),
+            "rollbacks": dict(router.rollbacks),
+            "auto_rollback": router.policy.enabled,
+        }
+
+    def set_routing(self, name: str, weights: object) -> dict[str, Any]:
+        self._admin("routing changes")
+        self.registry.set_weights(name, weights)
+        return self.routing(name)
+
+    def promote(self, name: str, version: str) -> dict[str, Any]:
+        self._admin("routing changes")
+        if not version:
+            raise invalid("promote needs the 'version' to send all traffic to")
+        self.registry.promote(name, version)
+        return self.routing(name)
+
+    def rollback(self, name: str, version: str = "") -> dict[str, Any]:
+        self._admin("routing changes")
+        self.registry.rollback(name, version)
+        return self.routing(name)
 
     # -- inference ----------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ class CanaryGuard:
         self._registry = registry
         self._outcomes: dict[tuple[str, str], _Outcomes] = {}
         self._last_check: dict[str, float] = {}
+        self._unchecked: dict[str, int] = {}
 
     def on_batch(self, record: BatchRecord) -> None:
         pass
@@ -150,12 +151,19 @@ class CanaryGuard:
             outcomes = self._outcomes[key] = _Outcomes()
         now = time.monotonic()
         outcomes.samples.append((now, record.duration_ns / 1e9, record.is_success))
+        if not router.policy.enabled:
+            return
+        # Check every CHECK_EVERY_S, or sooner after min_requests new outcomes: a failing
+        # canary is caught within a bounded number of requests however fast they come.
+        unchecked = self._unchecked.get(record.model, 0) + 1
+        self._unchecked[record.model] = unchecked
         if (
-            not router.policy.enabled
-            or now - self._last_check.get(record.model, 0) < self.CHECK_EVERY_S
+            now - self._last_check.get(record.model, 0) < self.CHECK_EVERY_S
+            and unchecked < router.policy.min_requests
         ):
             return
         self._last_check[record.model] = now
+        self._unchecked[record.model] = 0
         self._check(record.model, router, now)
 
     def _check(self, name: str, router: Router, now: float) -> None:

@@ -16,12 +16,14 @@ from inferd import model_output
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
 from inferd.metrics import MetricsServer, MetricsSink
-from inferd.request_log import RequestLogSink
-from inferd.tracing import TraceSink
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.http import build_app
 from inferd.repository.registry import ModelRegistry
+from inferd.repository.watcher import RepositoryPoller
+from inferd.request_log import RequestLogSink
+from inferd.routing import CanaryGuard
 from inferd.settings import Settings
+from inferd.tracing import TraceSink
 
 log = logging.getLogger("inferd.server")
 
@@ -36,7 +38,12 @@ class InferenceServer:
             self.trace_sink = TraceSink(settings.trace_otlp_endpoint)
             self.telemetry.add(self.trace_sink)
         self.registry = ModelRegistry(settings.model_repository, self.telemetry)
-        self.dataplane = DataPlane(self.registry, self.telemetry)
+        admin = settings.admin_api
+        if admin is None:
+            admin = settings.model_control_mode == "explicit"
+        self.dataplane = DataPlane(self.registry, self.telemetry, admin_api=admin)
+        self.telemetry.add(CanaryGuard(self.registry))
+        self.poller: RepositoryPoller | None = None
         self.metrics: MetricsSink | None = None
         self.metrics_server: MetricsServer | None = None
         if settings.metrics_port is not None:
@@ -54,7 +61,11 @@ class InferenceServer:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         model_output.install()
         log.info("loading model repository %s", self.settings.model_repository)
-        await self.registry.load_all()
+        if self.settings.model_control_mode == "explicit":
+            names = list(self.settings.load_models)
+            await self.registry.load_all(None if "*" in names else names)
+        else:
+            await self.registry.load_all()
         for row in self.registry.index():
             if row["state"] != "READY":
                 log.warning(
@@ -67,6 +78,9 @@ class InferenceServer:
         # Field lesson 10: objects made while loading live forever; keep them out of GC scans.
         gc.collect()
         gc.freeze()
+        if self.settings.model_control_mode == "poll":
+            self.poller = RepositoryPoller(self.registry, self.settings.repository_poll_s)
+            self.poller.start()
         if self.settings.grpc_port is not None:
             await self._start_grpc(self.settings.grpc_port)
         if self.metrics is not None and self.settings.metrics_port is not None:
@@ -89,6 +103,8 @@ class InferenceServer:
             # ones finish (uvicorn does the same for HTTP); 3. let queued and running requests
             # finish and release every model (batchers drain before closing instances).
             self.dataplane.is_shutting_down = True
+            if self.poller is not None:
+                await self.poller.stop()
             log.info("shutting down: draining requests and unloading models")
             if self.grpc_server is not None:
                 await self.grpc_server.stop(grace=self.settings.exit_timeout_s)

@@ -129,8 +129,6 @@ def test_malformed_messages_are_invalid_argument(stub, datatype, shape, fill, wo
 
 
 UNIMPLEMENTED = {
-    "RepositoryModelLoad": pb.RepositoryModelLoadRequest(model_name="mlp"),
-    "RepositoryModelUnload": pb.RepositoryModelUnloadRequest(model_name="mlp"),
     "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest(),
     "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest(name="x"),
     "TraceSetting": pb.TraceSettingRequest(),

@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+import orjson
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from inferd import tracing
 from inferd.dataplane import DataPlane
-from inferd.errors import ErrorKind, InferdError
+from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.protocol.pb_codec import decode_infer_request, encode_infer_response
 from inferd.types import InferRequest, InferResponse
@@ -31,6 +32,7 @@ log = logging.getLogger("inferd.grpc")
 STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.MODEL_ERROR: grpc.StatusCode.INTERNAL,
@@ -165,15 +167,27 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
+    @errors_mapped
+    async def RepositoryModelLoad(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters: dict[str, Any] = {}
+        for key, value in request.parameters.items():
+            which = value.WhichOneof("parameter_choice")
+            parameters[key] = getattr(value, which) if which else None
+        await self.dp.load_model(request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    @errors_mapped
+    async def RepositoryModelUnload(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self.dp.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
     # Features that land with later releases answer UNIMPLEMENTED until then.
     async def _unimplemented(self, context: Any, what: str) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented yet")
-
-    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "RepositoryModelLoad")
-
-    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "RepositoryModelUnload")
 
     # Not planned yet: shared-memory tensors, trace and log settings over the API.
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
@@ -209,6 +223,7 @@ def _call_context(context: Any) -> CallContext:
         metadata.get("traceparent", ""),
         time.time(),
         time.perf_counter_ns(),
+        metadata.get("inferd-routing-key", ""),
     )
 
 
@@ -219,6 +234,69 @@ def _stream_error(request: Any, message: str) -> pb.ModelStreamInferResponse:
             model_name=request.model_name, model_version=request.model_version, id=request.id
         ),
     )
+
+
+ADMIN_SERVICE = "inferd.admin.v1.Admin"
+
+
+class AdminService:
+    """Routing administration over gRPC: `/inferd.admin.v1.Admin/<Method>` with JSON
+    messages (no .proto to compile; any gRPC client can call it with a bytes codec).
+
+    GetRouting {"model"} · SetRouting {"model", "weights"} · Promote {"model", "version"} ·
+    Rollback {"model", "version"?} -> the model's routing as JSON.
+    """
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        methods = {
+            "GetRouting": lambda doc: self.dp.routing(_str(doc, "model")),
+            "SetRouting": lambda doc: self.dp.set_routing(_str(doc, "model"), doc.get("weights")),
+            "Promote": lambda doc: self.dp.promote(_str(doc, "model"), _str(doc, "version")),
+            "Rollback": lambda doc: self.dp.rollback(
+                _str(doc, "model"), str(doc.get("version", ""))
+            ),
+        }
+        return grpc.method_handlers_generic_handler(
+            ADMIN_SERVICE,
+            {
+                name: grpc.unary_unary_rpc_method_handler(
+                    self._wrap(fn), request_deserializer=_json_in, response_serializer=orjson.dumps
+                )
+                for name, fn in methods.items()
+            },
+        )
+
+    @staticmethod
+    def _wrap(
+        fn: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[dict[str, Any]]]:
+        async def call(doc: Any, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+            try:
+                if not isinstance(doc, dict):
+                    raise invalid("the request must be a JSON object")
+                return fn(doc)
+            except InferdError as exc:
+                await context.abort(STATUS[exc.kind], exc.message)
+            raise AssertionError("unreachable: abort raises")
+
+        return call
+
+
+def _json_in(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _str(doc: dict[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str | int) or value == "":
+        raise invalid(f"'{key}' is required")
+    return str(value)
 
 
 def build_server(
@@ -237,5 +315,6 @@ def build_server(
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         InferenceServicer(dataplane), server
     )
+    server.add_generic_rpc_handlers((AdminService(dataplane).handler(),))
     bound = server.add_insecure_port(f"{host}:{port}")
     return server, bound

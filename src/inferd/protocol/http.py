@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import logging
 import time
@@ -27,6 +29,7 @@ log = logging.getLogger("inferd.http")
 
 STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.PERMISSION_DENIED: 403,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
     ErrorKind.RESOURCE_EXHAUSTED: 429,
@@ -37,6 +40,7 @@ STATUS: dict[ErrorKind, int] = {
 }
 
 HEADER_LENGTH = "inference-header-content-length"
+ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -90,6 +94,11 @@ class HttpAdapter:
             (m + "/infer", self.infer, ["POST"]),
             (mv + "/infer", self.infer, ["POST"]),
             ("/v2/repository/index", self.repository_index, ["POST"]),
+            ("/v2/repository/models/{model}/load", self.load_model, ["POST"]),
+            ("/v2/repository/models/{model}/unload", self.unload_model, ["POST"]),
+            (m + "/routing", self.routing, ["GET", "POST"]),
+            (m + "/routing/promote", self.promote, ["POST"]),
+            (m + "/routing/rollback", self.rollback, ["POST"]),
         ]
         return [Route(path, errors_mapped(fn), methods=methods) for path, fn, methods in table]
 
@@ -120,17 +129,62 @@ class HttpAdapter:
         return json_response(self.dp.model_statistics(p.get("model", ""), p.get("version", "")))
 
     async def repository_index(self, request: Request) -> Response:
+        doc = await self._json_body(request)
+        return json_response(self.dp.repository_index(bool(doc.get("ready", False))))
+
+    async def load_model(self, request: Request) -> Response:
+        doc = await self._json_body(request)
+        raw = doc.get("parameters", {})
+        if not isinstance(raw, dict):
+            raise invalid("'parameters' must be an object")
+        parameters: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key.startswith("file:"):
+                # Triton's HTTP form: file contents travel base64-encoded.
+                try:
+                    parameters[key] = base64.b64decode(str(value), validate=True)
+                except binascii.Error:
+                    raise invalid(f"parameter '{key}' must be base64") from None
+            else:
+                parameters[key] = value
+        await self.dp.load_model(request.path_params["model"], parameters)
+        return Response(status_code=200)
+
+    async def unload_model(self, request: Request) -> Response:
+        await self._json_body(request)  # Triton's optional parameters: nothing to act on
+        await self.dp.unload_model(request.path_params["model"])
+        return Response(status_code=200)
+
+    async def routing(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        if request.method == "GET":
+            return json_response(self.dp.routing(name))
+        doc = await self._json_body(request)
+        return json_response(self.dp.set_routing(name, doc.get("weights")))
+
+    async def promote(self, request: Request) -> Response:
+        doc = await self._json_body(request)
+        return json_response(
+            self.dp.promote(request.path_params["model"], str(doc.get("version", "")))
+        )
+
+    async def rollback(self, request: Request) -> Response:
+        doc = await self._json_body(request)
+        return json_response(
+            self.dp.rollback(request.path_params["model"], str(doc.get("version", "")))
+        )
+
+    async def _json_body(self, request: Request) -> dict[str, Any]:
         body = await self._read_body(request)
-        ready_only = False
-        if body.strip():
-            try:
-                doc = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise invalid(f"malformed JSON request: {exc}") from None
-            if not isinstance(doc, dict):
-                raise invalid("malformed request: the JSON body must be an object")
-            ready_only = bool(doc.get("ready", False))
-        return json_response(self.dp.repository_index(ready_only))
+        if not body.strip():
+            return {}
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise invalid(f"malformed JSON request: {exc}") from None
+        if not isinstance(doc, dict):
+            raise invalid("malformed request: the JSON body must be an object")
+        return doc
 
     async def infer(self, request: Request) -> Response:
         ctx = CallContext(
@@ -139,6 +193,7 @@ class HttpAdapter:
             request.headers.get("traceparent", ""),
             time.time(),
             time.perf_counter_ns(),
+            request.headers.get(ROUTING_KEY, ""),
         )
         traceparent = tracing.echo(ctx)  # "" unless the request carried a valid traceparent
         trace_headers = {"traceparent": traceparent} if traceparent else None

@@ -139,8 +139,10 @@ class ModelRegistry:
                 if ready_only and not v.is_ready:
                     continue
                 row = {"name": name, "version": v.version, "state": v.state.value}
-                if v.reason:
-                    row["reason"] = v.reason
+                # A failed reload of the whole model shows on the versions still serving.
+                reason = v.reason or (model.reason if v.is_ready else "")
+                if reason:
+                    row["reason"] = reason
                 rows.append(row)
         return rows
 

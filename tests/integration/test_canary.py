@@ -1,0 +1,145 @@
+"""Canary routing: weighted splits, sticky keys, promote, roll back, automatic rollback."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.integration.test_metrics import scrape, value
+from tests.lifecycle_models import VERSION_PY, write_plus_model, write_python_model
+from tests.servers import RunningServer, run_server
+
+BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0] * 4}]}
+
+
+@pytest.fixture(scope="module")
+def canary_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("canary_repo")
+    write_plus_model(repo, "split", [1, 2], extra="version_policy: { all { } }")
+    write_python_model(
+        repo,
+        "guarded",
+        VERSION_PY.format(fail_version=2),
+        extra="""
+        version_policy: { all { } }
+        parameters { key: "canary_weights" value: { string_value: '{"2": 50, "1": 50}' } }
+        parameters { key: "canary_auto_rollback" value: { string_value: "true" } }
+        parameters { key: "canary_min_requests" value: { string_value: "10" } }
+        """,
+        versions=(1, 2),
+    )
+    with run_server(repo, admin_api=True) as running:
+        yield running
+
+
+def test_ten_percent_canary_gets_ten_percent(canary_server: RunningServer) -> None:
+    with canary_server.client() as c:
+        r = c.post("/v2/models/split/routing", json={"weights": {"2": 10, "1": 90}})
+        assert r.status_code == 200, r.text
+        assert r.json()["weights"] == {"2": 10, "1": 90}
+        served: Counter[str] = Counter()
+        for i in range(2000):
+            doc = c.post("/v2/models/split/infer", json={**BODY, "id": f"req-{i}"}).json()
+            assert doc["outputs"][0]["data"] == [float(doc["model_version"])] * 4
+            served[doc["model_version"]] += 1
+    assert set(served) == {"1", "2"}
+    assert 0.07 <= served["2"] / 2000 <= 0.13, served
+
+
+def test_routing_key_is_sticky(canary_server: RunningServer) -> None:
+    with canary_server.client() as c:
+        c.post("/v2/models/split/routing", json={"weights": {"2": 50, "1": 50}})
+        for key in ("alice", "bob", "carol", "dave"):
+            versions = {
+                c.post(
+                    "/v2/models/split/infer", json=BODY, headers={"inferd-routing-key": key}
+                ).json()["model_version"]
+                for _ in range(20)
+            }
+            assert len(versions) == 1, (key, versions)
+
+
+def test_promote_and_roll_back_are_single_calls(canary_server: RunningServer) -> None:
+    with canary_server.client() as c:
+        c.post("/v2/models/split/routing", json={"weights": {"2": 10, "1": 90}})
+        promoted = c.post("/v2/models/split/routing/promote", json={"version": "2"}).json()
+        assert promoted["weights"] == {"2": 100}
+        assert {
+            c.post("/v2/models/split/infer", json=BODY).json()["model_version"] for _ in range(20)
+        } == {"2"}
+        c.post("/v2/models/split/routing", json={"weights": {"2": 10, "1": 90}})
+        rolled = c.post("/v2/models/split/routing/rollback", json={}).json()
+        assert rolled["weights"] == {"2": 0, "1": 90}
+        assert {
+            c.post("/v2/models/split/infer", json=BODY).json()["model_version"] for _ in range(20)
+        } == {"1"}
+        # An explicit version still reaches a version with weight 0.
+        assert c.post("/v2/models/split/versions/2/infer", json=BODY).json()["model_version"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"weights": {"3": 10}}, ["version 3", "not loaded"]),
+        ({"weights": {"2": -1}}, ["weight", ">= 0"]),
+        ({"weights": {"x": 1}}, ["version 'x'"]),
+        ({"weights": {"1": 0}}, ["> 0"]),
+        ({"weights": []}, ["weights must be an object"]),
+    ],
+)
+def test_bad_weights_are_rejected(
+    canary_server: RunningServer, body: dict[str, object], words: list[str]
+) -> None:
+    with canary_server.client() as c:
+        r = c.post("/v2/models/split/routing", json=body)
+    assert r.status_code == 400
+    for word in words:
+        assert word in r.json()["error"]
+
+
+def test_routing_over_grpc_admin_service(canary_server: RunningServer) -> None:
+    channel = grpc.insecure_channel(canary_server.grpc_address)
+
+    def call(method: str, doc: dict[str, object]) -> dict[str, object]:
+        fn = channel.unary_unary(f"/inferd.admin.v1.Admin/{method}")
+        return json.loads(fn(json.dumps(doc).encode()))  # type: ignore[no-any-return]
+
+    assert call("SetRouting", {"model": "split", "weights": {"2": 25, "1": 75}})["weights"] == {
+        "2": 25,
+        "1": 75,
+    }
+    assert call("GetRouting", {"model": "split"})["stable"] == "1"
+    assert call("Promote", {"model": "split", "version": "1"})["weights"] == {"1": 100}
+    with pytest.raises(grpc.RpcError) as info:
+        call("SetRouting", {"model": "nope", "weights": {"1": 1}})
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    channel.close()
+
+
+def test_failing_canary_is_rolled_back_automatically(canary_server: RunningServer) -> None:
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}
+    with canary_server.client() as c:
+        assert c.get("/v2/models/guarded/routing").json()["weights"] == {"2": 50, "1": 50}
+        statuses = [c.post("/v2/models/guarded/infer", json=body).status_code for _ in range(200)]
+        routing = c.get("/v2/models/guarded/routing").json()
+        after = [c.post("/v2/models/guarded/infer", json=body) for _ in range(50)]
+    assert 500 in statuses  # the canary did fail before it was rolled back
+    assert routing["weights"]["2"] == 0
+    assert routing["rollbacks"] == {"2": 1}
+    assert all(r.status_code == 200 and r.json()["model_version"] == "1" for r in after)
+    metrics = scrape(canary_server)
+    assert value(metrics, "inferd_canary_rollbacks_total", model="guarded", version="2") == 1
+    assert value(metrics, "inferd_routing_weight", model="guarded", version="2") == 0
+
+
+def test_admin_calls_are_refused_when_the_api_is_off(good_repository: Path) -> None:
+    with run_server(good_repository) as running, running.client() as c:
+        r = c.post("/v2/models/mlp/routing", json={"weights": {"1": 100}})
+        assert r.status_code == 403
+        assert "--admin-api" in r.json()["error"]
+        assert c.get("/v2/models/mlp/routing").status_code == 200  # reading is always allowed

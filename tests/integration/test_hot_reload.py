@@ -1,0 +1,195 @@
+"""Poll mode under continuous load: 20 version swaps, zero failed requests, memory back.
+
+The server runs as its own process (the real CLI), so its memory can be read on its own.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.test_cli import _free_port
+from tests.lifecycle_models import write_plus_model, write_plus_version
+
+CLIENTS = 8
+SWAPS = 20
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def poll_server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[str]]]:
+    repo = tmp_path / "repo"
+    write_plus_model(repo, "swap", [1])
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "inferd", "serve", "--model-repository", str(repo),
+            "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
+            "--model-control-mode", "poll", "--repository-poll-secs", "0.1",
+            "--log-level", "WARNING",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.1)
+    yield url, repo, proc
+    proc.terminate()
+    proc.communicate(timeout=30)
+
+
+class Load:
+    """CLIENTS threads sending requests until stopped, recording every answer."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.answers: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self.mismatches: list[str] = []
+        self.threads = [threading.Thread(target=self._client) for _ in range(CLIENTS)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+    def _client(self) -> None:
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0] * 4}]}
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while not self.stop.is_set():
+                r = client.post("/v2/models/swap/infer", json=body)
+                with self.lock:
+                    if r.status_code != 200:
+                        self.failures.append(f"{r.status_code} {r.text}")
+                        continue
+                    doc = r.json()
+                    version = doc["model_version"]
+                    values = set(doc["outputs"][0]["data"])
+                    # One version computed the whole answer, and it is the one named.
+                    if values != {float(version)}:
+                        self.mismatches.append(f"v{version} answered {values}")
+                    self.answers[version] += 1
+
+
+def wait_for_version(url: str, version: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        meta = httpx.get(f"{url}/v2/models/swap").json()
+        if meta.get("versions") == [str(version)]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"version {version} never became the only one served")
+
+
+def test_twenty_swaps_under_load(poll_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, repo, proc = poll_server
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with Load(url) as load:
+        time.sleep(1.0)  # warm traffic before measuring the baseline
+        # Two swaps first, so allocator pools that any reload fills are in the baseline.
+        for version in (2, 3):
+            write_plus_version(repo / "swap", version, staging)
+            wait_for_version(url, version)
+        time.sleep(0.5)
+        baseline = rss_kib(proc.pid)
+        for version in range(4, 4 + SWAPS):
+            write_plus_version(repo / "swap", version, staging)
+            wait_for_version(url, version)
+        time.sleep(1.0)
+    after = rss_kib(proc.pid)
+    assert load.failures == [], load.failures[:5]
+    assert load.mismatches == [], load.mismatches[:5]
+    served = {int(v) for v in load.answers}
+    assert served >= {1, 3 + SWAPS}, sorted(served)
+    assert sum(load.answers.values()) > 200
+    assert after <= baseline * 1.10, (
+        f"RSS grew from {baseline} KiB to {after} KiB over {SWAPS} swaps"
+    )
+
+
+def test_broken_version_leaves_the_old_one_serving(poll_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, repo, _ = poll_server
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    write_plus_version(repo / "swap", 2, staging)
+    wait_for_version(url, 2)
+    broken = staging / "3"
+    broken.mkdir()
+    (broken / "model.onnx").write_bytes(b"this is not an onnx file")
+    with Load(url) as load:
+        broken.rename(repo / "swap" / "3")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = [
+                r for r in httpx.post(f"{url}/v2/repository/index").json() if r["name"] == "swap"
+            ]
+            reasons = " ".join(r.get("reason", "") for r in rows)
+            if "failed" in reasons:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+    assert load.failures == []
+    assert set(load.answers) == {"2"}
+    # The failure is visible: either on version 3's row, or on the version still serving.
+    assert "swap/3/model.onnx" in reasons, rows
+    assert any(r.get("version") == "2" and r["state"] == "READY" for r in rows)
+    # A fixed version 3 then replaces it.
+    shutil.rmtree(repo / "swap" / "3")
+    write_plus_version(repo / "swap", 3, staging)
+    wait_for_version(url, 3)
+
+
+def test_touch_without_change_does_not_reload(poll_server) -> None:  # type: ignore[no-untyped-def]
+    url, repo, _ = poll_server
+    before = httpx.get(f"{url}/v2/models/swap/config").json()["parameters"]["model_checksum"]
+    model_file = repo / "swap" / "1" / "model.onnx"
+    model_file.write_bytes(model_file.read_bytes())  # same bytes, new mtime
+    time.sleep(0.6)
+    after = httpx.get(f"{url}/v2/models/swap/config").json()["parameters"]["model_checksum"]
+    assert before == after
+    assert before["string_value"].startswith("sha256:")
+
+
+def test_model_added_and_removed(poll_server) -> None:  # type: ignore[no-untyped-def]
+    url, repo, _ = poll_server
+    write_plus_model(repo, "added", [1])
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{url}/v2/models/added/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the new model was never loaded"
+        time.sleep(0.05)
+    shutil.rmtree(repo / "added")
+    while httpx.get(f"{url}/v2/models/added/ready").status_code != 404:
+        assert time.monotonic() < deadline, "the removed model was never unloaded"
+        time.sleep(0.05)
