@@ -17,6 +17,7 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) 
     "message",
     "asctime",
     "taskName",
+    "color_message",  # uvicorn's coloured duplicate of the message
 }
 _TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 _TEXT_DATEFMT = "%H:%M:%S"

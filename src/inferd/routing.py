@@ -82,6 +82,7 @@ def parse_weights(raw: object, where: str) -> dict[str, int]:
 @dataclass(slots=True)
 class Router:
     weights: dict[str, int] = field(default_factory=dict)  # empty: the default route
+    history: list[dict[str, int]] = field(default_factory=list)  # earlier weights, newest last
     rollbacks: dict[str, int] = field(default_factory=dict)  # automatic rollbacks per version
     policy: RollbackPolicy = field(default_factory=RollbackPolicy)
 
@@ -100,6 +101,11 @@ class Router:
                 return version
             point -= weight
         return candidates[-1][0]
+
+    def change(self, weights: dict[str, int]) -> None:
+        """New weights, keeping the old ones so that a rollback can restore them."""
+        self.history = [*self.history[-9:], dict(self.weights)]
+        self.weights = weights
 
     @property
     def stable(self) -> str | None:

@@ -65,21 +65,28 @@ def test_routing_key_is_sticky(canary_server: RunningServer) -> None:
 
 
 def test_promote_and_roll_back_are_single_calls(canary_server: RunningServer) -> None:
+    def versions_served(c) -> set[str]:  # type: ignore[no-untyped-def]
+        return {
+            c.post("/v2/models/split/infer", json=BODY).json()["model_version"] for _ in range(30)
+        }
+
     with canary_server.client() as c:
         c.post("/v2/models/split/routing", json={"weights": {"2": 10, "1": 90}})
         promoted = c.post("/v2/models/split/routing/promote", json={"version": "2"}).json()
         assert promoted["weights"] == {"2": 100}
-        assert {
-            c.post("/v2/models/split/infer", json=BODY).json()["model_version"] for _ in range(20)
-        } == {"2"}
-        c.post("/v2/models/split/routing", json={"weights": {"2": 10, "1": 90}})
+        assert versions_served(c) == {"2"}
+        # Rolling back a promotion restores the split it came from...
+        undone = c.post("/v2/models/split/routing/rollback", json={}).json()
+        assert undone["weights"] == {"2": 10, "1": 90}
+        # ...and rolling back a canary sends its traffic to the stable version.
         rolled = c.post("/v2/models/split/routing/rollback", json={}).json()
         assert rolled["weights"] == {"2": 0, "1": 90}
-        assert {
-            c.post("/v2/models/split/infer", json=BODY).json()["model_version"] for _ in range(20)
-        } == {"1"}
+        assert versions_served(c) == {"1"}
         # An explicit version still reaches a version with weight 0.
         assert c.post("/v2/models/split/versions/2/infer", json=BODY).json()["model_version"] == "2"
+        r = c.post("/v2/models/split/routing/rollback", json={"version": "1"})
+        assert r.status_code == 400
+        assert "not a canary" in r.json()["error"]
 
 
 @pytest.mark.parametrize(

@@ -155,7 +155,7 @@ class ModelRegistry:
             mv = model.versions.get(version)
             if weight > 0 and (mv is None or not mv.is_ready):
                 raise invalid(f"model '{name}' version {version} is not loaded and ready")
-        model.router.weights = weights
+        model.router.change(weights)
         log.info("model %s routing weights set to %s", name, weights)
         return weights
 
@@ -163,19 +163,23 @@ class ModelRegistry:
         return self.set_weights(name, {version: 100})
 
     def rollback(self, name: str, version: str = "") -> dict[str, int]:
-        """Send the canary's traffic back: `version` (default: every non-stable version) -> 0."""
+        """Undo the last step forward: a canary's traffic goes back to the stable version
+        (`version`, default every canary, -> weight 0); with no canary taking traffic, the
+        weights before the last change (e.g. before a promote) come back."""
         model = self._model(name)
         router = model.router
         stable = router.stable
-        if stable is None:
-            raise invalid(f"model '{name}' has no traffic split to roll back")
-        targets = [version] if version else [v for v in router.weights if v != stable]
-        for v in targets:
-            if v not in router.weights:
-                raise invalid(f"model '{name}' routes no traffic to version {v}")
-            router.weights[v] = 0
-        if sum(router.weights.values()) == 0:
-            router.weights[stable] = 100
+        canaries = [v for v, w in router.weights.items() if v != stable and w > 0]
+        if version:
+            if router.weights.get(version, 0) == 0 or version == stable:
+                raise invalid(f"model '{name}' version {version} is not a canary taking traffic")
+            canaries = [version]
+        if canaries:
+            router.change({v: (0 if v in canaries else w) for v, w in router.weights.items()})
+        elif router.history and router.history[-1]:
+            router.weights = router.history.pop()
+        else:
+            raise invalid(f"model '{name}' has no canary or earlier routing to roll back to")
         log.info("model %s rolled back; routing weights now %s", name, router.weights)
         return dict(router.weights)
 
