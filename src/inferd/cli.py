@@ -122,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
         "mode, off otherwise)",
     )
     serve.add_argument(
+        "--max-inflight-requests",
+        type=int,
+        default=defaults.max_inflight_requests,
+        metavar="N",
+        help="server-wide limit of requests being served; past it new ones get HTTP 429 / "
+        "RESOURCE_EXHAUSTED at once (0: no limit; per-model limits are the config's "
+        "max_queue_size)",
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=float,
         default=defaults.exit_timeout_s,
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 load_models=tuple(args.load_model),
                 admin_api=None if args.admin_api is None else args.admin_api == "on",
                 exit_timeout_s=args.exit_timeout_secs,
+                max_inflight_requests=args.max_inflight_requests,
             )
         )
     return 0

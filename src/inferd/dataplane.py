@@ -16,9 +16,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__
 from inferd.datatypes import V2_TO_NUMPY
-from inferd.errors import ErrorKind, InferdError, invalid, not_found
+from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
-from inferd.repository.config import ConfigError
+from inferd.repository.config import ConfigError, parameter
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
@@ -44,6 +44,8 @@ class DataPlane:
         self.statistics = StatisticsSink()
         telemetry.add(self.statistics)
         self.is_shutting_down = False
+        self.max_inflight = 0  # server-wide limit of requests in flight (0: none)
+        self._inflight = 0
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -51,19 +53,43 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return not self.is_shutting_down and self.registry.is_ready()
+        """Ready means able to serve: not draining, every model has a version that loaded,
+        whose circuit is closed, whose workers are alive and that isn't failing every
+        execution. Not merely "the process is up"."""
+        if self.is_shutting_down or not self.registry.is_ready():
+            return False
+        for model in self.registry.models.values():
+            mv = model.default_version()
+            if mv is not None and self.health_problem(model.name, mv):
+                return False
+        return True
+
+    def health_problem(self, name: str, mv: ModelVersion) -> str:
+        """Why a loaded version cannot be trusted to serve now, or ""."""
+        model = self.registry.models[name]
+        if model.circuit.is_open:
+            return "its circuit breaker is open"
+        batcher = mv.batcher
+        if batcher is None:
+            return "it is not loaded"
+        if not batcher.instances_alive():
+            return "a worker process is down"
+        limit = int(parameter(mv.config, "unready_after_failures", "5") or 0)
+        if limit and batcher.consecutive_failures >= limit:
+            return f"its last {batcher.consecutive_failures} executions failed"
+        return ""
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "inferd", "version": __version__, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            self.registry.get(name, version)
+            mv = self.registry.get(name, version)
         except InferdError as exc:
             if exc.kind is ErrorKind.NOT_FOUND:
                 raise
             return False
-        return True
+        return not self.is_shutting_down and not self.health_problem(name, mv)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.registry.get(name, version)
@@ -200,7 +226,7 @@ class DataPlane:
         decode: Callable[[], Awaitable[InferRequest]],
         ctx: CallContext,
     ) -> InferResponse:
-        """Decode, check, schedule and answer one request, and tell telemetry how it went.
+        """Admit, decode, check, schedule and answer one request; tell telemetry how it went.
 
         `decode` reads and decodes the adapter's wire message: its failures (a malformed
         body) are counted like every other failure, under the model they were sent to.
@@ -208,33 +234,45 @@ class DataPlane:
         # Labels stay "" until resolved: a name or version no model has must not become a
         # label value (clients could otherwise grow the metrics without bound).
         record = RequestRecord(model="", version="", ctx=ctx, duration_ns=0)
+        self._inflight += 1
         try:
-            if model_name in self.registry.models:
+            if self.is_shutting_down:
+                raise unavailable("the server is shutting down; retry on another replica")
+            if self.max_inflight and self._inflight > self.max_inflight:
+                raise shed(
+                    f"the server has {self.max_inflight} requests in flight "
+                    "(--max-inflight-requests); retry later"
+                )
+            model = self.registry.models.get(model_name)
+            if model is not None:
                 record.model = model_name
-            mv = self.registry.get(model_name, version, ctx.routing_key)
-            record.version = mv.version
+            early = self.registry.get(model_name, version, ctx.routing_key)
+            record.version = early.version
+            if early.batcher is not None and early.batcher.refuses_all():
+                # Shed before reading and decoding the body: overload answers cost little.
+                raise shed(f"model '{model_name}' queue is full; retry later")
             request = await decode()
             record.request = request
             record.request_id = request.id
-            # Resolve again now that the body is in: a version swapped in while it was read
-            # takes the request (the old one may be draining), and the request id is known
-            # for sticky canary routing.
-            mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
-            record.version = mv.version
-            bound = mv.signature.bind(request)
-            record.rows = bound.rows
-            assert mv.batcher is not None  # a READY version always has one
-            outputs, times = await mv.batcher.submit(bound)
-            record.times = times
-            t0 = time.perf_counter_ns()
-            tensors = [
-                _conform_output(mv, mv.signature.outputs[name], outputs, bound.rows)
-                for name in bound.output_names
-            ]
-            times.compute_output_ns += time.perf_counter_ns() - t0
-            return InferResponse(
-                model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
-            )
+            circuit = self.registry.models[model_name].circuit
+            if not circuit.allow():
+                fallback = circuit.policy.fallback_model
+                if fallback:
+                    return await self._serve(fallback, "", request, ctx, record, model_name)
+                raise unavailable(
+                    f"model '{model_name}' is failing: its circuit is open, retry in "
+                    f"{circuit.retry_in_s():.0f} s"
+                )
+            try:
+                response = await self._serve(model_name, version, request, ctx, record)
+            except InferdError as exc:
+                circuit.record(False, counts=exc.kind in _MODEL_FAILURES)
+                raise
+            except BaseException:
+                circuit.record(False, counts=False)
+                raise
+            circuit.record(True)
+            return response
         except InferdError as exc:
             record.failure = FAILURE_REASON[exc.kind]
             record.message = exc.message
@@ -248,8 +286,57 @@ class DataPlane:
             record.message = str(exc)
             raise
         finally:
+            self._inflight -= 1
             record.duration_ns = time.perf_counter_ns() - ctx.start_ns
             self.telemetry.request(record)
+
+    async def _serve(
+        self,
+        model_name: str,
+        version: str,
+        request: InferRequest,
+        ctx: CallContext,
+        record: RequestRecord,
+        fallback_from: str = "",
+    ) -> InferResponse:
+        # Resolve again now that the body is in: a version swapped in while it was read
+        # takes the request (the old one may be draining), and the request id is known for
+        # sticky canary routing.
+        mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
+        record.model, record.version = mv.name, mv.version
+        bound = mv.signature.bind(request)
+        record.rows = bound.rows
+        priority, timeout_us = _scheduling_parameters(request)
+        assert mv.batcher is not None  # a READY version always has one
+        outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+        record.times = times
+        t0 = time.perf_counter_ns()
+        tensors = [
+            _conform_output(mv, mv.signature.outputs[name], outputs, bound.rows)
+            for name in bound.output_names
+        ]
+        times.compute_output_ns += time.perf_counter_ns() - t0
+        response = InferResponse(
+            model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
+        )
+        if fallback_from:
+            response.parameters["fallback_from"] = fallback_from
+        return response
+
+
+# Failures that say something about the model (they count for its circuit breaker).
+_MODEL_FAILURES = {ErrorKind.MODEL_ERROR, ErrorKind.INTERNAL, ErrorKind.DEADLINE_EXCEEDED}
+
+
+def _scheduling_parameters(request: InferRequest) -> tuple[int, int]:
+    """Triton's request parameters `priority` (level, 0 = default) and `timeout` (µs)."""
+    values = []
+    for key in ("priority", "timeout"):
+        value = request.parameters.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise invalid(f"request parameter '{key}' must be an integer >= 0, got {value!r}")
+        values.append(value)
+    return values[0], values[1]
 
 
 def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:

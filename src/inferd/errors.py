@@ -36,3 +36,12 @@ def not_found(message: str) -> InferdError:
 
 def unavailable(message: str) -> InferdError:
     return InferdError(ErrorKind.UNAVAILABLE, message)
+
+
+def shed(message: str) -> InferdError:
+    """Load shedding: the client should retry later (HTTP 429 + Retry-After)."""
+    return InferdError(ErrorKind.RESOURCE_EXHAUSTED, message)
+
+
+def deadline_exceeded(message: str) -> InferdError:
+    return InferdError(ErrorKind.DEADLINE_EXCEEDED, message)

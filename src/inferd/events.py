@@ -44,6 +44,7 @@ class CallContext:
     wall_start_s: float = 0.0  # time.time() at arrival, for log timestamps
     start_ns: int = 0  # time.perf_counter_ns() at arrival
     routing_key: str = ""  # makes canary routing sticky (inferd-routing-key header/metadata)
+    deadline_ns: int | None = None  # perf_counter_ns by which the client wants its answer
 
 
 @dataclass(slots=True)

@@ -281,6 +281,15 @@ class _StateCollector(Collector):
             "Automatic canary rollbacks (weight set to 0 by the canary guard).",
             labels=MV,
         )
+        circuit_open = GaugeMetricFamily(
+            "inferd_circuit_open",
+            "1 while the model's circuit breaker is open or half-open (requests fail fast "
+            "or go to the fallback model).",
+            labels=("model",),
+        )
+        circuit_opens = CounterMetricFamily(
+            "inferd_circuit_opens", "Times the model's circuit breaker opened.", labels=("model",)
+        )
         load_failures = CounterMetricFamily(
             "inferd_model_load_failures",
             "Loads or reloads of a model that failed (a working version kept serving).",
@@ -296,6 +305,9 @@ class _StateCollector(Collector):
         )
         for name, model in sorted(self._registry.models.items()):
             load_failures.add_metric([name], model.load_failures)
+            if model.circuit.policy.enabled:
+                circuit_open.add_metric([name], 1.0 if model.circuit.is_open else 0.0)
+                circuit_opens.add_metric([name], model.circuit.opens)
             for v, w in sorted(model.router.weights.items()):
                 weight.add_metric([name, v], w)
             for v, count in sorted(model.router.rollbacks.items()):
@@ -318,7 +330,7 @@ class _StateCollector(Collector):
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         yield from (depth, inflight, state, load, warmup, info, health)
-        yield from (weight, rollbacks, load_failures)
+        yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
         if self._triton_names:
             yield pending
             yield from self._triton_counters()

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Iterator
+from types import FrameType
 
 import grpc
 import uvicorn
@@ -42,6 +43,7 @@ class InferenceServer:
         if admin is None:
             admin = settings.model_control_mode == "explicit"
         self.dataplane = DataPlane(self.registry, self.telemetry, admin_api=admin)
+        self.dataplane.max_inflight = settings.max_inflight_requests
         self.telemetry.add(CanaryGuard(self.registry))
         self.poller: RepositoryPoller | None = None
         self.metrics: MetricsSink | None = None
@@ -151,7 +153,18 @@ class InferenceServer:
 class _UvicornServer(uvicorn.Server):
     """uvicorn re-raises a caught SIGTERM/SIGINT once it has shut down, so the process dies
     by the signal. After a graceful drain inferd exits with status 0 instead, as process
-    supervisors (Kubernetes, systemd) expect from a clean stop."""
+    supervisors (Kubernetes, systemd) expect from a clean stop. And readiness turns false
+    the moment the signal arrives, before the drain, so load balancers stop sending."""
+
+    def __init__(self, config: uvicorn.Config, dataplane: DataPlane) -> None:
+        super().__init__(config)
+        self._dataplane = dataplane
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self._dataplane.is_shutting_down:
+            log.info("signal %d: not ready any more, draining requests", sig)
+        self._dataplane.is_shutting_down = True
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -162,4 +175,4 @@ class _UvicornServer(uvicorn.Server):
 
 def run(settings: Settings) -> None:
     server = InferenceServer(settings)
-    _UvicornServer(server.uvicorn_config()).run()
+    _UvicornServer(server.uvicorn_config(), server.dataplane).run()

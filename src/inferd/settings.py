@@ -23,6 +23,7 @@ class Settings:
     metrics_triton_names: bool = False  # also export Triton's nv_inference_* names
     trace_otlp_endpoint: str = ""  # OTLP/HTTP traces endpoint; "" disables tracing
     exit_timeout_s: float = 30.0
+    max_inflight_requests: int = 0  # server-wide; past it requests are shed (429); 0: none
     model_control_mode: str = "none"  # Triton's: none, poll or explicit
     repository_poll_s: float = 15.0  # poll mode's interval
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*": all)

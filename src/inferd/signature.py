@@ -6,14 +6,27 @@ that names the input and what was expected: nothing malformed reaches the batche
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+import orjson
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.errors import invalid
+from inferd.repository.config import ConfigError
 from inferd.types import Array, InferRequest, RequestedOutput
+
+# Per-input limits a model config may set as `parameters` (docs/limits.md). They are checked
+# in `bind`, so HTTP and gRPC share them, on the declared shape: nothing is allocated from it.
+MAX_INPUT_SHAPE = "max_input_shape"  # JSON: {"INPUT0": [512, -1]}, non-batch dims, -1 = any
+MAX_INPUT_ELEMENTS = "max_input_elements"  # elements per input tensor, batch included
+MAX_BYTES_ELEMENT_SIZE = "max_bytes_element_size"  # bytes per BYTES element
+DEFAULT_MAX_INPUT_ELEMENTS = 2**26  # 67,108,864: 256 MiB of FP32
+DEFAULT_MAX_BYTES_ELEMENT_SIZE = 16 * 2**20  # 16 MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +61,91 @@ def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in spec_dims)
 
 
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """What one request may send per input; read from the config's `parameters`."""
+
+    max_shape: dict[str, tuple[int, ...]] = field(default_factory=dict)  # -1: no bound
+    max_elements: int = DEFAULT_MAX_INPUT_ELEMENTS
+    max_bytes_element_size: int = DEFAULT_MAX_BYTES_ELEMENT_SIZE
+
+
+def _positive_int_parameter(config: mc.ModelConfig, key: str, default: int, where: str) -> int:
+    if key not in config.parameters:
+        return default
+    raw = str(config.parameters[key].string_value).strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{where}: {key}: '{raw}' is not an integer") from None
+    if value < 1:
+        raise ConfigError(f"{where}: {key}: must be >= 1, got {value}")
+    return value
+
+
+def read_limits(config: mc.ModelConfig) -> InputLimits:
+    """The config's input limits; raises `ConfigError` naming the parameter when malformed.
+
+    Call it when a model loads (`ModelSignature` does), so a bad limit fails the load instead
+    of the first request.
+    """
+    where = f"{config.name}/config.pbtxt: parameters"
+    dims = {i.name: _dims(i.dims) for i in config.input}
+    max_shape: dict[str, tuple[int, ...]] = {}
+    if MAX_INPUT_SHAPE in config.parameters:
+        raw = str(config.parameters[MAX_INPUT_SHAPE].string_value)
+        field_where = f"{where}: {MAX_INPUT_SHAPE}"
+        try:
+            doc: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"{field_where}: malformed JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(
+                f'{field_where}: must be a JSON object of input name -> list, e.g. {{"IN": [512]}}'
+            )
+        for name, bound in doc.items():
+            if name not in dims:
+                raise ConfigError(
+                    f"{field_where}: the model has no input '{name}'; its inputs: "
+                    f"{', '.join(dims) or '(none)'}"
+                )
+            if not isinstance(bound, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and (d >= 1 or d == -1)
+                for d in bound
+            ):
+                raise ConfigError(
+                    f"{field_where}: '{name}' must be a list of positive integers (or -1 for "
+                    f"no bound), got {bound!r}"
+                )
+            if len(bound) != len(dims[name]):
+                raise ConfigError(
+                    f"{field_where}: '{name}' gives {len(bound)} dimensions, but its dims "
+                    f"{list(dims[name])} have {len(dims[name])} (leave out the batch dimension)"
+                )
+            for d, m in zip(dims[name], bound, strict=True):
+                if d != -1 and m != -1 and m < d:
+                    raise ConfigError(
+                        f"{field_where}: '{name}' bound {bound} is below its fixed dims "
+                        f"{list(dims[name])}: no request could pass"
+                    )
+            max_shape[name] = tuple(bound)
+    return InputLimits(
+        max_shape=max_shape,
+        max_elements=_positive_int_parameter(
+            config, MAX_INPUT_ELEMENTS, DEFAULT_MAX_INPUT_ELEMENTS, where
+        ),
+        max_bytes_element_size=_positive_int_parameter(
+            config, MAX_BYTES_ELEMENT_SIZE, DEFAULT_MAX_BYTES_ELEMENT_SIZE, where
+        ),
+    )
+
+
 class ModelSignature:
     def __init__(self, config: mc.ModelConfig) -> None:
+        """Raises `ConfigError` when the config's input limits are malformed."""
+        self.limits = read_limits(config)
+        # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
+        self.text_inputs: frozenset[str] = frozenset()
         self.max_batch_size = int(config.max_batch_size)
         self.inputs = {
             i.name: TensorSpec(
@@ -123,6 +219,7 @@ class ModelSignature:
                     f"input '{tensor.name}': shape {list(shape)} does not match the model's "
                     f"{self.metadata_shape(spec)}"
                 )
+            self._check_limits(tensor.name, spec, shape, inner, tensor.data)
             data = tensor.data
             if spec.reshape is not None:
                 lead = (shape[0],) if self.is_batched else ()
@@ -147,6 +244,55 @@ class ModelSignature:
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
         )
+
+    def _check_limits(
+        self,
+        name: str,
+        spec: TensorSpec,
+        shape: tuple[int, ...],
+        inner: tuple[int, ...],
+        data: Array,
+    ) -> None:
+        """The config's limits on one input; `shape` is as declared, batch included."""
+        limits = self.limits
+        bound = limits.max_shape.get(name)
+        if bound is not None:
+            for axis, (size, most) in enumerate(zip(inner, bound, strict=True)):
+                if most != -1 and size > most:
+                    raise invalid(
+                        f"input '{name}': shape {list(shape)} exceeds the model's limit "
+                        f"{list(bound)} (max_input_shape) in non-batch dimension {axis}: "
+                        f"{size} > {most}"
+                    )
+        count = math.prod(shape)
+        if count > limits.max_elements:
+            raise invalid(
+                f"input '{name}': shape {list(shape)} holds {count} elements, more than the "
+                f"model's limit of {limits.max_elements} per input (max_input_elements)"
+            )
+        if spec.datatype == "BYTES" and data.size:
+            flat = data.reshape(-1)
+            sizes = np.fromiter((len(v) for v in flat), dtype=np.int64, count=flat.size)
+            k = int(np.argmax(sizes))
+            if sizes[k] > limits.max_bytes_element_size:
+                raise invalid(
+                    f"input '{name}': BYTES element {k} holds {int(sizes[k])} bytes, more than "
+                    f"the model's limit of {limits.max_bytes_element_size} "
+                    "(max_bytes_element_size)"
+                )
+            if name in self.text_inputs:
+                # The backend takes text: bytes that aren't UTF-8 are this request's error,
+                # found here rather than failing the batch it would share with others.
+                for j, value in enumerate(flat):
+                    try:
+                        value.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise invalid(
+                            f"input '{name}': BYTES element {j} is not UTF-8 text, which this "
+                            "model's backend requires"
+                        ) from None
+                    except AttributeError:
+                        continue
 
     def _output_names(self, requested: list[RequestedOutput] | None, model: str) -> list[str]:
         if requested is None or len(requested) == 0:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 Array = npt.NDArray[Any]
@@ -49,4 +49,5 @@ class InferResponse:
 
 
 def element_count(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    # Python integers: a hostile shape must not wrap around int64 into a small count.
+    return math.prod(shape)

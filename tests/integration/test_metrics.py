@@ -18,7 +18,11 @@ from tests.servers import RunningServer, run_server
 
 
 def scrape(server: RunningServer) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = httpx.get(server.metrics_url).text
+    return scrape_url(server.metrics_url)
+
+
+def scrape_url(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = httpx.get(url).text
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -63,7 +67,8 @@ def scripted(mixed_repository: Path) -> Iterator[tuple[RunningServer, dict, dict
 
 
 def _cancel_one_over_grpc(running: RunningServer) -> None:
-    """A client whose deadline passes while the model runs: the server counts it cancelled."""
+    """One gRPC call whose deadline passes while the model runs (counted as a timeout),
+    one the client cancels (counted as cancelled)."""
     channel = grpc.insecure_channel(running.grpc_address)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     req = pb.ModelInferRequest(model_name="slow_counter")
@@ -72,19 +77,20 @@ def _cancel_one_over_grpc(running: RunningServer) -> None:
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(req, timeout=0.01)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    call = stub.ModelInfer.future(req)
+    time.sleep(0.01)
+    call.cancel()
     channel.close()
     deadline = time.monotonic() + 10
+    labels = {"model": "slow_counter", "version": "1"}
     while time.monotonic() < deadline:  # the server notices the cancellation a bit later
-        if value(
-            scrape(running),
-            "inferd_request_failure_total",
-            model="slow_counter",
-            version="1",
-            reason="cancelled",
+        now = scrape(running)
+        if value(now, "inferd_request_failure_total", **labels, reason="cancelled") and value(
+            now, "inferd_request_failure_total", **labels, reason="timeout"
         ):
             return
         time.sleep(0.05)
-    raise AssertionError("the cancelled gRPC request was never counted")
+    raise AssertionError("the timed-out and the cancelled gRPC requests were not both counted")
 
 
 def delta(scripted, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
@@ -115,6 +121,7 @@ def test_failures_by_reason(scripted) -> None:  # type: ignore[no-untyped-def]
     assert delta(scripted, failure, model="faulty", version="1", reason="model_error") == 1
     assert delta(scripted, failure, model="load_fails", version="", reason="unavailable") == 1
     assert delta(scripted, failure, model="slow_counter", version="1", reason="cancelled") == 1
+    assert delta(scripted, failure, model="slow_counter", version="1", reason="timeout") == 1
     # A failed batch is not an execution that produced anything, but its close is counted.
     assert delta(scripted, "inferd_execution_count_total", model="faulty", version="1") == 0
     assert (

@@ -62,6 +62,16 @@ class RequestListInstance(Protocol):
 AnyInstance = Instance | RequestListInstance
 
 
+@runtime_checkable
+class SupervisedInstance(Protocol):
+    """An instance whose model runs in a worker process that can die and be restarted
+    (a Python model with `isolation: "process"`)."""
+
+    def is_alive(self) -> bool:
+        """False while a worker process is dead and not yet restarted (or could not be)."""
+        ...
+
+
 class Backend(Protocol):
     model_file: str  # the file a version directory must hold, e.g. "model.onnx"
     model_files: tuple[str, ...]  # every file name it can load, in order of preference

@@ -16,9 +16,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
 from inferd.backends.triton_python import TritonPythonInstance
+from inferd.backends.worker_process import ProcessInstance
 from inferd.model_output import running_model
 from inferd.python_model import ModelContext
-from inferd.repository.config import ConfigError
+from inferd.repository.config import ConfigError, parameter
 from inferd.types import Array
 
 _module_ids = itertools.count()
@@ -35,8 +36,23 @@ class PythonBackend:
                 f"{config.name}/config.pbtxt: input/output: a Python model must declare "
                 "its inputs and outputs"
             )
+        isolation = parameter(config, "isolation", "thread")
+        if isolation not in ("process", "thread"):
+            raise ConfigError(
+                f"{config.name}/config.pbtxt: parameters: isolation '{isolation}' is not "
+                'supported; use "process" (a worker process of its own) or "thread" (default)'
+            )
 
-    def load(self, ctx: LoadContext) -> PythonInstance | TritonPythonInstance:
+    def load(self, ctx: LoadContext) -> PythonInstance | TritonPythonInstance | ProcessInstance:
+        isolation = parameter(ctx.config, "isolation", "thread")
+        if isolation == "process":
+            # model.py is imported in the worker process only: its import may crash too.
+            return ProcessInstance(ctx)
+        if isolation not in ("", "thread"):
+            raise ConfigError(
+                f"{ctx.model_name}/config.pbtxt: parameters: isolation '{isolation}' is not "
+                'supported; use "process" (its own worker process) or "thread" (default)'
+            )
         module = import_model_module(ctx)
         try:
             if hasattr(module, "Model"):

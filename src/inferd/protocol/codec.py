@@ -18,6 +18,23 @@ from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Te
 
 _LEN = struct.Struct("<I")
 
+# A declared shape is checked before anything is built from it: numpy cannot represent more
+# dimensions, or extents whose product (zeros aside) overflows its sizes, even for empty data.
+MAX_NDIM = 32
+MAX_EXTENT = 2**56  # product of the non-zero dims; far above any element limit
+
+
+def declared_count(shape: tuple[int, ...], where: str) -> int:
+    """The element count of a client's declared shape, once it is representable."""
+    if len(shape) > MAX_NDIM:
+        raise invalid(f"{where}: shape has {len(shape)} dimensions; at most {MAX_NDIM} allowed")
+    extent = 1
+    for d in shape:
+        extent *= max(d, 1)
+        if extent > MAX_EXTENT:
+            raise invalid(f"{where}: shape {list(shape)} is too large")
+    return element_count(shape)
+
 
 # -- request ----------------------------------------------------------------------------------
 
@@ -110,7 +127,7 @@ def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tupl
     ):
         raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
     shape = tuple(shape_raw)
-    count = element_count(shape)
+    count = declared_count(shape, where)
     params = _parameters(raw.get("parameters"), where)
     size = params.get("binary_data_size")
     if size is not None:
@@ -150,10 +167,14 @@ def _from_binary(
 
 
 def decode_bytes_elements(chunk: memoryview | bytes, count: int, where: str) -> Array:
-    """Triton's BYTES serialisation: each element a 4-byte little-endian length, then bytes."""
-    out = np.empty(count, dtype=object)
+    """Triton's BYTES serialisation: each element a 4-byte little-endian length, then bytes.
+
+    Nothing is allocated from the client's `count`: elements are collected as they are read,
+    each taking at least 4 bytes, so a huge declared shape fails at the data's end.
+    """
     buf = bytes(chunk)
     pos, end = 0, len(buf)
+    items: list[bytes] = []
     for k in range(count):
         if pos + 4 > end:
             raise invalid(f"{where}: BYTES data ends after {k} of {count} elements")
@@ -161,10 +182,12 @@ def decode_bytes_elements(chunk: memoryview | bytes, count: int, where: str) -> 
         pos += 4
         if pos + n > end:
             raise invalid(f"{where}: BYTES element {k} claims {n} bytes past the data's end")
-        out[k] = buf[pos : pos + n]
+        items.append(buf[pos : pos + n])
         pos += n
     if pos != end:
         raise invalid(f"{where}: BYTES data holds {end - pos} bytes past its {count} elements")
+    out = np.empty(count, dtype=object)
+    out[:] = items
     return out
 
 
@@ -218,7 +241,12 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
         low, high = inferred.min(), inferred.max()
         if low < info.min or high > info.max:
             raise invalid(f"{where}: values {low}..{high} are out of {datatype}'s range")
-    return inferred.astype(dtype, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        array = inferred.astype(dtype, copy=False)
+    if dtype.kind == "f" and array is not inferred and not np.isfinite(array).all():
+        # JSON has no inf or nan: a non-finite result is a finite value past the range.
+        raise invalid(f"{where}: values are out of {datatype}'s range")
+    return array
 
 
 def _kind_name(array: Array) -> str:

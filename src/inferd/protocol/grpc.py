@@ -217,13 +217,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
 def _call_context(context: Any) -> CallContext:
     metadata = dict(context.invocation_metadata() or ())
+    start_ns = time.perf_counter_ns()
+    remaining_s = context.time_remaining()  # the client's gRPC deadline, if it set one
     return CallContext(
         "grpc",
         context.peer() or "",
         metadata.get("traceparent", ""),
         time.time(),
-        time.perf_counter_ns(),
+        start_ns,
         metadata.get("inferd-routing-key", ""),
+        None if remaining_s is None else start_ns + int(remaining_s * 1e9),
     )
 
 

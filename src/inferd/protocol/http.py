@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import functools
@@ -41,6 +42,8 @@ STATUS: dict[ErrorKind, int] = {
 
 HEADER_LENGTH = "inference-header-content-length"
 ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
+TIMEOUT_MS = "inferd-timeout-ms"  # the client's deadline for this request
+RETRY_AFTER_S = "1"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -54,6 +57,13 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return json_response({"error": message}, status, headers)
 
 
+def inferd_error_response(exc: InferdError, headers: dict[str, str] | None = None) -> Response:
+    if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
+        # Shed load: "retry later", which load balancers and clients act on.
+        headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
+    return error_response(STATUS[exc.kind], exc.message, headers)
+
+
 def errors_mapped(endpoint: Endpoint) -> Endpoint:
     """Every route answers failures as `{"error": ...}` with the status from one table."""
 
@@ -62,7 +72,7 @@ def errors_mapped(endpoint: Endpoint) -> Endpoint:
         try:
             return await endpoint(request)
         except InferdError as exc:
-            return error_response(STATUS[exc.kind], exc.message)
+            return inferd_error_response(exc)
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.url.path)
             return error_response(500, "internal error; see the server log")
@@ -187,31 +197,45 @@ class HttpAdapter:
         return doc
 
     async def infer(self, request: Request) -> Response:
+        start_ns = time.perf_counter_ns()
         ctx = CallContext(
             "http",
             _peer(request),
             request.headers.get("traceparent", ""),
             time.time(),
-            time.perf_counter_ns(),
+            start_ns,
             request.headers.get(ROUTING_KEY, ""),
         )
         traceparent = tracing.echo(ctx)  # "" unless the request carried a valid traceparent
         trace_headers = {"traceparent": traceparent} if traceparent else None
         model, version = request.path_params["model"], request.path_params.get("version", "")
         decoded: list[InferRequest] = []
+        handler = asyncio.current_task()
+        watcher: list[asyncio.Task[None]] = []
+        disconnected: list[bool] = []
 
         async def decode() -> InferRequest:
+            ctx.deadline_ns = _deadline_ns(request, start_ns)
             header_length = _header_length(request)
             body = await self._read_body(request)
             decoded.append(decode_request(body, header_length, model, version))
+            if handler is not None:
+                # A client that goes away while its request waits has it removed unexecuted.
+                watcher.append(asyncio.create_task(_on_disconnect(request, handler, disconnected)))
             return decoded[0]
 
         try:
             response = await self.dp.infer(model, version, decode, ctx)
         except InferdError as exc:
-            if trace_headers is None:
+            return inferd_error_response(exc, trace_headers)
+        except asyncio.CancelledError:
+            if not disconnected or handler is None:
                 raise
-            return error_response(STATUS[exc.kind], exc.message, trace_headers)
+            handler.uncancel()
+            return Response(status_code=499)  # nobody is listening any more
+        finally:
+            if watcher:
+                watcher[0].cancel()
         infer_request = decoded[0]
         binary_default = bool(infer_request.parameters.get("binary_data_output", False))
         payload, json_length = encode_response(response, infer_request.outputs, binary_default)
@@ -241,6 +265,30 @@ class HttpAdapter:
                 )
             chunks.append(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _on_disconnect(request: Request, handler: asyncio.Task[Any], flag: list[bool]) -> None:
+    """Wait for the client to hang up (the body is read: the next message is the
+    disconnect), then cancel the handler, which removes the queued request."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            flag.append(True)
+            handler.cancel()
+            return
+
+
+def _deadline_ns(request: Request, start_ns: int) -> int | None:
+    raw = request.headers.get(TIMEOUT_MS)
+    if raw is None:
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        raise invalid(f"{TIMEOUT_MS} '{raw}' is not a number of milliseconds") from None
+    if not ms > 0:
+        raise invalid(f"{TIMEOUT_MS} must be > 0, got {raw}")
+    return start_ns + int(ms * 1e6)
 
 
 def _peer(request: Request) -> str:

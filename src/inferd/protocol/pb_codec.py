@@ -14,8 +14,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
-from inferd.protocol.codec import decode_bytes_elements, to_binary
-from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+from inferd.protocol.codec import declared_count, decode_bytes_elements, to_binary
+from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
 
 # Which typed `contents` field carries each datatype (Triton's mapping; FP16 travels raw only).
 CONTENTS_FIELD = {
@@ -72,7 +72,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
         if any(d < 0 for d in t.shape):
             raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
         shape = tuple(int(d) for d in t.shape)
-        count = element_count(shape)
+        count = declared_count(shape, where)
         if raw:
             data = _from_raw(raw[index], t.datatype, shape, count, where)
         else:

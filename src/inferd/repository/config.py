@@ -89,6 +89,18 @@ def validate(config: mc.ModelConfig, model_dir: Path) -> None:
             raise ConfigError(
                 f"{where}: dynamic_batching needs max_batch_size > 0 (the model does not batch)"
             )
+        levels = db.priority_levels
+        if levels and not 1 <= db.default_priority_level <= levels:
+            raise ConfigError(
+                f"{where}: dynamic_batching.default_priority_level must be within 1.."
+                f"{levels} (priority_levels)"
+            )
+        for level in db.priority_queue_policy:
+            if not 1 <= level <= max(levels, 0):
+                raise ConfigError(
+                    f"{where}: dynamic_batching.priority_queue_policy level {level} is outside "
+                    f"1..{levels} (priority_levels)"
+                )
         for size in db.preferred_batch_size:
             if size < 1 or size > config.max_batch_size:
                 raise ConfigError(
@@ -103,6 +115,10 @@ def validate(config: mc.ModelConfig, model_dir: Path) -> None:
         raise ConfigError(f"{where}: version_policy.latest.num_versions must be >= 1")
     if policy.HasField("specific") and not policy.specific.versions:
         raise ConfigError(f"{where}: version_policy.specific.versions must not be empty")
+    for key in ("unready_after_failures",):
+        raw = parameter(config, key, "0")
+        if not raw.isdigit():
+            raise ConfigError(f"{where}: parameters.{key} must be an integer >= 0, got '{raw}'")
     batching = parameter(config, "batching_policy", "work_conserving")
     if batching not in BATCHING_POLICIES:
         raise ConfigError(

@@ -23,6 +23,7 @@ from inferd.repository.config import (
     validate,
 )
 from inferd.scheduling.batcher import BatchingOptions
+from inferd.scheduling.queues import QueuePolicy
 
 # Which backend serves a model that has no config naming one (Triton's platform detection).
 MODEL_FILES = {
@@ -51,11 +52,35 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
 
 def batching_options(config: mc.ModelConfig) -> BatchingOptions:
     db = config.dynamic_batching
+    levels = int(db.priority_levels)
+    default = (
+        _queue_policy(db.default_queue_policy)
+        if db.HasField("default_queue_policy")
+        else QueuePolicy()
+    )
+    policies = tuple(
+        _queue_policy(db.priority_queue_policy[level])
+        if level in db.priority_queue_policy
+        else default
+        for level in range(1, max(1, levels) + 1)
+    )
+    default_level = int(db.default_priority_level) if levels else 1
     return BatchingOptions(
         max_batch_size=int(config.max_batch_size),
         preferred_sizes=tuple(int(s) for s in db.preferred_batch_size),
         max_delay_s=db.max_queue_delay_microseconds / 1e6,
         policy=parameter(config, "batching_policy", "work_conserving"),
+        queue_policies=policies,
+        default_priority=max(0, default_level - 1),
+    )
+
+
+def _queue_policy(p: mc.ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
+        max_queue_size=int(p.max_queue_size),
+        default_timeout_us=int(p.default_timeout_microseconds),
+        allow_timeout_override=bool(p.allow_timeout_override),
+        reject_on_timeout=p.timeout_action != mc.ModelQueuePolicy.DELAY,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import Backend
+from inferd.circuit import CircuitBreaker, CircuitPolicy
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
@@ -72,6 +73,7 @@ class Model:
     reason: str = ""  # why the model (or its last reload) could not be configured
     versions: dict[str, ModelVersion] = field(default_factory=dict)
     router: Router = field(default_factory=Router)
+    circuit: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(""))
     config_checksum: str = ""
     seen: Fingerprint = ()  # the files' stat fingerprint at the last (re)load
     load_failures: int = 0
@@ -256,6 +258,12 @@ class ModelRegistry:
         try:
             config, backend, numbers = await asyncio.to_thread(prepare, model_dir, override)
             policy = RollbackPolicy.from_config(config)
+            circuit_policy = CircuitPolicy.from_config(config)
+            signature = ModelSignature(config)  # its limits can be malformed config too
+            if backend_name(config) == "onnxruntime":
+                signature.text_inputs = frozenset(
+                    n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
+                )
         except (ConfigError, InferdError, OSError, ValueError) as exc:
             message = exc.message if isinstance(exc, InferdError) else str(exc)
             model.load_failures += 1
@@ -279,9 +287,7 @@ class ModelRegistry:
             if old is not None and old.is_ready and not config_changed and old.checksum == digest:
                 keep[v] = old
             else:
-                fresh.append(
-                    ModelVersion(model.name, v, config, ModelSignature(config), checksum=digest)
-                )
+                fresh.append(ModelVersion(model.name, v, config, signature, checksum=digest))
         await asyncio.gather(*(self._load_version(mv, backend, model_dir) for mv in fresh))
 
         for mv in fresh:
@@ -309,6 +315,8 @@ class ModelRegistry:
         model.seen = seen
         model.reason = "" if not failed else model.reason
         model.router.policy = policy
+        if model.circuit.policy != circuit_policy or model.circuit.model != model.name:
+            model.circuit = CircuitBreaker(model.name, circuit_policy)
         _apply_config_weights(model, config)
         if retired:
             await self._retire(retired)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -26,9 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferd.backends.base import AnyInstance, RequestListInstance
-from inferd.errors import ErrorKind, InferdError, unavailable
+from inferd.backends.base import AnyInstance, RequestListInstance, SupervisedInstance
+from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, shed, unavailable
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
+from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
@@ -59,6 +61,9 @@ class BatchingOptions:
     preferred_sizes: tuple[int, ...] = ()
     max_delay_s: float = 0.0
     policy: str = "work_conserving"
+    # Admission (Triton's queue policy): one entry per priority level, level 1 first.
+    queue_policies: tuple[QueuePolicy, ...] = (QueuePolicy(),)
+    default_priority: int = 0  # the level (0-based) of a request that names none
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +96,10 @@ class DynamicBatcher:
         self._telemetry = telemetry or Telemetry()
         self._instances = list(instances)
         self._opts = options
-        self._queue: deque[Pending] = deque()
+        self._queue: PriorityQueues[Pending] = PriorityQueues(len(options.queue_policies))
         self._queued_rows = 0
+        self._exec_s: float | None = None  # moving average of a batch's execution time
+        self.consecutive_failures = 0  # executions in a row that failed (readiness)
         self._arrived = asyncio.Event()
         self._idle: asyncio.Queue[AnyInstance] = asyncio.Queue()
         for inst in self._instances:
@@ -114,28 +121,115 @@ class DynamicBatcher:
         """Requests queued or executing."""
         return len(self._queue) + self._executing
 
+    def refuses_all(self) -> bool:
+        """Every priority level's queue is bounded and full: any request would be shed."""
+        return all(
+            policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size
+            for level, policy in enumerate(self._opts.queue_policies)
+        )
+
+    def instances_alive(self) -> bool:
+        """False while an instance's worker process is dead (crash isolation)."""
+        return all(
+            inst.is_alive() for inst in self._instances if isinstance(inst, SupervisedInstance)
+        )
+
     def queue_depth(self) -> int:
         """Requests waiting for a batch."""
         return len(self._queue)
 
-    async def submit(self, request: BoundRequest) -> tuple[dict[str, Array], ExecutionTimes]:
-        """The request's outputs, and how its batch went, once the batch has executed."""
+    async def submit(
+        self,
+        request: BoundRequest,
+        priority: int = 0,
+        timeout_us: int = 0,
+        deadline_ns: int | None = None,
+    ) -> tuple[dict[str, Array], ExecutionTimes]:
+        """The request's outputs, and how its batch went, once the batch has executed.
+
+        `priority` is Triton's level (1 = highest, 0 = the model's default); `timeout_us` the
+        request's own queue timeout (used if the level's policy allows an override);
+        `deadline_ns` (perf_counter_ns) the client's own deadline. Refuses at once, with
+        RESOURCE_EXHAUSTED, when the level's queue is full or when the queued work ahead
+        cannot finish before the deadline; fails with DEADLINE_EXCEEDED when the deadline
+        passes first. A request removed this way never executes.
+        """
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
+        level = self._level(priority)
+        policy = self._opts.queue_policies[level]
+        if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
+            raise shed(
+                f"model '{self.name}' queue is full ({policy.max_queue_size} requests at "
+                f"priority {level + 1}); retry later"
+            )
+        now = time.perf_counter_ns()
+        queue_timeout_us = (
+            timeout_us
+            if timeout_us and policy.allow_timeout_override
+            else policy.default_timeout_us
+        )
+        if queue_timeout_us and policy.reject_on_timeout:
+            own = now + queue_timeout_us * 1000
+            deadline_ns = own if deadline_ns is None else min(deadline_ns, own)
+        remaining_s = None
+        if deadline_ns is not None:
+            remaining_s = (deadline_ns - now) / 1e9
+            if remaining_s <= 0:
+                raise deadline_exceeded(f"model '{self.name}': the request's deadline passed")
+            estimate = self.estimated_wait_s(request.rows)
+            if estimate is not None and estimate > remaining_s:
+                # Deadline-aware admission: say no now rather than time out later.
+                raise shed(
+                    f"model '{self.name}' cannot meet the request's deadline: about "
+                    f"{estimate * 1000:.1f} ms of queued work and execution ahead, "
+                    f"{remaining_s * 1000:.1f} ms left; retry later"
+                )
         future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]] = (
             asyncio.get_running_loop().create_future()
         )
-        pending = Pending(request, future)
-        self._queue.append(pending)
+        pending = Pending(request, future, now)
+        self._queue.append(pending, level)
         self._queued_rows += request.rows
         self._arrived.set()
         try:
-            return await future
+            if remaining_s is None:
+                return await future
+            async with asyncio.timeout(remaining_s):
+                return await future
+        except TimeoutError:
+            where = "queued" if pending.is_queued else "executing"
+            self._unqueue(pending)
+            raise deadline_exceeded(
+                f"model '{self.name}': the request's deadline passed while it was {where}"
+            ) from None
         except asyncio.CancelledError:
             # The client went away: its rows stop counting now; the entry itself is skipped
             # (never executed) when the batcher reaches it.
             self._unqueue(pending)
             raise
+
+    def _level(self, priority: int) -> int:
+        if priority == 0:
+            return self._opts.default_priority
+        levels = len(self._opts.queue_policies)
+        if not 1 <= priority <= levels:
+            raise invalid(
+                f"priority {priority} is outside 1..{levels} (priority_levels of model "
+                f"'{self.name}')"
+            )
+        return priority - 1
+
+    def estimated_wait_s(self, rows: int) -> float | None:
+        """How long a request arriving now would take to be answered, from the queued work
+        and recent execution times; None until an execution has been timed."""
+        if self._exec_s is None:
+            return None
+        per_batch = self._opts.max_batch_size if self.batches else 1
+        batches = math.ceil((self._queued_rows + rows) / per_batch)
+        rounds = math.ceil(batches / len(self._instances))
+        busy = self._idle.empty()  # every instance is executing: the next frees up later
+        return (rounds + (0.5 if busy else 0.0)) * self._exec_s
 
     def _unqueue(self, pending: Pending) -> None:
         if pending.is_queued:
@@ -180,7 +274,7 @@ class DynamicBatcher:
         """Triton's window: from the oldest queued request, wait until full or the delay."""
         max_rows = self._opts.max_batch_size
         while self._queue:
-            deadline_ns = self._queue[0].enqueued_ns + int(self._opts.max_delay_s * 1e9)
+            deadline_ns = self._queue.head().enqueued_ns + int(self._opts.max_delay_s * 1e9)
             if self._queued_rows >= max_rows or self._queued_rows in self._opts.preferred_sizes:
                 return
             remaining = (deadline_ns - time.perf_counter_ns()) / 1e9
@@ -193,7 +287,7 @@ class DynamicBatcher:
 
     def _take_batch(self) -> tuple[list[Pending], BatchClose]:
         queue = self._queue
-        while queue and queue[0].future.done():  # cancelled by its client while queued
+        while queue and queue.head().future.done():  # cancelled or timed out while queued
             self._unqueue(queue.popleft())
         if not queue:
             return [], BatchClose.QUEUE_EMPTY
@@ -204,7 +298,7 @@ class DynamicBatcher:
         # Scan the compatible head of the queue: requests with the first one's shapes whose
         # rows fit in max_batch_size. `bounds` holds the row counts a batch could end at.
         limit = self._opts.max_batch_size
-        key = queue[0].request.shape_key
+        key = queue.head().request.shape_key
         bounds: list[int] = []
         rows = 0
         reason = BatchClose.QUEUE_EMPTY
@@ -259,6 +353,8 @@ class DynamicBatcher:
             self._fail(batch, InferdError(ErrorKind.MODEL_ERROR, f"model '{self.name}': {exc}"))
         else:
             failed = False
+            exec_s = sum(timings) / 1e9
+            self._exec_s = exec_s if self._exec_s is None else 0.8 * self._exec_s + 0.2 * exec_s
             for p, out in zip(batch, results, strict=True):
                 if p.future.done():
                     continue
@@ -270,6 +366,7 @@ class DynamicBatcher:
                     times = ExecutionTimes(dequeued_ns - p.enqueued_ns, *timings, rows, len(batch))
                     p.future.set_result((out, times))
         finally:
+            self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
             self._executing -= len(batch)
             self._idle.put_nowait(instance)
             self.executions.append(ExecutionRecord(rows, len(batch), reason))

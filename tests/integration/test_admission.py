@@ -1,0 +1,207 @@
+"""Admission control, deadlines and cancellation: refuse fast, never run what nobody awaits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from tests.fault_models import RECORDING_PY, param, write_model
+from tests.integration.test_metrics import scrape, value
+from tests.servers import RunningServer, run_server
+
+
+def body(value_: float, **parameters: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [value_]}]
+    }
+    if parameters:
+        doc["parameters"] = parameters
+    return doc
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("admission")
+    records = root / "records"
+    records.mkdir()
+
+    def recording(name: str, delay_ms: int, dynamic: str = "") -> None:
+        write_model(
+            root / "models",
+            name,
+            RECORDING_PY,
+            param("delay_ms", delay_ms) + param("record_path", records / name) + dynamic,
+        )
+
+    recording("bounded", 300, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+    recording(
+        "timed",
+        300,
+        "dynamic_batching { default_queue_policy { default_timeout_microseconds: 5000000 "
+        "allow_timeout_override: true } }",
+    )
+    recording(
+        "prioritised",
+        300,
+        "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
+    )
+    recording("slow", 300)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path) -> Iterator[RunningServer]:
+    with run_server(repo / "models") as running:
+        yield running
+
+
+def executed(repo: Path, model: str) -> list[int]:
+    path = repo / "records" / model
+    return [int(v) for v in path.read_text().split()] if path.exists() else []
+
+
+async def _gather(
+    url: str, requests: list[tuple[str, dict[str, object], dict[str, str]]], stagger_s: float = 0.05
+) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        tasks = []
+        for path, doc, headers in requests:
+            tasks.append(asyncio.create_task(client.post(path, json=doc, headers=headers)))
+            await asyncio.sleep(stagger_s)  # arrive in this order
+        return await asyncio.gather(*tasks)
+
+
+def test_full_queue_sheds_with_429_and_retry_after(server: RunningServer, repo: Path) -> None:
+    # One executing, two queued (max_queue_size 2), the rest refused at once.
+    requests = [("/v2/models/bounded/infer", body(i), {}) for i in range(1, 7)]
+    responses = asyncio.run(_gather(server.url, requests))
+    statuses = [r.status_code for r in responses]
+    assert statuses[:3] == [200, 200, 200], statuses
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(refused) == 3
+    for r in refused:
+        assert r.headers["Retry-After"] == "1"
+        assert "queue is full" in r.json()["error"]
+    assert sorted(executed(repo, "bounded")) == [1, 2, 3]  # the refused never ran
+
+
+def test_timeout_parameter_removes_a_queued_request(server: RunningServer, repo: Path) -> None:
+    requests = [
+        ("/v2/models/timed/infer", body(1), {}),
+        ("/v2/models/timed/infer", body(2, timeout=100_000), {}),  # 100 ms, behind 300 ms
+    ]
+    first, second = asyncio.run(_gather(server.url, requests))
+    assert first.status_code == 200
+    assert second.status_code == 504
+    assert "deadline passed while it was queued" in second.json()["error"]
+    time.sleep(0.4)
+    assert executed(repo, "timed") == [1]
+
+
+def test_timeout_header_is_the_clients_deadline(server: RunningServer, repo: Path) -> None:
+    requests = [
+        ("/v2/models/slow/infer", body(11), {}),
+        ("/v2/models/slow/infer", body(12), {"inferd-timeout-ms": "100"}),
+    ]
+    first, second = asyncio.run(_gather(server.url, requests))
+    assert (first.status_code, second.status_code) == (200, 504)
+    time.sleep(0.4)
+    assert 12 not in executed(repo, "slow")
+    with server.client() as c:
+        r = c.post("/v2/models/slow/infer", json=body(1), headers={"inferd-timeout-ms": "soon"})
+    assert r.status_code == 400
+    assert "inferd-timeout-ms" in r.json()["error"]
+
+
+def test_deadline_that_cannot_be_met_is_refused_at_once(server: RunningServer, repo: Path) -> None:
+    # After a few executions the batcher knows a batch takes ~300 ms; with two queued ahead,
+    # a request that must finish within 200 ms is refused before it queues.
+    asyncio.run(_gather(server.url, [("/v2/models/slow/infer", body(20), {})]))
+    requests = [("/v2/models/slow/infer", body(21 + i), {}) for i in range(3)]
+    requests.append(("/v2/models/slow/infer", body(30), {"inferd-timeout-ms": "200"}))
+    responses = asyncio.run(_gather(server.url, requests, stagger_s=0.02))
+    last = responses[-1]
+    assert last.status_code == 429, last.text
+    assert "cannot meet the request's deadline" in last.json()["error"]
+    assert last.elapsed.total_seconds() < 0.2  # refused, not timed out
+    assert [r.status_code for r in responses[:3]] == [200, 200, 200]
+
+
+def test_higher_priority_runs_first(server: RunningServer, repo: Path) -> None:
+    requests = [
+        ("/v2/models/prioritised/infer", body(41), {}),  # runs first, occupies the instance
+        ("/v2/models/prioritised/infer", body(42), {}),  # default level 2
+        ("/v2/models/prioritised/infer", body(43, priority=1), {}),  # level 1 overtakes
+    ]
+    responses = asyncio.run(_gather(server.url, requests))
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert executed(repo, "prioritised") == [41, 43, 42]
+    with server.client() as c:
+        r = c.post("/v2/models/prioritised/infer", json=body(1, priority=3))
+    assert r.status_code == 400
+    assert "priority 3 is outside 1..2" in r.json()["error"]
+
+
+def test_disconnected_client_request_never_runs(server: RunningServer, repo: Path) -> None:
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as keeper:
+            busy = asyncio.create_task(keeper.post("/v2/models/slow/infer", json=body(51)))
+            await asyncio.sleep(0.05)
+            async with httpx.AsyncClient(base_url=server.url, timeout=0.1) as impatient:
+                with pytest.raises(httpx.ReadTimeout):
+                    await impatient.post("/v2/models/slow/infer", json=body(52))
+            assert (await busy).status_code == 200
+
+    asyncio.run(scenario())
+    time.sleep(0.5)
+    assert 51 in executed(repo, "slow")
+    assert 52 not in executed(repo, "slow")
+    metrics = scrape(server)
+    assert (
+        value(
+            metrics, "inferd_request_failure_total", model="slow", version="1", reason="cancelled"
+        )
+        >= 1
+    )
+
+
+def test_grpc_full_queue_is_resource_exhausted(server: RunningServer) -> None:
+    channel = grpc.insecure_channel(server.grpc_address)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+    def request(v: float) -> pb.ModelInferRequest:
+        req = pb.ModelInferRequest(model_name="bounded")
+        req.inputs.add(name="IN", datatype="FP32", shape=[1, 1])
+        req.raw_input_contents.append(np.array([v], np.float32).tobytes())
+        return req
+
+    calls = [stub.ModelInfer.future(request(60 + i)) for i in range(6)]
+    codes = []
+    for call in calls:
+        try:
+            call.result()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+    channel.close()
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+def test_server_wide_inflight_limit(repo: Path) -> None:
+    with run_server(repo / "models", max_inflight_requests=2) as running:
+        requests = [("/v2/models/slow/infer", body(70 + i), {}) for i in range(4)]
+        responses = asyncio.run(_gather(running.url, requests, stagger_s=0.02))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200, 200, 429, 429]
+    refused = [r for r in responses if r.status_code == 429]
+    assert all("--max-inflight-requests" in r.json()["error"] for r in refused)
