@@ -2,8 +2,10 @@
 
 A telemetry sink. Failures are always logged (WARNING for the client's or the load's
 doing, ERROR for the model's or inferd's); successes with probability `sample_rate`, at
-INFO. A success that is not sampled costs one random draw: everything else (the trace id,
-the input fingerprint) is computed only for lines actually written.
+INFO. So are shed requests (429): under overload they come by the thousand per second,
+every one is counted in the metrics, and a log line each would make the overload worse.
+A line that is not sampled costs one random draw: everything else (the trace id, the input
+fingerprint) is computed only for lines actually written.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from inferd.types import Tensor
 
 # Failures that are the model's or inferd's fault; every other reason logs as a warning.
 _ERROR_REASONS = frozenset({"model_error", "internal"})
+# Failures sampled like successes: load shedding (see the module docstring).
+_SAMPLED_REASONS = frozenset({"rejected"})
 
 
 class RequestLogSink:
@@ -32,10 +36,10 @@ class RequestLogSink:
 
     def on_request(self, record: RequestRecord) -> None:
         failure = record.failure
-        if failure is None:
+        if failure is None or failure in _SAMPLED_REASONS:
             if random() >= self.sample_rate:  # rate 0: never; rate 1: always (random() < 1)
                 return
-            level = logging.INFO
+            level = logging.INFO if failure is None else logging.WARNING
         else:
             level = logging.ERROR if failure in _ERROR_REASONS else logging.WARNING
         logger = self.logger

@@ -36,6 +36,7 @@ def poll_server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[st
     repo = tmp_path / "repo"
     write_plus_model(repo, "swap", [1])
     port = _free_port()
+    log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "inferd", "serve", "--model-repository", str(repo),
@@ -44,7 +45,7 @@ def poll_server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[st
             "--log-level", "WARNING",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,  # a file: a pipe nobody reads could fill up and block the server
         text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -60,6 +61,7 @@ def poll_server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[st
     yield url, repo, proc
     proc.terminate()
     proc.communicate(timeout=30)
+    log.close()
 
 
 class Load:

@@ -53,13 +53,14 @@ def test_ten_times_the_sustainable_load(tmp_path: Path) -> None:
         max_batch_size=4,
     )
     port, metrics_port = _free_port(), _free_port()
+    log = (tmp_path / "server.log").open("w")  # a pipe nobody reads could fill up
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "inferd", "serve", "--model-repository", str(tmp_path / "models"),
             "--http-port", str(port), "--grpc-port", "0", "--metrics-port", str(metrics_port),
             "--log-level", "ERROR",
         ],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL, stderr=log, text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -90,6 +91,7 @@ def test_ten_times_the_sustainable_load(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+        log.close()
     statuses = Counter(status for status, _ in results)
     # Every request got exactly one answer: a success, a shed (429) or, rarely, a deadline.
     assert set(statuses) <= {200, 429, 504}, statuses

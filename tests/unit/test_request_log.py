@@ -144,7 +144,6 @@ def test_sample_rate_one_logs_every_success(captured: Captured) -> None:
     [
         ("invalid_input", logging.WARNING),
         ("not_found", logging.WARNING),
-        ("rejected", logging.WARNING),
         ("cancelled", logging.WARNING),
         ("unavailable", logging.WARNING),
         ("timeout", logging.WARNING),
@@ -160,6 +159,15 @@ def test_failures_are_always_logged(captured: Captured, reason: str, level: int)
     assert line.reason == reason  # type: ignore[attr-defined]
     assert line.status == "failure"  # type: ignore[attr-defined]
     assert "something went wrong" in line.getMessage()
+
+
+def test_shed_requests_are_sampled_like_successes(captured: Captured) -> None:
+    RequestLogSink(0.0, "test.requests").on_request(make_record(failure="rejected"))
+    assert captured.records == []
+    RequestLogSink(1.0, "test.requests").on_request(make_record(failure="rejected"))
+    [line] = captured.records
+    assert line.levelno == logging.WARNING
+    assert line.reason == "rejected"  # type: ignore[attr-defined]
 
 
 def test_bad_sample_rate_is_refused() -> None:
