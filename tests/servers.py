@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -63,3 +65,60 @@ def run_server(repository: Path, **settings: Any) -> Iterator[RunningServer]:
         uv.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class CliServer:
+    """`inferd serve` as its own process, the way a user runs it."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def run_cli_server(repository: Path, log_path: Path, *args: str) -> Iterator[CliServer]:
+    """Start `python -m inferd serve` on a free HTTP port (extra CLI `args` as given), wait
+    for readiness, and stop it afterwards. Its output goes to `log_path`: a file, never a
+    pipe nobody reads, which could fill up and block the server."""
+    port = free_port()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "inferd", "serve", "--model-repository", str(repository),
+                "--http-port", str(port), *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        server = CliServer(f"http://127.0.0.1:{port}", proc, log_path)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{server.url}/v2/health/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"inferd did not become ready:\n{server.output()}")
+                time.sleep(0.1)
+            yield server
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +18,6 @@ from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -25,7 +25,12 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from inferd.events import BatchRecord, RequestRecord
@@ -60,19 +65,69 @@ class _Window:
     max_throughput: float = 0.0
 
 
-class _Children:
-    """The labelled series of one model version, looked up once instead of per request."""
+class _Histogram:
+    """A Prometheus histogram's state, updated from the event loop only (no lock needed):
+    observing is one bisect and two additions, several times cheaper than
+    prometheus_client's locked histograms on this hot path."""
 
-    def __init__(self, sink: MetricsSink, model: str, version: str) -> None:
-        self.success = sink.success.labels(model, version)
-        self.inferences = sink.inferences.labels(model, version)
-        self.duration = sink.request_duration.labels(model, version)
-        self.queue = sink.queue_duration.labels(model, version)
-        self.compute_input = sink.compute_input.labels(model, version)
-        self.compute_infer = sink.compute_infer.labels(model, version)
-        self.compute_output = sink.compute_output.labels(model, version)
-        self.executions = sink.executions.labels(model, version)
-        self.batch_size = sink.batch_size.labels(model, version)
+    __slots__ = ("buckets", "counts", "total")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1  # le: value <= bound
+        self.total += value
+
+    def cumulative(self) -> tuple[list[tuple[str, float]], float]:
+        counts, total = list(self.counts), self.total  # one consistent snapshot
+        out, running = [], 0
+        for bound, count in zip((*map(str, self.buckets), "+Inf"), counts, strict=True):
+            running += count
+            out.append((bound, float(running)))
+        return out, total
+
+
+class _Series:
+    """Everything counted per model version, in plain numbers."""
+
+    __slots__ = (
+        "success", "inferences", "executions", "duration", "queue", "compute_input",
+        "compute_infer", "compute_output", "batch_size",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.success = 0
+        self.inferences = 0
+        self.executions = 0
+        self.duration = _Histogram(LATENCY_BUCKETS_S)
+        self.queue = _Histogram(LATENCY_BUCKETS_S)
+        self.compute_input = _Histogram(LATENCY_BUCKETS_S)
+        self.compute_infer = _Histogram(LATENCY_BUCKETS_S)
+        self.compute_output = _Histogram(LATENCY_BUCKETS_S)
+        self.batch_size = _Histogram(tuple(float(b) for b in BATCH_BUCKETS))
+
+
+# (name, help) of the per-version histograms, in _Series attribute order.
+HISTOGRAMS = {
+    "duration": ("inferd_request_duration_seconds", "End-to-end time of successful requests."),
+    "queue": ("inferd_queue_duration_seconds", "Time a request waited in the queue for a batch."),
+    "compute_input": (
+        "inferd_compute_input_duration_seconds",
+        "Time merging a request's batch inputs.",
+    ),
+    "compute_infer": (
+        "inferd_compute_infer_duration_seconds",
+        "Model execution time of a request's batch.",
+    ),
+    "compute_output": (
+        "inferd_compute_output_duration_seconds",
+        "Time splitting and checking a request's outputs.",
+    ),
+    "batch_size": ("inferd_batch_size", "Rows per executed batch."),
+}
 
 
 class MetricsSink:
@@ -85,51 +140,10 @@ class MetricsSink:
     ) -> None:
         self.prometheus = prometheus or CollectorRegistry()
         r = self.prometheus
-        self.success = Counter(
-            "inferd_request_success", "Requests answered successfully.", MV, registry=r
-        )
-        self.failure = Counter(
-            "inferd_request_failure",
-            "Requests that failed, by reason.",
-            (*MV, "reason"),
-            registry=r,
-        )
-        self.inferences = Counter(
-            "inferd_inference_count", "Rows inferred (a request may carry several).", MV, registry=r
-        )
-        self.executions = Counter(
-            "inferd_execution_count", "Batches executed by the model.", MV, registry=r
-        )
-
-        def latency(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, MV, buckets=LATENCY_BUCKETS_S, registry=r)
-
-        self.request_duration = latency(
-            "inferd_request_duration_seconds", "End-to-end time of successful requests."
-        )
-        self.queue_duration = latency(
-            "inferd_queue_duration_seconds", "Time a request waited in the queue for a batch."
-        )
-        self.compute_input = latency(
-            "inferd_compute_input_duration_seconds", "Time merging a request's batch inputs."
-        )
-        self.compute_infer = latency(
-            "inferd_compute_infer_duration_seconds", "Model execution time of a request's batch."
-        )
-        self.compute_output = latency(
-            "inferd_compute_output_duration_seconds",
-            "Time splitting and checking a request's outputs.",
-        )
-        self.batch_size = Histogram(
-            "inferd_batch_size", "Rows per executed batch.", MV, buckets=BATCH_BUCKETS, registry=r
-        )
-        self.batch_close = Counter(
-            "inferd_batch_close",
-            "Why each batch left the queue: full, preferred_size, max_delay, "
-            "shape_mismatch, queue_empty.",
-            (*MV, "reason"),
-            registry=r,
-        )
+        self.series: dict[tuple[str, str], _Series] = {}
+        self.failures: dict[tuple[str, str, str], int] = {}
+        self.batch_closes: dict[tuple[str, str, str], int] = {}
+        # GC callbacks run on whichever thread collects: this one keeps its lock.
         self.gc_pause = Histogram(
             "inferd_gc_pause_seconds",
             "Pauses of Python's garbage collector.",
@@ -137,34 +151,35 @@ class MetricsSink:
             buckets=GC_BUCKETS_S,
             registry=r,
         )
-        self._children: dict[tuple[str, str], _Children] = {}
         self._windows: dict[tuple[str, str], _Window] = {}
         self._gc_started = 0.0
         gc.callbacks.append(self._on_gc)
+        r.register(_CountsCollector(self))
         r.register(_StateCollector(registry, self, statistics, triton_names))
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total
         GCCollector(registry=r)
         PlatformCollector(registry=r)
 
-    def _child(self, model: str, version: str) -> _Children:
+    def _series(self, model: str, version: str) -> _Series:
         key = (model, version)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = _Children(self, model, version)
-        return child
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series()
+        return series
 
     def on_request(self, record: RequestRecord) -> None:
         model, version = record.model, record.version
         if record.failure is not None:
-            self.failure.labels(model, version, record.failure).inc()
+            key = (model, version, record.failure)
+            self.failures[key] = self.failures.get(key, 0) + 1
             if model and version:
                 self._window(model, version).samples.append(
                     (time.monotonic(), record.duration_ns / 1e9, False)
                 )
             return
-        c = self._child(model, version)
-        c.success.inc()
-        c.inferences.inc(record.rows)
+        c = self._series(model, version)
+        c.success += 1
+        c.inferences += record.rows
         seconds = record.duration_ns / 1e9
         c.duration.observe(seconds)
         times = record.times
@@ -176,10 +191,11 @@ class MetricsSink:
         self._window(model, version).samples.append((time.monotonic(), seconds, True))
 
     def on_batch(self, record: BatchRecord) -> None:
-        c = self._child(record.model, record.version)
-        self.batch_close.labels(record.model, record.version, record.close_reason).inc()
+        key = (record.model, record.version, record.close_reason)
+        self.batch_closes[key] = self.batch_closes.get(key, 0) + 1
         if not record.failed:
-            c.executions.inc()
+            c = self._series(record.model, record.version)
+            c.executions += 1
             c.batch_size.observe(record.rows)
 
     def _window(self, model: str, version: str) -> _Window:
@@ -231,6 +247,51 @@ class MetricsSink:
     def close(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+
+
+class _CountsCollector(Collector):
+    """Exports what MetricsSink counted, as Prometheus counters and native histograms."""
+
+    def __init__(self, sink: MetricsSink) -> None:
+        self._sink = sink
+
+    def collect(self) -> Iterator[Metric]:
+        sink = self._sink
+        success = CounterMetricFamily(
+            "inferd_request_success", "Requests answered successfully.", labels=MV
+        )
+        inferences = CounterMetricFamily(
+            "inferd_inference_count", "Rows inferred (a request may carry several).", labels=MV
+        )
+        executions = CounterMetricFamily(
+            "inferd_execution_count", "Batches executed by the model.", labels=MV
+        )
+        histograms = {
+            attr: HistogramMetricFamily(name, doc, labels=MV)
+            for attr, (name, doc) in HISTOGRAMS.items()
+        }
+        for (model, version), series in sorted(sink.series.items()):
+            labels = [model, version]
+            success.add_metric(labels, series.success)
+            inferences.add_metric(labels, series.inferences)
+            executions.add_metric(labels, series.executions)
+            for attr, family in histograms.items():
+                buckets, total = getattr(series, attr).cumulative()
+                family.add_metric(labels, buckets, total)
+        failure = CounterMetricFamily(
+            "inferd_request_failure", "Requests that failed, by reason.", labels=(*MV, "reason")
+        )
+        for key, count in sorted(dict(sink.failures).items()):
+            failure.add_metric(list(key), count)
+        close = CounterMetricFamily(
+            "inferd_batch_close",
+            "Why each batch left the queue: full, preferred_size, max_delay, "
+            "shape_mismatch, queue_empty.",
+            labels=(*MV, "reason"),
+        )
+        for key, count in sorted(dict(sink.batch_closes).items()):
+            close.add_metric(list(key), count)
+        yield from (success, failure, inferences, executions, close, *histograms.values())
 
 
 class _StateCollector(Collector):

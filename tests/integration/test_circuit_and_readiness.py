@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +14,8 @@ import pytest
 
 from tests.fault_models import CONSTANT_PY, RECORDING_PY, SWITCHABLE_PY, param, write_model
 from tests.integration.test_admission import body
-from tests.integration.test_cli import _free_port
 from tests.integration.test_metrics import scrape, value
-from tests.servers import RunningServer, run_server
+from tests.servers import RunningServer, run_cli_server, run_server
 
 
 @pytest.fixture(scope="module")
@@ -109,47 +107,33 @@ def test_a_model_failing_every_execution_is_not_ready(server: RunningServer, fla
 
 def test_sigterm_answers_every_request_in_flight(tmp_path: Path) -> None:
     write_model(tmp_path, "slow", RECORDING_PY, param("delay_ms", 500), max_batch_size=1)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "inferd", "serve", "--model-repository", str(tmp_path),
-            "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
-            "--exit-timeout-secs", "20",
-        ],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-
-    async def scenario() -> tuple[list[int], int]:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            probe = httpx.AsyncClient(base_url=url, timeout=10)
-            await probe.get("/v2/health/live")  # a kept-alive connection, open before SIGTERM
-            tasks = [
-                asyncio.create_task(client.post("/v2/models/slow/infer", json=body(i + 1)))
-                for i in range(4)
-            ]
-            await asyncio.sleep(0.3)
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.2)
-            try:  # a load balancer's probe: answered 503, or refused outright
-                ready = (await probe.get("/v2/health/ready")).status_code
-            except httpx.TransportError:
-                ready = 0
-            await probe.aclose()
-            return [r.status_code for r in await asyncio.gather(*tasks)], ready
-
-    statuses, ready_after_signal = asyncio.run(scenario())
-    output, _ = proc.communicate(timeout=60)
+    args = ("--grpc-port", "0", "--metrics-port", "0", "--exit-timeout-secs", "20")
+    with run_cli_server(tmp_path, tmp_path / "server.log", *args) as server:
+        url = server.url
+        proc = server.proc
+        statuses, ready_after_signal = asyncio.run(_sigterm_scenario(url, proc))
+        returncode = server.stop(timeout_s=60)
+        output = server.output()
     assert statuses == [200, 200, 200, 200], output
     assert ready_after_signal in (0, 503)
-    assert proc.returncode == 0, output
+    assert returncode == 0, output
     assert "shutdown complete" in output
+
+
+async def _sigterm_scenario(url: str, proc: subprocess.Popen[bytes]) -> tuple[list[int], int]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        probe = httpx.AsyncClient(base_url=url, timeout=10)
+        await probe.get("/v2/health/live")  # a kept-alive connection, open before SIGTERM
+        tasks = [
+            asyncio.create_task(client.post("/v2/models/slow/infer", json=body(i + 1)))
+            for i in range(4)
+        ]
+        await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        try:  # a load balancer's probe: answered 503, or refused outright
+            ready = (await probe.get("/v2/health/ready")).status_code
+        except httpx.TransportError:
+            ready = 0
+        await probe.aclose()
+        return [r.status_code for r in await asyncio.gather(*tasks)], ready

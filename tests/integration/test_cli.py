@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.models import EXAMPLES, builders
+from tests.servers import CliServer, free_port, run_cli_server
 
 
 def _inferd(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,55 +45,20 @@ def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
     assert "is not a directory" in result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def example_server(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
-    repo = tmp_path_factory.mktemp("examples") / "models"
-    shutil.copytree(EXAMPLES / "models", repo, ignore=shutil.ignore_patterns("*.onnx"))
+) -> Iterator[tuple[str, str, CliServer]]:
+    root = tmp_path_factory.mktemp("examples")
+    repo = root / "models"
+    shutil.copytree(EXAMPLES / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.pt"))
     builders.build(repo)
-    port, grpc_port = _free_port(), _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferd",
-            "serve",
-            "--model-repository",
-            str(repo),
-            "--http-port",
-            str(port),
-            "--grpc-port",
-            str(grpc_port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"inferd did not become ready:\n{proc.communicate()[0]}")
-        time.sleep(0.1)
-    yield f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", proc
-    proc.terminate()
-    proc.wait(timeout=30)
+    grpc_port = free_port()
+    with run_cli_server(repo, root / "server.log", "--grpc-port", str(grpc_port)) as server:
+        yield server.url.removeprefix("http://"), f"127.0.0.1:{grpc_port}", server
 
 
-def test_serves_the_example_models(example_server: tuple[str, str, subprocess.Popen[str]]) -> None:
+def test_serves_the_example_models(example_server: tuple[str, str, CliServer]) -> None:
     address, _, _ = example_server
     client = httpclient.InferenceServerClient(address)
     assert client.is_server_ready()
@@ -144,7 +107,7 @@ def test_serves_the_example_models(example_server: tuple[str, str, subprocess.Po
     client.close()
 
 
-def test_serves_over_grpc_too(example_server: tuple[str, str, subprocess.Popen[str]]) -> None:
+def test_serves_over_grpc_too(example_server: tuple[str, str, CliServer]) -> None:
     _, grpc_address, _ = example_server
     client = grpcclient.InferenceServerClient(grpc_address)
     assert client.is_server_ready()
@@ -156,12 +119,11 @@ def test_serves_over_grpc_too(example_server: tuple[str, str, subprocess.Popen[s
 
 
 def test_sigterm_exits_cleanly_and_logs(
-    example_server: tuple[str, str, subprocess.Popen[str]],
+    example_server: tuple[str, str, CliServer],
 ) -> None:
-    _, _, proc = example_server
-    proc.terminate()
-    output, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0
+    _, _, server = example_server
+    assert server.stop() == 0
+    output = server.output()
     assert "loaded model mlp version 1" in output
     assert "HTTP server listening on http://127.0.0.1:" in output
     assert "gRPC server listening on 127.0.0.1:" in output

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -17,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_cli import _free_port
 from tests.lifecycle_models import write_plus_model, write_plus_version
+from tests.servers import run_cli_server
 
 CLIENTS = 8
 SWAPS = 20
@@ -32,36 +31,14 @@ def rss_kib(pid: int) -> int:
 
 
 @pytest.fixture
-def poll_server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[str]]]:
+def poll_server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
     repo = tmp_path / "repo"
     write_plus_model(repo, "swap", [1])
-    port = _free_port()
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "inferd", "serve", "--model-repository", str(repo),
-            "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
-            "--model-control-mode", "poll", "--repository-poll-secs", "0.1",
-            "--log-level", "WARNING",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,  # a file: a pipe nobody reads could fill up and block the server
-        text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
-    yield url, repo, proc
-    proc.terminate()
-    proc.communicate(timeout=30)
-    log.close()
+    args = ("--grpc-port", "0", "--metrics-port", "0", "--model-control-mode", "poll",
+            "--repository-poll-secs", "0.1", "--log-level", "WARNING")  # fmt: skip
+    with run_cli_server(repo, tmp_path / "server.log", *args) as server:
+        yield server.url, repo, server.proc
+        server.stop()
 
 
 class Load:

@@ -4,8 +4,6 @@ exactly one answer per request (a success or a fast refusal), accepted requests 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,9 +12,9 @@ import httpx
 
 from tests.fault_models import RECORDING_PY, param, write_model
 from tests.integration.test_admission import body
-from tests.integration.test_cli import _free_port
 from tests.integration.test_hot_reload import rss_kib
 from tests.integration.test_metrics import scrape_url, value
+from tests.servers import free_port, run_cli_server
 
 # The model runs a batch of up to 4 in ~20 ms: about 4 requests at a time is what it sustains.
 SUSTAINABLE = 4
@@ -52,28 +50,11 @@ def test_ten_times_the_sustainable_load(tmp_path: Path) -> None:
         param("delay_ms", 20) + "dynamic_batching { default_queue_policy { max_queue_size: 16 } }",
         max_batch_size=4,
     )
-    port, metrics_port = _free_port(), _free_port()
-    log = (tmp_path / "server.log").open("w")  # a pipe nobody reads could fill up
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "inferd", "serve", "--model-repository", str(tmp_path / "models"),
-            "--http-port", str(port), "--grpc-port", "0", "--metrics-port", str(metrics_port),
-            "--log-level", "ERROR",
-        ],
-        stdout=subprocess.DEVNULL, stderr=log, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        baseline = rss_kib(proc.pid)
+    metrics_port = free_port()
+    args = ("--grpc-port", "0", "--metrics-port", str(metrics_port), "--log-level", "ERROR")
+    with run_cli_server(tmp_path / "models", tmp_path / "server.log", *args) as server:
+        url = server.url
+        baseline = rss_kib(server.proc.pid)
         results: list[tuple[int, float]] = []
 
         async def run() -> None:
@@ -85,13 +66,10 @@ def test_ten_times_the_sustainable_load(tmp_path: Path) -> None:
                 await asyncio.gather(*(_client(client, stop_at, results) for _ in range(CLIENTS)))
 
         asyncio.run(run())
-        after = rss_kib(proc.pid)
+        after = rss_kib(server.proc.pid)
         assert httpx.get(f"{url}/v2/health/live").status_code == 200
         metrics = scrape_url(f"http://127.0.0.1:{metrics_port}/metrics")
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=30)
-        log.close()
+        server.stop()
     statuses = Counter(status for status, _ in results)
     # Every request got exactly one answer: a success, a shed (429) or, rarely, a deadline.
     assert set(statuses) <= {200, 429, 504}, statuses

@@ -12,7 +12,7 @@ import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
-from inferd.repository.config import ConfigError, parameter
+from inferd.repository.config import ConfigError, int_parameter
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.onnx")
@@ -123,9 +123,11 @@ class OnnxInstance:
         # Instances run in parallel: by default split the cores between them rather than
         # letting each session spin up one thread per core and oversubscribe the machine.
         default_threads = max(1, (os.cpu_count() or 1) // ctx.instance_count)
-        options.intra_op_num_threads = _int_param(config, "intra_op_thread_count", default_threads)
-        options.inter_op_num_threads = _int_param(config, "inter_op_thread_count", 0)
-        mode = _int_param(config, "execution_mode", 0)
+        options.intra_op_num_threads = int_parameter(
+            config, "intra_op_thread_count", default_threads
+        )
+        options.inter_op_num_threads = int_parameter(config, "inter_op_thread_count", 0)
+        mode = int_parameter(config, "execution_mode", 0)
         if mode not in (0, 1):
             raise ConfigError(
                 f"{config.name}/config.pbtxt: parameters.execution_mode must be 0 "
@@ -194,15 +196,3 @@ class OnnxInstance:
 
 def _to_str(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _int_param(config: mc.ModelConfig, key: str, default: int) -> int:
-    raw = parameter(config, key, "")
-    if raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{config.name}/config.pbtxt: parameters.{key} must be an integer, got '{raw}'"
-        ) from None

@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
-from inferd.repository.config import ConfigError, parameter
+from inferd.repository.config import ConfigError, int_parameter, parameter
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.torch")
@@ -66,7 +66,7 @@ class TorchInstance:
         where = f"{ctx.model_name}/config.pbtxt"
         self._name = ctx.model_name
         self.device = self._choose_device(ctx)
-        threads = _int_param(
+        threads = int_parameter(
             config,
             ("INTRA_OP_THREAD_COUNT", "intra_op_thread_count"),
             max(1, (os.cpu_count() or 1) // ctx.instance_count),
@@ -191,16 +191,3 @@ class TorchInstance:
         del self._module
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
-
-
-def _int_param(config: mc.ModelConfig, keys: tuple[str, ...], default: int) -> int:
-    for key in keys:
-        raw = parameter(config, key, "")
-        if raw:
-            try:
-                return int(raw)
-            except ValueError:
-                raise ConfigError(
-                    f"{config.name}/config.pbtxt: parameters.{key} must be an integer, got '{raw}'"
-                ) from None
-    return default

@@ -154,6 +154,20 @@ def parameter(config: mc.ModelConfig, key: str, default: str = "") -> str:
     return default
 
 
+def int_parameter(config: mc.ModelConfig, keys: str | tuple[str, ...], default: int) -> int:
+    """An integer from `parameters` (the first of `keys` that is set), else `default`."""
+    for key in (keys,) if isinstance(keys, str) else keys:
+        raw = parameter(config, key, "")
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(
+                    f"{config.name}/config.pbtxt: parameters.{key} must be an integer, got '{raw}'"
+                ) from None
+    return default
+
+
 def instance_count(config: mc.ModelConfig) -> int:
     """Total instances across groups; Triton's default is one instance."""
     if not config.instance_group:
