@@ -191,7 +191,7 @@ class OnnxInstance:
         return dict(zip(self._output_names, results, strict=True))
 
     def close(self) -> None:
-        del self._session
+        self.__dict__.pop("_session", None)  # idempotent: closing twice is harmless
 
 
 def _to_str(value: Any) -> str:

@@ -188,6 +188,6 @@ class TorchInstance:
         }
 
     def close(self) -> None:
-        del self._module
+        self.__dict__.pop("_module", None)  # idempotent: closing twice is harmless
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
