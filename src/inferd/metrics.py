@@ -324,8 +324,8 @@ class _StateCollector(Collector):
         )
         info = GaugeMetricFamily(
             "inferd_model_info",
-            "Always 1: the backend and the device each model version actually runs on.",
-            labels=(*MV, "backend", "device"),
+            "Always 1: the backend, device and provider each model version actually runs on.",
+            labels=(*MV, "backend", "device", "provider"),
         )
         warmup = GaugeMetricFamily(
             "inferd_model_warmup_duration_seconds",
@@ -380,8 +380,9 @@ class _StateCollector(Collector):
                 if mv.state is State.READY or mv.batcher is not None:
                     load.add_metric(labels, mv.load_duration_s)
                     warmup.add_metric(labels, mv.warmup_duration_s)
-                    for device in sorted(set(mv.devices)) or ["unknown"]:
-                        info.add_metric([*labels, backend_name(mv.config), device], 1.0)
+                    pairs = sorted(set(zip(mv.devices, mv.providers, strict=True)))
+                    for device, provider in pairs or [("unknown", "unknown")]:
+                        info.add_metric([*labels, backend_name(mv.config), device, provider], 1.0)
                 if mv.batcher is not None:
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())

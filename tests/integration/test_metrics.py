@@ -149,6 +149,19 @@ def test_state_gauges(scripted) -> None:  # type: ignore[no-untyped-def]
             version="2",
             backend="onnxruntime",
             device="cpu",
+            provider="CPUExecutionProvider",
+        )
+        == 1
+    )
+    assert (
+        value(
+            after,
+            "inferd_model_info",
+            model="counter",
+            version="1",
+            backend="python",
+            device="cpu",
+            provider="python",
         )
         == 1
     )

@@ -33,6 +33,7 @@ class Instance:
     """Doubles IN into OUT and records every batch it executes."""
 
     device = "cpu"
+    provider = "test"
 
     def __init__(
         self,

@@ -29,6 +29,7 @@ class Instance(Protocol):
     """One loaded copy of a model. `execute` is called from one worker thread at a time."""
 
     device: str  # where it actually runs, e.g. "cpu" or "cuda:0"
+    provider: str  # what executes it, e.g. "CUDAExecutionProvider", "torch", "python"
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
         """Run one batch: inputs carry the batch dimension first when the model batches.
@@ -49,6 +50,7 @@ class RequestListInstance(Protocol):
     (Triton's Python-backend contract: `execute(requests)` returns one response each)."""
 
     device: str
+    provider: str
 
     def execute_requests(
         self, requests: list[BoundRequest]

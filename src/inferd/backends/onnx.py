@@ -169,6 +169,7 @@ class OnnxInstance:
                 ", ".join(ort.get_available_providers()),
             )
         self.providers = active
+        self.provider = active[0]  # the one that runs the graph (CPU takes what it can't)
         log.info(
             "model %s version %s instance %d: ONNX Runtime providers %s, %d intra-op threads",
             ctx.model_name,

@@ -94,6 +94,7 @@ def import_model_module(ctx: LoadContext) -> ModuleType:
 
 class PythonInstance:
     device = "cpu"
+    provider = "python"
 
     def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
         self._name = ctx.model_name

@@ -66,6 +66,7 @@ class TorchInstance:
         where = f"{ctx.model_name}/config.pbtxt"
         self._name = ctx.model_name
         self.device = self._choose_device(ctx)
+        self.provider = "torch"
         threads = int_parameter(
             config,
             ("INTRA_OP_THREAD_COUNT", "intra_op_thread_count"),

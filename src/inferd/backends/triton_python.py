@@ -46,6 +46,7 @@ class TritonPythonInstance:
     """One `TritonPythonModel` object; a `RequestListInstance` for the batcher."""
 
     device = "cpu"
+    provider = "python"
 
     def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
         self._name = ctx.model_name

@@ -269,6 +269,7 @@ class ProcessInstance:
     """A `Model` in its own worker process; an `Instance` and a `SupervisedInstance`."""
 
     device = "cpu"
+    provider = "python-process"
 
     def __init__(self, ctx: LoadContext) -> None:
         self._spec = WorkerSpec.from_context(ctx)

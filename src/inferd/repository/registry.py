@@ -57,6 +57,7 @@ class ModelVersion:
     reason: str = ""
     batcher: DynamicBatcher | None = None
     devices: list[str] = field(default_factory=list)
+    providers: list[str] = field(default_factory=list)
     checksum: str = ""  # of the version directory's files
     load_duration_s: float = 0.0
     warmup_duration_s: float = 0.0
@@ -353,6 +354,7 @@ class ModelRegistry:
             mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
         )
         mv.devices = [inst.device for inst in instances]
+        mv.providers = [inst.provider for inst in instances]
         mv.load_duration_s = loaded - started
         mv.warmup_duration_s = time.monotonic() - loaded
         mv.state = State.READY
