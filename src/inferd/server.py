@@ -18,7 +18,7 @@ from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
 from inferd.metrics import MetricsServer, MetricsSink
 from inferd.protocol import grpc as grpc_adapter
-from inferd.protocol.http import build_app
+from inferd.protocol.http import InferdApp, build_app
 from inferd.repository.registry import ModelRegistry
 from inferd.repository.watcher import RepositoryPoller
 from inferd.request_log import RequestLogSink
@@ -53,7 +53,7 @@ class InferenceServer:
                 self.registry, self.dataplane.statistics, settings.metrics_triton_names
             )
             self.telemetry.add(self.metrics)
-        self.app: Starlette = build_app(
+        self.app: InferdApp = build_app(
             self.dataplane, settings.max_request_bytes, lifespan=self._lifespan
         )
         self.grpc_server: grpc.aio.Server | None = None

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from inferd import tracing
 from inferd.dataplane import DataPlane
@@ -101,8 +102,10 @@ class HttpAdapter:
             (mv + "/config", self.model_config, ["GET"]),
             (m + "/stats", self.statistics, ["GET"]),
             (mv + "/stats", self.statistics, ["GET"]),
-            (m + "/infer", self.infer, ["POST"]),
-            (mv + "/infer", self.infer, ["POST"]),
+            # POSTs never get here (InferEndpoint takes them first): these routes only make
+            # other methods answer 405 rather than 404.
+            (m + "/infer", self._infer_is_elsewhere, ["POST"]),
+            (mv + "/infer", self._infer_is_elsewhere, ["POST"]),
             ("/v2/repository/index", self.repository_index, ["POST"]),
             ("/v2/repository/models/{model}/load", self.load_model, ["POST"]),
             ("/v2/repository/models/{model}/unload", self.unload_model, ["POST"]),
@@ -111,6 +114,9 @@ class HttpAdapter:
             (m + "/routing/rollback", self.rollback, ["POST"]),
         ]
         return [Route(path, errors_mapped(fn), methods=methods) for path, fn, methods in table]
+
+    async def _infer_is_elsewhere(self, request: Request) -> Response:
+        raise AssertionError("POST .../infer is served by InferEndpoint")
 
     async def live(self, request: Request) -> Response:
         return Response(status_code=200 if self.dp.live() else 503)
@@ -196,56 +202,6 @@ class HttpAdapter:
             raise invalid("malformed request: the JSON body must be an object")
         return doc
 
-    async def infer(self, request: Request) -> Response:
-        start_ns = time.perf_counter_ns()
-        ctx = CallContext(
-            "http",
-            _peer(request),
-            request.headers.get("traceparent", ""),
-            time.time(),
-            start_ns,
-            request.headers.get(ROUTING_KEY, ""),
-        )
-        traceparent = tracing.echo(ctx)  # "" unless the request carried a valid traceparent
-        trace_headers = {"traceparent": traceparent} if traceparent else None
-        model, version = request.path_params["model"], request.path_params.get("version", "")
-        decoded: list[InferRequest] = []
-        handler = asyncio.current_task()
-        watcher: list[asyncio.Task[None]] = []
-        disconnected: list[bool] = []
-
-        async def decode() -> InferRequest:
-            ctx.deadline_ns = _deadline_ns(request, start_ns)
-            header_length = _header_length(request)
-            body = await self._read_body(request)
-            decoded.append(decode_request(body, header_length, model, version))
-            if handler is not None:
-                # A client that goes away while its request waits has it removed unexecuted.
-                watcher.append(asyncio.create_task(_on_disconnect(request, handler, disconnected)))
-            return decoded[0]
-
-        try:
-            response = await self.dp.infer(model, version, decode, ctx)
-        except InferdError as exc:
-            return inferd_error_response(exc, trace_headers)
-        except asyncio.CancelledError:
-            if not disconnected or handler is None:
-                raise
-            handler.uncancel()
-            return Response(status_code=499)  # nobody is listening any more
-        finally:
-            if watcher:
-                watcher[0].cancel()
-        infer_request = decoded[0]
-        binary_default = bool(infer_request.parameters.get("binary_data_output", False))
-        payload, json_length = encode_response(response, infer_request.outputs, binary_default)
-        if json_length is None:
-            return Response(payload, media_type="application/json", headers=trace_headers)
-        headers = {"Inference-Header-Content-Length": str(json_length)}
-        if trace_headers is not None:
-            headers.update(trace_headers)
-        return Response(payload, media_type="application/octet-stream", headers=headers)
-
     async def _read_body(self, request: Request) -> bytes:
         limit = self.max_request_bytes
         declared = request.headers.get("content-length")
@@ -267,19 +223,153 @@ class HttpAdapter:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _on_disconnect(request: Request, handler: asyncio.Task[Any], flag: list[bool]) -> None:
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
+
+
+_JSON = b"application/json"
+_BINARY = b"application/octet-stream"
+# The request headers the infer route reads, and where each goes.
+_HEADERS = {
+    b"content-length": "length",
+    HEADER_LENGTH.encode(): "header_length",
+    b"traceparent": "traceparent",
+    ROUTING_KEY.encode(): "routing_key",
+    TIMEOUT_MS.encode(): "timeout_ms",
+}
+
+
+class InferEndpoint:
+    """`POST /v2/models/{m}[/versions/{v}]/infer` as a plain ASGI callable.
+
+    The hottest route skips Starlette's routing and its Request/Response objects (about a
+    tenth of a small request's cost in a profile); every other route stays on Starlette.
+    It still only translates: headers and body in, one DataPlane call, bytes out.
+    """
+
+    def __init__(self, dataplane: DataPlane, max_request_bytes: int) -> None:
+        self.dp = dataplane
+        self.max_request_bytes = max_request_bytes
+
+    @staticmethod
+    def match(path: str) -> tuple[str, str] | None:
+        parts = path.split("/")
+        n = len(parts)
+        if n == 5 and parts[4] == "infer" and parts[1] == "v2" and parts[2] == "models":
+            return parts[3], ""
+        if (
+            n == 7
+            and parts[6] == "infer"
+            and parts[1:3] == ["v2", "models"]
+            and parts[4] == "versions"
+        ):
+            return parts[3], parts[5]
+        return None
+
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Send, model: str, version: str
+    ) -> None:
+        start_ns = time.perf_counter_ns()
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            field = _HEADERS.get(name)
+            if field is not None:
+                headers[field] = value.decode("latin-1")
+        client = scope.get("client")
+        ctx = CallContext(
+            "http",
+            f"{client[0]}:{client[1]}" if client else "",
+            headers.get("traceparent", ""),
+            time.time(),
+            start_ns,
+            headers.get("routing_key", ""),
+        )
+        traceparent = tracing.echo(ctx)  # "" unless the request carried a valid traceparent
+        extra = [(b"traceparent", traceparent.encode())] if traceparent else []
+        decoded: list[InferRequest] = []
+        handler = asyncio.current_task()
+        watcher: list[asyncio.Task[None]] = []
+        disconnected: list[bool] = []
+
+        async def decode() -> InferRequest:
+            ctx.deadline_ns = _deadline_ns(headers.get("timeout_ms"), start_ns)
+            header_length = _header_length(headers.get("header_length"))
+            body = await self._read_body(receive, headers.get("length"))
+            decoded.append(decode_request(body, header_length, model, version))
+            if handler is not None:
+                # A client that goes away while its request waits has it removed unexecuted.
+                watcher.append(asyncio.create_task(_on_disconnect(receive, handler, disconnected)))
+            return decoded[0]
+
+        try:
+            response = await self.dp.infer(model, version, decode, ctx)
+        except InferdError as exc:
+            if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
+                extra.append((b"retry-after", RETRY_AFTER_S.encode()))
+            body = orjson.dumps({"error": exc.message})
+            return await _send(send, STATUS[exc.kind], _JSON, body, extra)
+        except asyncio.CancelledError:
+            if not disconnected or handler is None:
+                raise
+            handler.uncancel()
+            return None  # nobody is listening any more
+        finally:
+            if watcher:
+                watcher[0].cancel()
+        infer_request = decoded[0]
+        binary_default = bool(infer_request.parameters.get("binary_data_output", False))
+        payload, json_length = encode_response(response, infer_request.outputs, binary_default)
+        if json_length is None:
+            return await _send(send, 200, _JSON, payload, extra)
+        extra.append((b"inference-header-content-length", str(json_length).encode()))
+        return await _send(send, 200, _BINARY, payload, extra)
+
+    async def _read_body(self, receive: Receive, declared: str | None) -> bytes:
+        limit = self.max_request_bytes
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise InferdError(
+                ErrorKind.PAYLOAD_TOO_LARGE,
+                f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise asyncio.CancelledError  # the client left before sending its body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise InferdError(
+                    ErrorKind.PAYLOAD_TOO_LARGE,
+                    f"request body exceeds the limit of {limit} bytes",
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _send(
+    send: Send, status: int, content_type: bytes, body: bytes, extra: list[tuple[bytes, bytes]]
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + extra})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _on_disconnect(receive: Receive, handler: asyncio.Task[Any], flag: list[bool]) -> None:
     """Wait for the client to hang up (the body is read: the next message is the
     disconnect), then cancel the handler, which removes the queued request."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             flag.append(True)
             handler.cancel()
             return
 
 
-def _deadline_ns(request: Request, start_ns: int) -> int | None:
-    raw = request.headers.get(TIMEOUT_MS)
+def _deadline_ns(raw: str | None, start_ns: int) -> int | None:
     if raw is None:
         return None
     try:
@@ -291,13 +381,7 @@ def _deadline_ns(request: Request, start_ns: int) -> int | None:
     return start_ns + int(ms * 1e6)
 
 
-def _peer(request: Request) -> str:
-    client = request.client
-    return f"{client.host}:{client.port}" if client else ""
-
-
-def _header_length(request: Request) -> int | None:
-    raw = request.headers.get(HEADER_LENGTH)
+def _header_length(raw: str | None) -> int | None:
     if raw is None:
         return None
     try:
@@ -306,15 +390,26 @@ def _header_length(request: Request) -> int | None:
         raise invalid(f"Inference-Header-Content-Length '{raw}' is not an integer") from None
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
+class InferdApp:
+    """The ASGI app: the infer route first, everything else (and lifespan) on Starlette."""
+
+    def __init__(self, routes: Starlette, infer: InferEndpoint) -> None:
+        self.routes = routes
+        self.infer = infer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            target = InferEndpoint.match(scope["path"])
+            if target is not None:
+                return await self.infer(scope, receive, send, *target)
+        return await self.routes(scope, receive, send)
 
 
-def build_app(dataplane: DataPlane, max_request_bytes: int, lifespan: Any = None) -> Starlette:
+def build_app(dataplane: DataPlane, max_request_bytes: int, lifespan: Any = None) -> InferdApp:
     adapter = HttpAdapter(dataplane, max_request_bytes)
-    return Starlette(
+    routes = Starlette(
         routes=adapter.routes(),
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )
+    return InferdApp(routes, InferEndpoint(dataplane, max_request_bytes))
