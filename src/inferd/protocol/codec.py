@@ -241,12 +241,12 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
         low, high = inferred.min(), inferred.max()
         if low < info.min or high > info.max:
             raise invalid(f"{where}: values {low}..{high} are out of {datatype}'s range")
-    with np.errstate(over="ignore", invalid="ignore"):
-        array = inferred.astype(dtype, copy=False)
-    if dtype.kind == "f" and array is not inferred and not np.isfinite(array).all():
-        # JSON has no inf or nan: a non-finite result is a finite value past the range.
-        raise invalid(f"{where}: values are out of {datatype}'s range")
-    return array
+    if dtype.kind == "f" and inferred.dtype.itemsize > dtype.itemsize:
+        # JSON has no inf or nan: a value past the narrower type's range is an error, found
+        # before the cast (which would warn and give inf). One vectorised max, no errstate.
+        if float(np.abs(inferred).max()) > float(np.finfo(dtype).max):
+            raise invalid(f"{where}: values are out of {datatype}'s range")
+    return inferred.astype(dtype, copy=False)
 
 
 def _kind_name(array: Array) -> str:
