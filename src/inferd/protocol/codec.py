@@ -241,11 +241,14 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
         low, high = inferred.min(), inferred.max()
         if low < info.min or high > info.max:
             raise invalid(f"{where}: values {low}..{high} are out of {datatype}'s range")
-    if dtype.kind == "f" and inferred.dtype.itemsize > dtype.itemsize:
-        # JSON has no inf or nan: a value past the narrower type's range is an error, found
-        # before the cast (which would warn and give inf). One vectorised max, no errstate.
-        if float(np.abs(inferred).max()) > float(np.finfo(dtype).max):
-            raise invalid(f"{where}: values are out of {datatype}'s range")
+    # JSON has no inf or nan: a value past a narrower float type's range is an error, found
+    # before the cast (which would warn and give inf). One vectorised max, no errstate.
+    if (
+        dtype.kind == "f"
+        and inferred.dtype.itemsize > dtype.itemsize
+        and float(np.abs(inferred).max()) > float(np.finfo(dtype).max)
+    ):
+        raise invalid(f"{where}: values are out of {datatype}'s range")
     return inferred.astype(dtype, copy=False)
 
 
