@@ -203,24 +203,8 @@ class HttpAdapter:
         return doc
 
     async def _read_body(self, request: Request) -> bytes:
-        limit = self.max_request_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise InferdError(
-                ErrorKind.PAYLOAD_TOO_LARGE,
-                f"request body of {declared} bytes exceeds the limit of {limit} bytes",
-            )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise InferdError(
-                    ErrorKind.PAYLOAD_TOO_LARGE,
-                    f"request body exceeds the limit of {limit} bytes",
-                )
-            chunks.append(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return await read_body(request.receive, declared, self.max_request_bytes)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -295,7 +279,7 @@ class InferEndpoint:
         async def decode() -> InferRequest:
             ctx.deadline_ns = _deadline_ns(headers.get("timeout_ms"), start_ns)
             header_length = _header_length(headers.get("header_length"))
-            body = await self._read_body(receive, headers.get("length"))
+            body = await read_body(receive, headers.get("length"), self.max_request_bytes)
             decoded.append(decode_request(body, header_length, model, version))
             if handler is not None:
                 # A client that goes away while its request waits has it removed unexecuted.
@@ -325,29 +309,29 @@ class InferEndpoint:
         extra.append((b"inference-header-content-length", str(json_length).encode()))
         return await _send(send, 200, _BINARY, payload, extra)
 
-    async def _read_body(self, receive: Receive, declared: str | None) -> bytes:
-        limit = self.max_request_bytes
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+
+async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """The whole request body from ASGI messages, refused (413) past `limit` bytes."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise InferdError(
+            ErrorKind.PAYLOAD_TOO_LARGE,
+            f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+        )
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError  # the client left before sending its body
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
             raise InferdError(
-                ErrorKind.PAYLOAD_TOO_LARGE,
-                f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                ErrorKind.PAYLOAD_TOO_LARGE, f"request body exceeds the limit of {limit} bytes"
             )
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise asyncio.CancelledError  # the client left before sending its body
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise InferdError(
-                    ErrorKind.PAYLOAD_TOO_LARGE,
-                    f"request body exceeds the limit of {limit} bytes",
-                )
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _send(
