@@ -67,30 +67,37 @@ def scripted(mixed_repository: Path) -> Iterator[tuple[RunningServer, dict, dict
 
 
 def _cancel_one_over_grpc(running: RunningServer) -> None:
-    """One gRPC call whose deadline passes while the model runs (counted as a timeout),
-    one the client cancels (counted as cancelled)."""
+    """gRPC calls whose deadline passes while the model runs (counted as timeouts) and that
+    the client cancels (counted as cancelled). A call cancelled before the server even saw
+    it counts nothing, so each kind is tried until the server has counted one."""
     channel = grpc.insecure_channel(running.grpc_address)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     req = pb.ModelInferRequest(model_name="slow_counter")
     req.inputs.add(name="IN", datatype="FP32", shape=[1, 2])
     req.raw_input_contents.append(np.ones(2, np.float32).tobytes())
-    with pytest.raises(grpc.RpcError) as info:
-        stub.ModelInfer(req, timeout=0.01)
-    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    call = stub.ModelInfer.future(req)
-    time.sleep(0.01)
-    call.cancel()
-    channel.close()
-    deadline = time.monotonic() + 10
     labels = {"model": "slow_counter", "version": "1"}
-    while time.monotonic() < deadline:  # the server notices the cancellation a bit later
-        now = scrape(running)
-        if value(now, "inferd_request_failure_total", **labels, reason="cancelled") and value(
-            now, "inferd_request_failure_total", **labels, reason="timeout"
-        ):
-            return
-        time.sleep(0.05)
-    raise AssertionError("the timed-out and the cancelled gRPC requests were not both counted")
+
+    def counted(reason: str) -> bool:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:  # the server notices a little later
+            if value(scrape(running), "inferd_request_failure_total", **labels, reason=reason):
+                return True
+            time.sleep(0.05)
+        return False
+
+    for _ in range(5):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(req, timeout=0.015)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        if counted("timeout"):
+            break
+    for _ in range(5):
+        call = stub.ModelInfer.future(req)
+        time.sleep(0.015)
+        call.cancel()
+        if counted("cancelled"):
+            break
+    channel.close()
 
 
 def delta(scripted, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
@@ -120,8 +127,8 @@ def test_failures_by_reason(scripted) -> None:  # type: ignore[no-untyped-def]
     assert delta(scripted, failure, model="counter", version="", reason="not_found") == 1
     assert delta(scripted, failure, model="faulty", version="1", reason="model_error") == 1
     assert delta(scripted, failure, model="load_fails", version="", reason="unavailable") == 1
-    assert delta(scripted, failure, model="slow_counter", version="1", reason="cancelled") == 1
-    assert delta(scripted, failure, model="slow_counter", version="1", reason="timeout") == 1
+    assert delta(scripted, failure, model="slow_counter", version="1", reason="cancelled") >= 1
+    assert delta(scripted, failure, model="slow_counter", version="1", reason="timeout") >= 1
     # A failed batch is not an execution that produced anything, but its close is counted.
     assert delta(scripted, "inferd_execution_count_total", model="faulty", version="1") == 0
     assert (
