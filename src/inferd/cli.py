@@ -8,6 +8,7 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.settings import MIB, Settings
+from inferd.tune.main import add_tune_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="on shutdown, how long queued and running requests may take to finish",
     )
     add_bench_parser(commands)
+    add_tune_parser(commands)
     return parser
 
 
@@ -261,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.bench.main import main as bench_main
 
         return bench_main(args)
+    if args.command == "tune":
+        from inferd.tune.main import main as tune_main
+
+        return tune_main(args)
     if args.command == "serve":
         from inferd import log, server
 

@@ -1,0 +1,176 @@
+"""`inferd tune`: from parsed arguments to a sweep, its table and the chosen config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferd.tune.sweep import SweepSettings
+
+# The sweep (and the bench engine with its HTTP client) is imported only when `tune` runs:
+# building the parser must stay cheap, since every `inferd` command builds it.
+
+
+def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tune = commands.add_parser(
+        "tune",
+        help="sweep a model's batching and instance settings and pick the best under a p99 budget",
+        description="Load each candidate config (max_batch_size, preferred batch sizes, "
+        "max_queue_delay_microseconds, instance count) through the server's repository API "
+        "(the server needs --admin-api on, or --model-control-mode explicit), measure it with "
+        "the bench engine, and report the best: the highest throughput whose p99 is within "
+        "--p99-ms. The original config is loaded again at the end. See docs/tune.md.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    tune.add_argument("model", metavar="MODEL", help="model to tune")
+    tune.add_argument(
+        "-u", "--url", default="127.0.0.1:8000", help="the server's HTTP address host:port"
+    )
+    tune.add_argument(
+        "--p99-ms",
+        type=float,
+        default=None,
+        help="latency budget: candidates whose p99 exceeds it are not picked (default: none)",
+    )
+    tune.add_argument(
+        "--max-batch-sizes", default="1,8,32", metavar="LIST", help="max_batch_size values"
+    )
+    tune.add_argument(
+        "--delays-us",
+        default="0,2000",
+        metavar="LIST",
+        help="dynamic_batching.max_queue_delay_microseconds values",
+    )
+    tune.add_argument(
+        "--instances", default="1,2", metavar="LIST", help="instance_group count values"
+    )
+    tune.add_argument(
+        "--preferred",
+        choices=["off", "on", "both"],
+        default="off",
+        help="dynamic_batching.preferred_batch_size: off (none), on ([max_batch_size]) or both",
+    )
+    tune.add_argument(
+        "--concurrency", type=int, default=8, help="closed loop: requests kept outstanding"
+    )
+    tune.add_argument(
+        "--duration-s", type=float, default=5.0, help="seconds measured per candidate"
+    )
+    tune.add_argument(
+        "--warmup-s", type=float, default=1.0, help="seconds of unmeasured load per candidate"
+    )
+    tune.add_argument("-b", "--batch-size", type=int, default=1, help="rows per request")
+    tune.add_argument(
+        "--input-data",
+        default="random",
+        metavar="random|zero|FILE.json",
+        help="input values, as for inferd bench",
+    )
+    tune.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME:D1,D2",
+        help="shape of an input with variable dims, without the batch dim (repeatable)",
+    )
+    tune.add_argument(
+        "--http-binary", action="store_true", help="send tensors as binary (default: JSON)"
+    )
+    tune.add_argument("--timeout-s", type=float, default=60.0, help="per-request timeout")
+    tune.add_argument(
+        "--write-config",
+        default=None,
+        metavar="PATH",
+        help="write the best candidate's config.pbtxt here",
+    )
+    tune.add_argument(
+        "--keep-best",
+        action="store_true",
+        help="leave the best candidate loaded instead of restoring the original config",
+    )
+
+
+def _int_list(option: str, text: str, least: int) -> list[int]:
+    from inferd.tune.sweep import TuneError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < least for v in values):
+        raise TuneError(f"{option} {text!r}: expected a list of integers >= {least}, e.g. 1,8,32")
+    return sorted(set(values))
+
+
+def settings_from_args(args: argparse.Namespace) -> SweepSettings:
+    from inferd.bench.inputs import parse_shape_option
+    from inferd.tune.sweep import SweepSettings, TuneError
+
+    url = args.url.rstrip("/")
+    preferred = {"off": [False], "on": [True], "both": [False, True]}[args.preferred]
+    s = SweepSettings(
+        url=url if "://" in url else f"http://{url}",
+        model=args.model,
+        max_batch_sizes=_int_list("--max-batch-sizes", args.max_batch_sizes, 1),
+        delays_us=_int_list("--delays-us", args.delays_us, 0),
+        # Instance counts go to the server as given: it is the judge of what is valid, and a
+        # count it rejects is reported and skipped like any other failed load.
+        instances=_int_list("--instances", args.instances, -(2**31)),
+        preferred=preferred,
+        concurrency=args.concurrency,
+        duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        p99_ms=args.p99_ms,
+        batch_size=args.batch_size,
+        input_data=args.input_data,
+        shapes=parse_shape_option(args.shape),
+        http_binary=args.http_binary,
+        timeout_s=args.timeout_s,
+    )
+    if s.concurrency < 1:
+        raise TuneError("--concurrency must be at least 1")
+    if s.duration_s <= 0 or s.warmup_s < 0:
+        raise TuneError("--duration-s must be positive and --warmup-s not negative")
+    if s.p99_ms is not None and s.p99_ms <= 0:
+        raise TuneError("--p99-ms must be positive")
+    return s
+
+
+def main(args: argparse.Namespace) -> int:
+    from inferd.bench.errors import BenchError
+    from inferd.tune.sweep import TuneError, sweep, table, to_pbtxt
+
+    try:
+        settings = settings_from_args(args)
+        result = asyncio.run(sweep(settings, keep_best=args.keep_best))
+    except (TuneError, BenchError) as e:
+        print(f"inferd tune: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninferd tune: interrupted", file=sys.stderr)
+        return 130
+    print(table(result.outcomes, result.best, settings.p99_ms))
+    code = 0
+    if result.best is None:
+        print("no candidate was measured within the p99 budget; nothing picked")
+        code = 1
+    else:
+        print(f"best: {result.best.candidate.label()}")
+        if args.write_config is not None:
+            Path(args.write_config).write_text(to_pbtxt(result.best.config), encoding="utf-8")
+            print(f"wrote {args.write_config}")
+    kept = "the best candidate" if args.keep_best and result.best is not None else "the original"
+    if result.restored:
+        print(f"{settings.model}: {kept} config is loaded again")
+    else:
+        print(
+            f"inferd tune: could not load {kept} config of {settings.model} again "
+            f"({result.restore_error}); check the model",
+            file=sys.stderr,
+        )
+        code = 1
+    return code

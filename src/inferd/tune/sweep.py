@@ -1,0 +1,345 @@
+"""The sweep itself: candidates from the grid, the repository API calls, one bench run each."""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferd.bench.errors import BenchError
+from inferd.bench.runner import BenchConfig, LevelResult, run
+
+CHECKSUM_PARAMETER = "model_checksum"
+
+
+class TuneError(Exception):
+    """A problem the user must fix (admin API off, unknown model, unreachable server)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    max_batch_size: int
+    delay_us: int
+    instances: int
+    preferred: bool
+
+    def label(self) -> str:
+        return (
+            f"max_batch_size={self.max_batch_size} delay_us={self.delay_us} "
+            f"instances={self.instances} preferred={'on' if self.preferred else 'off'}"
+        )
+
+    def branch(self) -> tuple[int, int, bool]:
+        """Everything but max_batch_size: a failure skips bigger batches of the same branch."""
+        return (self.delay_us, self.instances, self.preferred)
+
+
+@dataclass
+class Outcome:
+    candidate: Candidate
+    status: str  # "ok", "load failed", "bench errors", "skipped"
+    detail: str = ""
+    throughput: float = math.nan
+    p50_ms: float = math.nan
+    p99_ms: float = math.nan
+    within_budget: bool | None = None  # None: not measured
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SweepSettings:
+    url: str  # http://host:port
+    model: str
+    max_batch_sizes: list[int]
+    delays_us: list[int]
+    instances: list[int]
+    preferred: list[bool]
+    concurrency: int = 8
+    duration_s: float = 5.0
+    warmup_s: float = 1.0
+    p99_ms: float | None = None
+    batch_size: int = 1
+    input_data: str = "random"
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    http_binary: bool = False
+    timeout_s: float = 60.0
+    load_timeout_s: float = 300.0
+
+
+def grid(s: SweepSettings) -> list[Candidate]:
+    """Every combination; max_batch_size varies fastest and ascending, so a failure can skip
+    the bigger sizes of its branch."""
+    return [
+        Candidate(m, d, n, p)
+        for p in s.preferred
+        for n in s.instances
+        for d in s.delays_us
+        for m in sorted(s.max_batch_sizes)
+    ]
+
+
+def strip_checksum(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as served, less the `model_checksum` parameter inferd adds."""
+    doc = copy.deepcopy(config)
+    params = doc.get("parameters")
+    if isinstance(params, dict):
+        params.pop(CHECKSUM_PARAMETER, None)
+    return doc
+
+
+def candidate_config(original: dict[str, Any], c: Candidate) -> dict[str, Any]:
+    """The original config with the candidate's settings applied."""
+    doc = copy.deepcopy(original)
+    doc["max_batch_size"] = c.max_batch_size
+    batching = dict(doc.get("dynamic_batching") or {})
+    batching["max_queue_delay_microseconds"] = c.delay_us
+    batching["preferred_batch_size"] = [c.max_batch_size] if c.preferred else []
+    doc["dynamic_batching"] = batching
+    groups = doc.get("instance_group") or [{}]
+    first = dict(groups[0])
+    first["count"] = c.instances
+    doc["instance_group"] = [first]
+    return doc
+
+
+def to_pbtxt(config: dict[str, Any]) -> str:
+    """A config (Triton's JSON form) as config.pbtxt text."""
+    message = mc.ModelConfig()
+    json_format.ParseDict(config, message)
+    text: str = text_format.MessageToString(message)
+    return text
+
+
+class RepositoryApi:
+    """The model config and repository load calls, over HTTP."""
+
+    def __init__(self, url: str, model: str, load_timeout_s: float) -> None:
+        self.url = url
+        self.model = model
+        self.load_timeout_s = load_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> RepositoryApi:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.load_timeout_s)
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        assert self._session is not None
+        data = None if body is None else orjson.dumps(body)
+        headers = {} if body is None else {"content-type": "application/json"}
+        try:
+            async with self._session.request(
+                method, self.url + path, data=data, headers=headers
+            ) as response:
+                raw = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise TuneError(f"cannot reach the server at {self.url}: {e or type(e)}") from None
+        try:
+            doc = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError:
+            doc = {"error": raw[:300].decode(errors="replace")}
+        return status, doc
+
+    async def config(self) -> dict[str, Any]:
+        status, doc = await self._call("GET", f"/v2/models/{self.model}/config")
+        if status != 200 or not isinstance(doc, dict):
+            raise TuneError(f"model {self.model!r}: GET config answered {status}: {_error(doc)}")
+        return doc
+
+    async def load(self, config: dict[str, Any]) -> tuple[int, str]:
+        """(status, error message); status 200 is success."""
+        body = {"parameters": {"config": orjson.dumps(config).decode()}}
+        status, doc = await self._call("POST", f"/v2/repository/models/{self.model}/load", body)
+        return status, "" if status == 200 else _error(doc)
+
+
+def _error(doc: Any) -> str:
+    if isinstance(doc, dict) and "error" in doc:
+        return str(doc["error"])
+    return str(doc)
+
+
+ADMIN_HINT = (
+    "the server's repository API is off (403): start it with --admin-api on, or with "
+    "--model-control-mode explicit, to let inferd tune load candidate configs"
+)
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _errors_text(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
+
+
+async def measure(s: SweepSettings) -> LevelResult:
+    config = BenchConfig(
+        url=s.url,
+        protocol="http",
+        model=s.model,
+        http_binary=s.http_binary,
+        input_data=s.input_data,
+        shapes=s.shapes,
+        batch_size=s.batch_size,
+        concurrency=[s.concurrency],
+        warmup_s=s.warmup_s,
+        duration_s=s.duration_s,
+        timeout_s=s.timeout_s,
+    )
+    result = await run(config)
+    return result.levels[0]
+
+
+@dataclass
+class SweepResult:
+    original: dict[str, Any]
+    outcomes: list[Outcome]
+    best: Outcome | None
+    restored: bool  # the original (or, with keep_best, the best) config is loaded again
+    restore_error: str = ""
+
+
+async def sweep(
+    s: SweepSettings, keep_best: bool = False, log: Callable[[str], None] = _log
+) -> SweepResult:
+    async with RepositoryApi(s.url, s.model, s.load_timeout_s) as api:
+        served = await api.config()
+        original = strip_checksum(served)
+        # Probe the repository API with a reload of the config as served: a 403 here means
+        # the admin API is off, before anything has changed.
+        status, message = await api.load(original)
+        if status == 403:
+            raise TuneError(ADMIN_HINT)
+        if status != 200:
+            raise TuneError(
+                f"model {s.model!r}: reloading its own config answered {status}: {message}"
+            )
+        outcomes: list[Outcome] = []
+        failed: dict[tuple[int, int, bool], Candidate] = {}
+        candidates = grid(s)
+        try:
+            for i, c in enumerate(candidates, 1):
+                prefix = f"[{i}/{len(candidates)}] {c.label()}"
+                stop = failed.get(c.branch())
+                if stop is not None:
+                    outcomes.append(
+                        Outcome(
+                            c,
+                            "skipped",
+                            f"max_batch_size {stop.max_batch_size} failed in this branch",
+                        )
+                    )
+                    log(f"{prefix}: skipped ({outcomes[-1].detail})")
+                    continue
+                outcomes.append(await _try(api, s, original, c, prefix, log))
+                if outcomes[-1].status != "ok":
+                    failed[c.branch()] = c
+        finally:
+            best = pick_best(outcomes)
+            final = best.config if keep_best and best is not None else original
+            status, message = await api.load(final)
+            restore_error = "" if status == 200 else f"{status}: {message}"
+    return SweepResult(original, outcomes, best, not restore_error, restore_error)
+
+
+async def _try(
+    api: RepositoryApi,
+    s: SweepSettings,
+    original: dict[str, Any],
+    c: Candidate,
+    prefix: str,
+    log: Callable[[str], None],
+) -> Outcome:
+    config = candidate_config(original, c)
+    log(f"{prefix}: loading")
+    status, message = await api.load(config)
+    if status == 403:
+        raise TuneError(ADMIN_HINT)
+    if status != 200:
+        log(f"{prefix}: load failed ({status}): {message}; skipping bigger max_batch_size")
+        return Outcome(c, "load failed", f"{status}: {message}", config=config)
+    log(f"{prefix}: measuring for {s.duration_s:g} s at concurrency {s.concurrency}")
+    try:
+        level = await measure(s)
+    except BenchError as e:
+        log(f"{prefix}: bench failed: {e}; skipping bigger max_batch_size")
+        return Outcome(c, "bench errors", str(e), config=config)
+    outcome = Outcome(
+        c,
+        "ok",
+        throughput=level.throughput,
+        p50_ms=level.latency_ms.get("p50", math.nan),
+        p99_ms=level.latency_ms.get("p99", math.nan),
+        config=config,
+    )
+    if level.errors:
+        outcome.status = "bench errors"
+        outcome.detail = f"request errors ({_errors_text(level.errors)})"
+        log(f"{prefix}: {outcome.detail}; skipping bigger max_batch_size")
+        return outcome
+    if level.successes == 0:
+        outcome.status = "bench errors"
+        outcome.detail = "no request succeeded"
+        log(f"{prefix}: {outcome.detail}; skipping bigger max_batch_size")
+        return outcome
+    outcome.within_budget = s.p99_ms is None or outcome.p99_ms <= s.p99_ms
+    log(
+        f"{prefix}: {outcome.throughput:,.1f} req/s, p50 {outcome.p50_ms:.2f} ms, "
+        f"p99 {outcome.p99_ms:.2f} ms"
+    )
+    return outcome
+
+
+def pick_best(outcomes: list[Outcome]) -> Outcome | None:
+    """The highest throughput among measured candidates whose p99 is within the budget."""
+    good = [o for o in outcomes if o.status == "ok" and o.within_budget]
+    return max(good, key=lambda o: o.throughput, default=None)
+
+
+def table(outcomes: list[Outcome], best: Outcome | None, p99_budget: float | None) -> str:
+    header = ["#", "max_batch", "delay_us", "instances", "preferred", "req/s", "p50 ms",
+              "p99 ms", "within budget", "note"]  # fmt: skip
+    rows = [header]
+    for i, o in enumerate(outcomes, 1):
+        c = o.candidate
+        measured = o.status == "ok"
+        verdict = {None: "-", True: "yes", False: "no"}[o.within_budget]
+        note = "best" if o is best else ("" if measured else f"{o.status}: {o.detail}")
+        rows.append(
+            [
+                str(i),
+                str(c.max_batch_size),
+                str(c.delay_us),
+                str(c.instances),
+                "on" if c.preferred else "off",
+                f"{o.throughput:,.1f}" if measured else "-",
+                f"{o.p50_ms:.2f}" if measured else "-",
+                f"{o.p99_ms:.2f}" if measured else "-",
+                verdict,
+                note,
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    lines = []
+    for r in rows:
+        cells = [r[i].rjust(widths[i]) for i in range(len(widths))]
+        lines.append("  ".join(cells + [r[-1]]).rstrip())
+    budget = "none" if p99_budget is None else f"{p99_budget:g} ms"
+    lines.insert(0, f"p99 budget: {budget}")
+    return "\n".join(lines)
