@@ -1,8 +1,9 @@
 """The load itself: sources that keep requests going and record their outcomes.
 
 A `LocalSource` runs in the calling event loop; a `ProcessSource` runs a `LocalSource` in a
-worker process (multiprocessing, spawn) and is driven over a pipe. Request bodies are
-encoded once, before the load starts; the hot path only sends bytes and records a time.
+worker process (multiprocessing, spawn) and is driven over a pipe. Requests are encoded
+once, before the load starts (over HTTP the whole request, headers included: see
+`inferd.bench.http`); the hot path only sends bytes and records a time.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-import aiohttp
-
+from inferd.bench.http import HttpConnection, HttpError, build_request, endpoint
 from inferd.bench.stats import SUCCESS, Samples
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -39,9 +39,13 @@ class Target:
     max_connections: int = 256  # open loop: requests past it wait in the client (and count)
 
     @property
-    def infer_url(self) -> str:
+    def infer_path(self) -> str:
         version = f"/versions/{self.version}" if self.version else ""
-        return f"{self.address}/v2/models/{self.model}{version}/infer"
+        return f"/v2/models/{self.model}{version}/infer"
+
+    @property
+    def infer_url(self) -> str:
+        return f"{self.address}{self.infer_path}"
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,13 @@ class LocalSource:
         self.samples = Samples()
         self._tasks: set[asyncio.Task[None]] = set()
         self._running = False
-        self._session: aiohttp.ClientSession | None = None
         self._channel: Any = None
         self._infer: Any = None
+        # HTTP: idle keep-alive connections (LIFO), all open ones, and their timeout watch.
+        self._request = b""
+        self._idle: list[HttpConnection] = []
+        self._conns: set[HttpConnection] = set()
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         if self.target.protocol == "grpc":
@@ -75,35 +83,84 @@ class LocalSource:
             # is not parsed (a load generator only needs the status).
             self._infer = self._channel.unary_unary(GRPC_INFER)
         else:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=self.target.timeout_s),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            self._endpoint = endpoint(self.target.address)
+            self._request = build_request(
+                self.target.address, self.target.infer_path, self.target.body, self.target.headers
             )
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch_timeouts())
 
     async def close(self) -> None:
         await self.stop()
-        if self._session is not None:
-            await self._session.close()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watchdog
+            self._watchdog = None
+        for conn in self._conns:
+            conn.close()
+        self._conns.clear()
+        self._idle.clear()
         if self._channel is not None:
             await self._channel.close()
 
     # --- sending ---------------------------------------------------------------------
 
+    async def _connect(self) -> HttpConnection:
+        host, port, ssl_context = self._endpoint
+        _, conn = await asyncio.wait_for(
+            asyncio.get_running_loop().create_connection(
+                HttpConnection, host, port, ssl=ssl_context
+            ),
+            self.target.timeout_s,
+        )
+        self._conns.add(conn)
+        return conn
+
     async def _send_http(self) -> str:
-        assert self._session is not None
+        idle = self._idle
+        conn = None
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                break
+            self._conns.discard(conn)
+            conn = None
+        if conn is None:
+            try:
+                conn = await self._connect()
+            except (OSError, TimeoutError):
+                return "connection_error"
         try:
-            async with self._session.post(
-                self.target.infer_url, data=self.target.body, headers=self.target.headers
-            ) as response:
-                await response.read()
-                return str(response.status)
+            status = await conn.request(self._request)
         except TimeoutError:
+            self._conns.discard(conn)
             return "timeout"
-        except aiohttp.ClientError:
+        except (HttpError, OSError):
+            self._conns.discard(conn)
+            conn.close()
             return "connection_error"
+        except BaseException:  # cancelled mid-request: the connection is unusable
+            self._conns.discard(conn)
+            conn.close()
+            raise
+        if conn.closed:
+            self._conns.discard(conn)
+        else:
+            idle.append(conn)
+        return str(status)
+
+    async def _watch_timeouts(self) -> None:
+        """Fail requests that have waited longer than the timeout (checked a few times a
+        second: cheaper than a timer per request)."""
+        timeout = self.target.timeout_s
+        interval = min(0.25, timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.perf_counter()
+            for conn in list(self._conns):
+                if conn.busy and now - conn.started > timeout:
+                    self._conns.discard(conn)
+                    conn.timed_out()
 
     async def _send_grpc(self) -> str:
         import grpc

@@ -46,7 +46,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def _loop_factory(protocol: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop for HTTP (aiohttp runs faster on it); grpc.aio keeps asyncio's own loop."""
+    """uvloop for HTTP (the lean load client runs faster on it); grpc.aio keeps the default."""
     if protocol != "http":
         return None
     try:
