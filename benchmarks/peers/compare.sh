@@ -15,38 +15,16 @@ mkdir -p "$HERE/results"
 CSV="$HERE/results/compare.csv"
 echo "model,concurrency,server,requests_per_s,latency_p50_ms,latency_p99_ms,errors" > "$CSV"
 
-start() {  # $1 server, $2 model -> prints a PID
-  if [[ "$1" == inferd ]]; then
-    setsid "$ROOT/.venv/bin/inferd" serve --model-repository "$HERE/results/inferd_repo" \
-      --http-port "$PORT" --grpc-port 0 --metrics-port 0 --log-level WARNING \
-      > "$HERE/results/inferd-$2.log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 150); do
-      curl -sf "127.0.0.1:$PORT/v2/models/$2/ready" >/dev/null && break; sleep 0.2
-    done
-    echo "$pid"
-  else
-    "$HERE/run_peer.sh" "$1" "$2" "$PORT"
-  fi
-}
-
-stop() {  # $1 server, $2 pid
-  if [[ "$1" == inferd ]]; then
-    kill -INT -- "-$2" 2>/dev/null || kill -INT "$2" 2>/dev/null
-    for _ in $(seq 300); do kill -0 "$2" 2>/dev/null || return 0; sleep 0.1; done
-    kill -KILL -- "-$2" 2>/dev/null || true
-  else
-    "$HERE/stop_peer.sh" "$2" >/dev/null
-  fi
-}
+# shellcheck source=servers.sh
+source "$HERE/servers.sh"
 
 for model in tiny mlp; do
   for c in 1 8 64; do
     for server in "${SERVERS[@]}"; do
-      pid=$(start "$server" "$model")
+      pid=$(start_server "$server" "$model")
       out=$(wrk -t1 -c"$c" -d"${SECONDS_PER_RUN}s" --latency -s "$HERE/v2_infer.lua" \
         "http://127.0.0.1:$PORT/v2/models/$model/infer")
-      stop "$server" "$pid"
+      stop_server "$server" "$pid"
       rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
       p50=$(awk '$1=="50%" {print $2}' <<<"$out")
       p99=$(awk '$1=="99%" {print $2}' <<<"$out")

@@ -1,0 +1,27 @@
+# Start and stop inferd or a peer for the compare scripts (sourced, not run).
+# Needs HERE, ROOT and PORT set; inferd serves HTTP on PORT and gRPC on PORT+1, as the peers.
+
+start_server() {  # $1 server, $2 model -> prints a PID
+  if [[ "$1" == inferd ]]; then
+    setsid "$ROOT/.venv/bin/inferd" serve --model-repository "$HERE/results/inferd_repo" \
+      --http-port "$PORT" --grpc-port "$((PORT + 1))" --metrics-port 0 --log-level WARNING \
+      > "$HERE/results/inferd-$2-$PORT.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 150); do
+      curl -sf "127.0.0.1:$PORT/v2/models/$2/ready" >/dev/null && break; sleep 0.2
+    done
+    echo "$pid"
+  else
+    "$HERE/run_peer.sh" "$1" "$2" "$PORT"
+  fi
+}
+
+stop_server() {  # $1 server, $2 pid
+  if [[ "$1" == inferd ]]; then
+    kill -INT -- "-$2" 2>/dev/null || kill -INT "$2" 2>/dev/null
+    for _ in $(seq 300); do kill -0 "$2" 2>/dev/null || return 0; sleep 0.1; done
+    kill -KILL -- "-$2" 2>/dev/null || true
+  else
+    "$HERE/stop_peer.sh" "$2" >/dev/null
+  fi
+}
