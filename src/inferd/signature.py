@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
+from inferd.datatypes import CONFIG_TO_V2
 from inferd.errors import invalid
 from inferd.repository.config import ConfigError
 from inferd.types import Array, InferRequest, RequestedOutput
@@ -41,9 +41,6 @@ class TensorSpec:
         return len(shape) == len(self.dims) and all(
             d == -1 or d == s for d, s in zip(self.dims, shape, strict=True)
         )
-
-    def wire_shape(self) -> list[int]:
-        return list(self.dims)
 
 
 @dataclass(slots=True)
@@ -306,6 +303,3 @@ class ModelSignature:
                 )
             names.append(out.name)
         return names
-
-    def numpy_dtype_of_output(self, name: str) -> str:
-        return V2_TO_NUMPY[self.outputs[name].datatype].name

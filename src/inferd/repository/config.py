@@ -175,12 +175,6 @@ def instance_count(config: mc.ModelConfig) -> int:
     return max(1, sum(g.count if g.count > 0 else 1 for g in config.instance_group))
 
 
-def instance_kind(config: mc.ModelConfig) -> int:
-    if not config.instance_group:
-        return int(mc.ModelInstanceGroup.KIND_AUTO)
-    return int(config.instance_group[0].kind)
-
-
 def to_json(config: mc.ModelConfig) -> dict[str, Any]:
     """Triton's JSON rendering: proto field names, defaults included, integers as numbers.
 
