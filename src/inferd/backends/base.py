@@ -77,6 +77,8 @@ class SupervisedInstance(Protocol):
 class Backend(Protocol):
     model_file: str  # the file a version directory must hold, e.g. "model.onnx"
     model_files: tuple[str, ...]  # every file name it can load, in order of preference
+    # BYTES inputs reach the model as text, so they must be UTF-8 (checked at the edge).
+    decodes_bytes_as_text: bool
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         """Fill what the config leaves out (inputs, outputs, batching) from the model file.

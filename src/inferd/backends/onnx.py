@@ -51,6 +51,7 @@ def _dim(d: Any) -> int:
 class OnnxBackend:
     model_file = "model.onnx"
     model_files: tuple[str, ...] = ("model.onnx",)
+    decodes_bytes_as_text = True
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         where = f"{config.name}/config.pbtxt"

@@ -28,6 +28,7 @@ _module_ids = itertools.count()
 class PythonBackend:
     model_file = "model.py"
     model_files: tuple[str, ...] = ("model.py",)
+    decodes_bytes_as_text = False
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         # A Python file says nothing about its tensors: the config must declare them.

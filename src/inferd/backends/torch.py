@@ -44,6 +44,7 @@ def _indexes(names: list[str]) -> list[int] | None:
 class TorchBackend:
     model_file = "model.pt"
     model_files: tuple[str, ...] = ("model.pt", "model.pt2")
+    decodes_bytes_as_text = False
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         where = f"{config.name}/config.pbtxt"

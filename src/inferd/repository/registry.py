@@ -261,7 +261,7 @@ class ModelRegistry:
             policy = RollbackPolicy.from_config(config)
             circuit_policy = CircuitPolicy.from_config(config)
             signature = ModelSignature(config)  # its limits can be malformed config too
-            if backend_name(config) == "onnxruntime":
+            if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
                     n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
                 )

@@ -24,10 +24,11 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
-from inferd.backends.base import AnyInstance, RequestListInstance, SupervisedInstance
+from inferd.backends.base import AnyInstance, Instance, RequestListInstance, SupervisedInstance
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, shed, unavailable
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
@@ -95,6 +96,10 @@ class DynamicBatcher:
         self.version = version
         self._telemetry = telemetry or Telemetry()
         self._instances = list(instances)
+        # Decided once: a runtime protocol check costs microseconds on every batch.
+        self._takes_request_lists = all(
+            isinstance(inst, RequestListInstance) for inst in self._instances
+        )
         self._opts = options
         self._queue: PriorityQueues[Pending] = PriorityQueues(len(options.queue_policies))
         self._queued_rows = 0
@@ -345,7 +350,12 @@ class DynamicBatcher:
         failed = True
         try:
             results, timings = await loop.run_in_executor(
-                self._executor, _run_batch, instance, batch, self._opts.max_batch_size > 0
+                self._executor,
+                _run_batch,
+                instance,
+                batch,
+                self._opts.max_batch_size > 0,
+                self._takes_request_lists,
             )
         except InferdError as exc:
             self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
@@ -387,15 +397,15 @@ Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), 
 
 
 def _run_batch(
-    instance: AnyInstance, batch: list[Pending], batched: bool
+    instance: AnyInstance, batch: list[Pending], batched: bool, by_request: bool
 ) -> tuple[list[dict[str, Array] | InferdError], Timings]:
     """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
     clock = time.perf_counter_ns
-    if isinstance(instance, RequestListInstance):
+    if by_request:
         # Models written against Triton's execute(requests) contract see the requests
         # separately, and answer each one (or fail it alone).
         started = clock()
-        results = instance.execute_requests([p.request for p in batch])
+        results = cast(RequestListInstance, instance).execute_requests([p.request for p in batch])
         if len(results) != len(batch):
             raise InferdError(
                 ErrorKind.MODEL_ERROR,
@@ -412,7 +422,7 @@ def _run_batch(
             name: np.concatenate([p.request.inputs[name] for p in batch]) for name in first.inputs
         }
     t1 = clock()
-    outputs = instance.execute(inputs)
+    outputs = cast(Instance, instance).execute(inputs)
     t2 = clock()
     if not batched:
         return [outputs], (t1 - t0, t2 - t1, clock() - t2)
