@@ -18,6 +18,7 @@ from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
 from inferd.metrics import MetricsServer, MetricsSink
 from inferd.protocol import grpc as grpc_adapter
+from inferd.protocol.fast_http import protocol_class
 from inferd.protocol.http import InferdApp, build_app
 from inferd.repository.registry import ModelRegistry
 from inferd.repository.watcher import RepositoryPoller
@@ -142,6 +143,7 @@ class InferenceServer:
             self.app,
             host=self.settings.host,
             port=self.settings.http_port,
+            http=protocol_class(self.app.infer),
             log_level=self.settings.log_level.lower(),
             access_log=False,
             log_config=None,  # inferd's own handlers (text or JSON) format uvicorn's lines too

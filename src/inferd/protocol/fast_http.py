@@ -1,0 +1,181 @@
+"""uvicorn's HTTP/1.1 protocol with the infer route answered straight from the parser.
+
+A profile of small requests at 64 connections put uvicorn's per-request machinery (an ASGI
+scope, a request/response cycle with its event, a task per request and a second one to
+watch for disconnects, the proxy-headers middleware, two socket writes per response) at
+about as much CPU as inferd's own work. For `POST .../infer` this protocol skips all of it:
+it collects the body as the parser delivers it, runs `InferEndpoint.respond` in one task,
+and writes the status line, headers and body with one `write`. A disconnect cancels that
+task directly (the request leaves its queue unexecuted, as on the ASGI path).
+
+Everything else stays uvicorn's: the listening socket, keep-alive, graceful shutdown
+(the task is in `server_state.tasks`, which uvicorn waits for), every other route through
+ASGI, and pipelined requests (an infer request arriving while another response is pending
+takes the ASGI path, so responses keep their order). uvicorn documents `http=` as taking a
+protocol class; what this subclass touches of `HttpToolsProtocol` is covered by the
+HTTP tests, which all run through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from inferd.errors import ErrorKind, InferdError
+from inferd.protocol.http import _JSON, InferEndpoint, Reply, pick_headers
+
+log = logging.getLogger("inferd.http")
+
+_STATUS_LINE = {
+    s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
+}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class _InferCall:
+    """One infer request on a connection. It stands where uvicorn keeps its
+    request/response cycle, so uvicorn's shutdown and pipelining checks read it as one
+    (`response_complete`, `keep_alive`)."""
+
+    __slots__ = (
+        "body",
+        "disconnected",
+        "headers",
+        "keep_alive",
+        "model",
+        "response_complete",
+        "size",
+        "task",
+        "version",
+    )
+
+    def __init__(self, model: str, version: str, headers: dict[str, str], keep_alive: bool):
+        self.model = model
+        self.version = version
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.body: list[bytes] = []
+        self.size = 0
+        self.response_complete = False
+        self.disconnected = False
+        self.task: asyncio.Task[None] | None = None
+
+
+class InferdHttpProtocol(HttpToolsProtocol):
+    endpoint: InferEndpoint  # set on the subclass `protocol_class` makes
+
+    peer = ""  # the client's host:port, for logs
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self.peer = f"{self.client[0]}:{self.client[1]}" if self.client else ""
+
+    # -- parser callbacks ---------------------------------------------------------------
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        if (
+            parser.get_method() == b"POST"
+            and (self.cycle is None or self.cycle.response_complete)
+            and self.limit_concurrency is None
+            and not parser.should_upgrade()
+        ):
+            path = httptools.parse_url(self.url).path
+            target = None if b"%" in path else InferEndpoint.match(path.decode("ascii"))
+            if target is not None:
+                keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+                call = _InferCall(*target, pick_headers(self.headers), keep_alive)
+                self.cycle = call  # type: ignore[assignment]
+                if self.expect_100_continue:
+                    self.transport.write(_CONTINUE)
+                return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        call: object = self.cycle
+        if type(call) is not _InferCall:
+            return super().on_body(body)
+        call.size += len(body)
+        if call.size <= self.endpoint.max_request_bytes:
+            call.body.append(body)
+        return None
+
+    def on_message_complete(self) -> None:
+        call: object = self.cycle
+        if type(call) is not _InferCall:
+            return super().on_message_complete()
+        task = self.loop.create_task(self._answer(call))
+        call.task = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        call: object = self.cycle
+        if type(call) is _InferCall:
+            self.cycle = None  # type: ignore[assignment]
+            if not call.response_complete:
+                call.disconnected = True
+                if call.task is not None:
+                    call.task.cancel()  # the queued request is removed unexecuted
+        super().connection_lost(exc)
+
+    # -- the request ---------------------------------------------------------------------
+
+    async def _answer(self, call: _InferCall) -> None:
+        async def read() -> bytes:
+            limit = self.endpoint.max_request_bytes
+            if call.size > limit:
+                raise InferdError(
+                    ErrorKind.PAYLOAD_TOO_LARGE,
+                    f"request body of {call.size} bytes exceeds the limit of {limit} bytes",
+                )
+            return call.body[0] if len(call.body) == 1 else b"".join(call.body)
+
+        try:
+            reply = await self.endpoint.respond(
+                call.model, call.version, call.headers, self.peer, read
+            )
+        except asyncio.CancelledError:
+            if not call.disconnected:
+                raise  # the server is stopping
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            return  # nobody is listening any more
+        except Exception:
+            log.exception("unhandled error on POST /v2/models/%s/infer", call.model)
+            call.keep_alive = False
+            reply = (500, _JSON, b'{"error":"internal error; see the server log"}', [])
+        if call.disconnected:
+            return
+        if self.flow.write_paused:
+            await self.flow.drain()
+            if call.disconnected:
+                return
+        self.transport.write(self._head(reply, call.keep_alive) + reply[2])
+        call.response_complete = True
+        if not call.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+    def _head(self, reply: Reply, keep_alive: bool) -> bytes:
+        status, content_type, body, extra = reply
+        lines = [_STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:  # date, server
+            lines += (name, b": ", value, b"\r\n")
+        lines += (b"content-type: ", content_type, b"\r\ncontent-length: ")
+        lines += (str(len(body)).encode(), b"\r\n")
+        for name, value in extra:
+            lines += (name, b": ", value, b"\r\n")
+        if not keep_alive:
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+
+def protocol_class(endpoint: InferEndpoint) -> type[InferdHttpProtocol]:
+    """The protocol class to give uvicorn (`http=`), bound to this server's endpoint."""
+    return type("InferdHttp", (InferdHttpProtocol,), {"endpoint": endpoint})
