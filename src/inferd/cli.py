@@ -123,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
         "mode, off otherwise)",
     )
     serve.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.workers,
+        metavar="N",
+        help="server processes sharing the HTTP and gRPC ports, each with its own copy of "
+        "the models; more than 1 lifts the one-core bound of a Python process (needs model "
+        "control mode none or poll; docs/workers.md)",
+    )
+    serve.add_argument(
         "--max-inflight-requests",
         type=int,
         default=defaults.max_inflight_requests,
@@ -273,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         if not 0.0 <= args.log_sample_rate <= 1.0:
             print("inferd: --log-sample-rate must be within 0..1", file=sys.stderr)
             return 2
+        if args.workers < 1:
+            print("inferd: --workers must be at least 1", file=sys.stderr)
+            return 2
         log.configure(args.log_level, args.log_format)
         if not args.model_repository.is_dir():
             print(
@@ -280,29 +292,38 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        server.run(
-            Settings(
-                model_repository=args.model_repository,
-                host=args.host,
-                http_port=args.http_port,
-                grpc_port=args.grpc_port or None,
-                max_request_bytes=int(args.max_request_mib * MIB),
-                max_response_bytes=int(args.max_response_mib * MIB),
-                log_level=args.log_level,
-                log_format=args.log_format,
-                log_sample_rate=args.log_sample_rate,
-                metrics_port=args.metrics_port or None,
-                metrics_triton_names=args.metrics_triton_names,
-                trace_otlp_endpoint=args.trace_otlp_endpoint,
-                model_control_mode=args.model_control_mode,
-                repository_poll_s=args.repository_poll_secs,
-                load_models=tuple(args.load_model),
-                admin_api=None if args.admin_api is None else args.admin_api == "on",
-                exit_timeout_s=args.exit_timeout_secs,
-                max_inflight_requests=args.max_inflight_requests,
-            )
-        )
+        from inferd.workers.supervisor import WorkersError
+
+        try:
+            server.run(settings_from(args))
+        except WorkersError as exc:
+            print(f"inferd: {exc}", file=sys.stderr)
+            return 2
     return 0
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        model_repository=args.model_repository,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port or None,
+        max_request_bytes=int(args.max_request_mib * MIB),
+        max_response_bytes=int(args.max_response_mib * MIB),
+        log_level=args.log_level,
+        log_format=args.log_format,
+        log_sample_rate=args.log_sample_rate,
+        metrics_port=args.metrics_port or None,
+        metrics_triton_names=args.metrics_triton_names,
+        trace_otlp_endpoint=args.trace_otlp_endpoint,
+        model_control_mode=args.model_control_mode,
+        repository_poll_s=args.repository_poll_secs,
+        load_models=tuple(args.load_model),
+        admin_api=None if args.admin_api is None else args.admin_api == "on",
+        exit_timeout_s=args.exit_timeout_secs,
+        max_inflight_requests=args.max_inflight_requests,
+        workers=args.workers,
+    )
 
 
 if __name__ == "__main__":

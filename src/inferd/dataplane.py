@@ -24,6 +24,7 @@ from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
 from inferd.types import Array, InferRequest, InferResponse, Tensor
+from inferd.workers import peers
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -45,6 +46,7 @@ class DataPlane:
         telemetry.add(self.statistics)
         self.is_shutting_down = False
         self.max_inflight = 0  # server-wide limit of requests in flight (0: none)
+        self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
         self._inflight = 0
 
     # -- health and metadata ------------------------------------------------------------
@@ -130,8 +132,23 @@ class DataPlane:
             rows.sort(key=lambda r: (r["name"], int(r.get("version", 0))))
         return rows
 
+    async def server_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """`model_statistics` of the whole server: with `--workers N`, every worker's summed
+        (a statistics call lands on one worker; clients read deltas of these numbers)."""
+        local = self.model_statistics(name, version)
+        if self.workers is None or self.workers.count < 2:
+            return local
+        question = {"op": "stats", "model": name, "version": version}
+        answers = await asyncio.gather(
+            *(peers.ask(self.workers.socket_path(i), question) for i in self.workers.siblings())
+        )
+        lists = [local["model_stats"]]
+        lists += [a["stats"] for a in answers if a is not None and "stats" in a]
+        return {"model_stats": peers.merge_model_stats(lists)}
+
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """Triton's statistics: every model when `name` is empty, else its (given) versions."""
+        """Triton's statistics of this process: every model when `name` is empty, else its
+        (given) versions."""
         if not name:
             names = sorted(self.registry.models)
         elif name not in self.registry.models:

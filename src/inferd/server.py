@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import socket
 from collections.abc import AsyncIterator, Iterator
 from types import FrameType
 
@@ -26,13 +27,16 @@ from inferd.request_log import RequestLogSink
 from inferd.routing import CanaryGuard
 from inferd.settings import Settings
 from inferd.tracing import TraceSink
+from inferd.workers.peers import PeerServer, WorkerSlot
 
 log = logging.getLogger("inferd.server")
 
 
 class InferenceServer:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, worker: WorkerSlot | None = None) -> None:
+        """`worker`: this process is one of `--workers N` (see inferd.workers)."""
         self.settings = settings
+        self.worker = worker
         self.telemetry = Telemetry()
         self.telemetry.add(RequestLogSink(settings.log_sample_rate))
         self.trace_sink: TraceSink | None = None
@@ -45,6 +49,8 @@ class InferenceServer:
             admin = settings.model_control_mode == "explicit"
         self.dataplane = DataPlane(self.registry, self.telemetry, admin_api=admin)
         self.dataplane.max_inflight = settings.max_inflight_requests
+        self.dataplane.workers = worker
+        self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))
         self.poller: RepositoryPoller | None = None
         self.metrics: MetricsSink | None = None
@@ -86,7 +92,16 @@ class InferenceServer:
             self.poller.start()
         if self.settings.grpc_port is not None:
             await self._start_grpc(self.settings.grpc_port)
-        if self.metrics is not None and self.settings.metrics_port is not None:
+        if self.worker is not None:
+            metrics = self.metrics
+            self.peer_server = PeerServer(
+                self.worker,
+                lambda name, version: self.dataplane.model_statistics(name, version)["model_stats"],
+                None if metrics is None else metrics.prometheus.collect,
+            )
+            await self.peer_server.start()
+        elif self.metrics is not None and self.settings.metrics_port is not None:
+            # With workers the supervisor serves /metrics, from every worker's peer socket.
             self.metrics_server = MetricsServer(
                 self.metrics, self.settings.host, self.settings.metrics_port
             )
@@ -121,6 +136,8 @@ class InferenceServer:
                 await asyncio.to_thread(self.trace_sink.shutdown)
             if self.metrics_server is not None:
                 self.metrics_server.close()
+            if self.peer_server is not None:
+                await self.peer_server.close()
             if self.metrics is not None:
                 self.metrics.close()
             log.info("shutdown complete")
@@ -132,6 +149,7 @@ class InferenceServer:
             port,
             self.settings.max_request_bytes,
             self.settings.max_response_bytes,
+            reuse_port=self.worker is not None,
         )
         if not self.grpc_port:
             raise OSError(f"cannot listen for gRPC on {self.settings.host}:{port}")
@@ -176,5 +194,22 @@ class _UvicornServer(uvicorn.Server):
 
 
 def run(settings: Settings) -> None:
+    if settings.workers > 1:
+        from inferd.workers import supervisor
+
+        supervisor.run(settings)
+        return
     server = InferenceServer(settings)
     _UvicornServer(server.uvicorn_config(), server.dataplane).run()
+
+
+def run_worker(settings: Settings, worker: WorkerSlot) -> None:
+    """One of `--workers N`: the same server on a port it shares with its siblings."""
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    # Bound, not listening: the kernel hands this worker connections only once uvicorn
+    # listens, after the models have loaded; until then its siblings take them all.
+    sock.bind((settings.host, settings.http_port))
+    server = InferenceServer(settings, worker)
+    _UvicornServer(server.uvicorn_config(), server.dataplane).run(sockets=[sock])

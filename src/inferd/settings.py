@@ -27,4 +27,5 @@ class Settings:
     model_control_mode: str = "none"  # Triton's: none, poll or explicit
     repository_poll_s: float = 15.0  # poll mode's interval
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*": all)
+    workers: int = 1  # processes serving the repository, sharing the ports (SO_REUSEPORT)
     admin_api: bool | None = None  # repository load/unload and routing; None: explicit only

@@ -105,7 +105,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @errors_mapped
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
-        doc = self.dp.model_statistics(request.name, request.version)
+        doc = await self.dp.server_statistics(request.name, request.version)
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
 
     @errors_mapped
@@ -303,16 +303,23 @@ def _str(doc: dict[str, Any], key: str) -> str:
 
 
 def build_server(
-    dataplane: DataPlane, host: str, port: int, max_receive_bytes: int, max_send_bytes: int
+    dataplane: DataPlane,
+    host: str,
+    port: int,
+    max_receive_bytes: int,
+    max_send_bytes: int,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server on the running loop; returns it with the port actually bound.
 
     Messages past the limits fail with RESOURCE_EXHAUSTED, raised by gRPC itself.
+    `reuse_port`: share the port with sibling workers (the kernel spreads connections).
     """
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", max_send_bytes),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(

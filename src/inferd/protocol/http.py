@@ -142,7 +142,8 @@ class HttpAdapter:
 
     async def statistics(self, request: Request) -> Response:
         p = request.path_params
-        return json_response(self.dp.model_statistics(p.get("model", ""), p.get("version", "")))
+        doc = await self.dp.server_statistics(p.get("model", ""), p.get("version", ""))
+        return json_response(doc)
 
     async def repository_index(self, request: Request) -> Response:
         doc = await self._json_body(request)

@@ -1,0 +1,1 @@
+"""Serving one repository with several processes (`inferd serve --workers N`)."""

@@ -1,0 +1,220 @@
+"""`inferd serve --workers N`: N whole servers on one set of ports, and a supervisor.
+
+One inferd process is bound by one Python thread: at 64 connections on small requests it
+runs one core flat while the machine has more (docs/benchmarks.md). N worker processes,
+each loading the repository and serving HTTP and gRPC on the same ports (SO_REUSEPORT:
+the kernel spreads connections across them), lift that bound. The supervisor starts them,
+restarts one that dies, stops them all gracefully on SIGTERM/SIGINT (exit 0 when they all
+drained), and serves the one /metrics endpoint, collected from every worker.
+
+What stays per worker, by design: models and their memory (N copies), batches (each worker
+batches its own connections' requests), and control: the repository API and routing
+changes would reach one worker only, so `--workers` refuses explicit model control and
+`--admin-api on`; poll mode works (each worker polls the repository).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inferd import log as inferd_log
+from inferd.settings import Settings
+from inferd.workers import peers
+from inferd.workers.peers import WorkerSlot
+
+log = logging.getLogger("inferd.workers")
+
+RESTART_BACKOFF_MAX_S = 30.0
+GIVE_UP_AFTER = 5  # every worker died this many times in a row, each soon after its start
+STABLE_AFTER_S = 30.0  # a worker that ran this long resets the restart backoff
+
+
+class WorkersError(Exception):
+    """Settings that `--workers` cannot honour; the CLI prints it and exits 2."""
+
+
+def check(settings: Settings) -> None:
+    if settings.model_control_mode == "explicit" or settings.admin_api:
+        raise WorkersError(
+            "--workers > 1 runs independent processes: the repository API and routing changes "
+            "would reach one of them only. Use --model-control-mode none or poll, without "
+            "--admin-api on (or run one worker)"
+        )
+    if settings.http_port == 0 or settings.grpc_port == 0 or settings.metrics_port == 0:
+        raise WorkersError("--workers > 1 needs fixed ports (0, any free port, differs per worker)")
+
+
+@dataclass
+class _Worker:
+    slot: WorkerSlot
+    process: multiprocessing.process.BaseProcess
+    started: float
+    restarts: int = 0
+    failures: int = 0  # deaths in a row, each within STABLE_AFTER_S of its start
+    backoff_s: float = 0.0
+
+
+def _worker_main(settings: Settings, slot: WorkerSlot) -> None:
+    """A worker's entry point (a spawned interpreter)."""
+    from inferd import server
+
+    _die_with_parent()
+    # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then
+    # stops the workers once, gracefully (a second signal would make uvicorn force-quit).
+    os.setpgid(0, 0)
+    inferd_log.configure(settings.log_level, settings.log_format)
+    server.run_worker(settings, slot)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this worker if the supervisor dies (even by SIGKILL), so no orphan
+    keeps serving the port. Elsewhere a no-op."""
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class _WorkersCollector(Collector):
+    """Every worker's metrics, asked at scrape time, with a `worker` label; and the
+    supervisor's own: workers alive and restarts."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterator[Metric]:
+        per_worker = {}
+        for w in self.supervisor.workers:
+            answer = peers.ask_blocking(w.slot.socket_path(w.slot.index), {"op": "metrics"})
+            if answer is not None and "families" in answer:
+                per_worker[w.slot.index] = answer["families"]
+        yield from peers.merge_families(per_worker)
+        alive = GaugeMetricFamily(
+            "inferd_workers_alive", "Worker processes running (of --workers)", labels=["of"]
+        )
+        alive.add_metric([str(len(self.supervisor.workers))], len(per_worker))
+        yield alive
+        restarts = CounterMetricFamily(
+            "inferd_worker_restarts", "Worker processes restarted after dying", labels=["worker"]
+        )
+        for w in self.supervisor.workers:
+            restarts.add_metric([str(w.slot.index)], w.restarts)
+        yield restarts
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.context = multiprocessing.get_context("spawn")
+        self.directory = Path(tempfile.mkdtemp(prefix="inferd-workers-"))  # 0700
+        self.workers: list[_Worker] = []
+        self.stopping = False
+
+    def _start(self, slot: WorkerSlot) -> multiprocessing.process.BaseProcess:
+        process = self.context.Process(
+            target=_worker_main, args=(self.settings, slot), name=f"inferd-worker-{slot.index}"
+        )
+        process.start()
+        log.info("worker %d started (pid %s)", slot.index, process.pid)
+        return process
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        if not self.stopping:
+            log.info("signal %d: stopping %d workers", sig, len(self.workers))
+        self.stopping = True
+
+    def run(self) -> int:
+        n = self.settings.workers
+        for i in range(n):
+            slot = WorkerSlot(i, n, self.directory)
+            self.workers.append(_Worker(slot, self._start(slot), time.monotonic()))
+        metrics = None
+        if self.settings.metrics_port is not None:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_WorkersCollector(self))
+            metrics, _ = start_http_server(self.settings.metrics_port, self.settings.host, registry)
+            log.info(
+                "metrics of %d workers at http://%s:%d/metrics",
+                n,
+                self.settings.host,
+                self.settings.metrics_port,
+            )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        try:
+            while not self.stopping:
+                self._watch()
+                if all(w.failures >= GIVE_UP_AFTER for w in self.workers):
+                    log.error("every worker keeps dying at start; giving up (see above)")
+                    self.stopping = True
+                    self._stop_all()
+                    return 1
+            return self._stop_all()
+        finally:
+            if metrics is not None:
+                metrics.shutdown()
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _watch(self) -> None:
+        """Wait a moment for a worker to exit; restart the ones that died (with a growing
+        pause when one keeps dying, e.g. on a model that crashes at load)."""
+        sentinels = [w.process.sentinel for w in self.workers]
+        multiprocessing.connection.wait(sentinels, timeout=0.5)
+        now = time.monotonic()
+        for w in self.workers:
+            if self.stopping or w.process.is_alive():
+                continue
+            if w.backoff_s and now < w.started + w.backoff_s:
+                continue  # still pausing before the restart
+            if now - w.started >= STABLE_AFTER_S:
+                w.backoff_s, w.failures = 0.0, 0
+            w.failures += 1
+            log.error(
+                "worker %d (pid %s) exited with %s; restarting it",
+                w.slot.index,
+                w.process.pid,
+                w.process.exitcode,
+            )
+            w.process.close()
+            w.process = self._start(w.slot)
+            w.started = now
+            w.restarts += 1
+            w.backoff_s = min(RESTART_BACKOFF_MAX_S, max(1.0, w.backoff_s * 2))
+
+    def _stop_all(self) -> int:
+        for w in self.workers:
+            if w.process.is_alive() and w.process.pid is not None:
+                os.kill(w.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.exit_timeout_s + 10
+        for w in self.workers:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+            if w.process.is_alive():
+                log.warning("worker %d did not stop in time; killing it", w.slot.index)
+                w.process.kill()
+                w.process.join(5)
+        codes = [w.process.exitcode for w in self.workers]
+        log.info("all workers stopped (exit codes %s)", codes)
+        return 0 if all(code == 0 for code in codes) else 1
+
+
+def run(settings: Settings) -> None:
+    check(settings)
+    code = Supervisor(settings).run()
+    if code:
+        raise SystemExit(code)

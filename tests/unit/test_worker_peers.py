@@ -1,0 +1,83 @@
+"""Merging what the workers of one server report: Triton statistics and metric families."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from inferd.statistics import StatisticsSink, VersionStats
+from inferd.workers.peers import families_to_json, merge_families, merge_model_stats
+
+
+def _stats(success: int, batches: dict[int, int], last: int) -> list[dict[str, object]]:
+    s = VersionStats()
+    for _ in range(success):
+        s.success.add(10)
+        s.queue.add(3)
+    s.inference_count = success
+    s.execution_count = sum(batches.values())
+    for size, count in batches.items():
+        for _ in range(count):
+            s.batches[size].compute_infer.add(100)
+    s.last_inference_ms = last
+    return [StatisticsSink._render("m", "1", s)]
+
+
+def test_statistics_of_workers_add_up() -> None:
+    merged = merge_model_stats([_stats(5, {1: 1, 4: 1}, 100), _stats(3, {4: 2, 8: 1}, 250)])
+    assert len(merged) == 1
+    m = merged[0]
+    assert (m["inference_count"], m["execution_count"], m["last_inference"]) == (8, 5, 250)
+    assert m["inference_stats"]["success"] == {"count": 8, "ns": 80}
+    assert m["inference_stats"]["queue"] == {"count": 8, "ns": 24}
+    sizes = {b["batch_size"]: b["compute_infer"] for b in m["batch_stats"]}
+    assert sizes == {
+        1: {"count": 1, "ns": 100},
+        4: {"count": 3, "ns": 300},
+        8: {"count": 1, "ns": 100},
+    }
+    assert [b["batch_size"] for b in m["batch_stats"]] == [1, 4, 8]
+
+
+def test_merging_leaves_the_answers_untouched() -> None:
+    first = _stats(5, {1: 1}, 100)
+    merge_model_stats([first, _stats(3, {1: 1}, 100)])
+    assert first[0]["inference_count"] == 5
+    assert first[0]["batch_stats"][0]["compute_infer"] == {"count": 1, "ns": 100}
+
+
+def test_models_only_one_worker_knows_are_kept() -> None:
+    other = _stats(2, {}, 1)
+    other[0]["name"] = "n"
+    merged = merge_model_stats([_stats(1, {}, 1), other])
+    assert sorted(m["name"] for m in merged) == ["m", "n"]
+
+
+def _registry(requests: float, queued: float, latency: float) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Counter("inferd_requests", "r", ["model"], registry=registry).labels("a").inc(requests)
+    Gauge("inferd_queued", "q", registry=registry).set(queued)
+    Histogram("inferd_latency_seconds", "l", buckets=(0.1, 1.0), registry=registry).observe(latency)
+    return registry
+
+
+def test_metric_families_of_workers_get_a_worker_label_and_stay_valid() -> None:
+    per_worker = {
+        0: families_to_json(_registry(3, 1, 0.05).collect()),
+        1: families_to_json(_registry(4, math.nan, 0.5).collect()),
+    }
+    merged = CollectorRegistry()
+
+    class Merged:
+        def collect(self):  # type: ignore[no-untyped-def]
+            return merge_families(per_worker)
+
+    merged.register(Merged())  # type: ignore[arg-type]
+    text = generate_latest(merged).decode()
+    assert text.count("# TYPE inferd_requests_total counter") == 1
+    assert 'inferd_requests_total{model="a",worker="0"} 3.0' in text
+    assert 'inferd_requests_total{model="a",worker="1"} 4.0' in text
+    assert 'inferd_queued{worker="1"} NaN' in text
+    assert 'inferd_latency_seconds_bucket{le="0.1",worker="0"} 1.0' in text
+    assert 'inferd_latency_seconds_bucket{le="0.1",worker="1"} 0.0' in text
