@@ -1,15 +1,19 @@
 # Start and stop inferd or a peer for the compare scripts (sourced, not run).
 # Needs HERE, ROOT and PORT set; inferd serves HTTP on PORT and gRPC on PORT+1, as the peers.
 
-start_server() {  # $1 server, $2 model -> prints a PID
-  if [[ "$1" == inferd ]]; then
+start_server() {  # $1 server (inferd, inferd-wN: N workers, or a peer), $2 model -> a PID
+  if [[ "$1" == inferd* ]]; then
+    local workers=1
+    [[ "$1" == inferd-w* ]] && workers="${1#inferd-w}"
     setsid "$ROOT/.venv/bin/inferd" serve --model-repository "$HERE/results/inferd_repo" \
       --http-port "$PORT" --grpc-port "$((PORT + 1))" --metrics-port 0 --log-level WARNING \
-      > "$HERE/results/inferd-$2-$PORT.log" 2>&1 &
+      --workers "$workers" > "$HERE/results/$1-$2-$PORT.log" 2>&1 &
     local pid=$!
     for _ in $(seq 150); do
       curl -sf "127.0.0.1:$PORT/v2/models/$2/ready" >/dev/null && break; sleep 0.2
     done
+    # Ready answers once one worker is up; give the others their (parallel) start too.
+    [[ "$workers" -gt 1 ]] && sleep 3
     echo "$pid"
   else
     "$HERE/run_peer.sh" "$1" "$2" "$PORT"
@@ -17,7 +21,7 @@ start_server() {  # $1 server, $2 model -> prints a PID
 }
 
 stop_server() {  # $1 server, $2 pid
-  if [[ "$1" == inferd ]]; then
+  if [[ "$1" == inferd* ]]; then
     kill -INT -- "-$2" 2>/dev/null || kill -INT "$2" 2>/dev/null
     for _ in $(seq 300); do kill -0 "$2" 2>/dev/null || return 0; sleep 0.1; done
     kill -KILL -- "-$2" 2>/dev/null || true

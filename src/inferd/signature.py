@@ -38,6 +38,8 @@ class TensorSpec:
     optional: bool = False
 
     def matches(self, shape: Sequence[int]) -> bool:
+        if -1 not in self.dims:  # fixed dims: one tuple comparison (on every request)
+            return tuple(shape) == self.dims
         return len(shape) == len(self.dims) and all(
             d == -1 or d == s for d, s in zip(self.dims, shape, strict=True)
         )

@@ -82,6 +82,9 @@ class Model:
 
     def default_version(self) -> ModelVersion | None:
         """The highest-numbered ready version."""
+        if len(self.versions) == 1:  # the common case, on every request: no list, no max
+            (only,) = self.versions.values()
+            return only if only.is_ready else None
         ready = [v for v in self.versions.values() if v.is_ready]
         return max(ready, key=lambda v: int(v.version)) if ready else None
 
