@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+import orjson
+
 from inferd.bench.http import HttpConnection, HttpError, build_request, endpoint
 from inferd.bench.stats import SUCCESS, Samples
 
@@ -143,11 +145,14 @@ class LocalSource:
             self._conns.discard(conn)
             conn.close()
             raise
+        outcome = str(status)
+        if outcome not in SUCCESS:
+            self.samples.note_error(f"{outcome}: {_error_message(conn.error_body)}")
         if conn.closed:
             self._conns.discard(conn)
         else:
             idle.append(conn)
-        return str(status)
+        return outcome
 
     async def _watch_timeouts(self) -> None:
         """Fail requests that have waited longer than the timeout (checked a few times a
@@ -168,7 +173,9 @@ class LocalSource:
         try:
             await self._infer(self.target.body, timeout=self.target.timeout_s)
         except grpc.aio.AioRpcError as e:
-            return str(e.code().name)
+            code = str(e.code().name)
+            self.samples.note_error(f"{code}: {e.details() or ''}")
+            return code
         return "OK"
 
     def _record(self, outcome: str, latency_s: float) -> None:
@@ -246,6 +253,17 @@ class LocalSource:
                 await task
         self._tasks.clear()
         return self.drain()
+
+
+def _error_message(body: bytes) -> str:
+    """An error response's message: its JSON `error` field (KServe v2, Triton), else the text."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:  # not JSON, or cut short at the bytes kept
+        doc = None
+    if isinstance(doc, dict) and "error" in doc:
+        return str(doc["error"])
+    return body.decode(errors="replace").strip()
 
 
 # --- worker processes ------------------------------------------------------------------

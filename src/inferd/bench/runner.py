@@ -147,6 +147,8 @@ class LevelResult:
     latency_ms: dict[str, float]
     server: dict[str, float] | None
     window_throughputs: list[float] = field(default_factory=list)
+    # A sample of the failed requests' messages ('<outcome>: <message>' -> count): see Samples.
+    error_messages: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -332,6 +334,7 @@ async def _run_level(
         latency_ms={k: v * 1e3 for k, v in latency_summary(merged.latencies).items()},
         server=server,
         window_throughputs=[w.throughput for w in windows],
+        error_messages=dict(merged.error_messages),
     )
 
 

@@ -30,20 +30,36 @@ def percentile_key(q: float) -> str:
     return f"p{q:g}"
 
 
+# Failed requests keep their messages, but only a sample: a failing model fails thousands of
+# requests a second, often with a message that differs per request (sizes, ids).
+MAX_ERROR_MESSAGES = 8  # distinct messages kept
+MAX_ERROR_MESSAGE_CHARS = 300
+
+
 @dataclass
 class Samples:
     """What a load source recorded between two drains: one latency (seconds) per successful
     request, a count per outcome (HTTP status or gRPC code; 'OK'/'200' count as success),
-    and how many requests were sent (intended sends, in open loop)."""
+    how many requests were sent (intended sends, in open loop), and a sample of the failed
+    requests' messages ('<outcome>: <message>', each with its count)."""
 
     latencies: list[float] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)
     sent: int = 0
+    error_messages: Counter[str] = field(default_factory=Counter)
 
     def extend(self, other: Samples) -> None:
         self.latencies.extend(other.latencies)
         self.outcomes.update(other.outcomes)
         self.sent += other.sent
+        for message, count in other.error_messages.items():
+            self.note_error(message, count)
+
+    def note_error(self, message: str, count: int = 1) -> None:
+        """Count a failed request's message, among the first MAX_ERROR_MESSAGES distinct."""
+        message = message[:MAX_ERROR_MESSAGE_CHARS]
+        if message in self.error_messages or len(self.error_messages) < MAX_ERROR_MESSAGES:
+            self.error_messages[message] += count
 
     @property
     def completed(self) -> int:

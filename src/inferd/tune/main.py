@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from inferd.tune.sweep import SweepSettings
@@ -22,13 +23,33 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         description="Load each candidate config (max_batch_size, preferred batch sizes, "
         "max_queue_delay_microseconds, instance count) through the server's repository API "
         "(the server needs --admin-api on, or --model-control-mode explicit), measure it with "
-        "the bench engine, and report the best: the highest throughput whose p99 is within "
-        "--p99-ms. The original config is loaded again at the end. See docs/tune.md.",
+        "the bench engine over HTTP or gRPC (-i), and report the best: the highest throughput "
+        "whose p99 is within --p99-ms. Loading always goes over HTTP (--url); with -i grpc the "
+        "measurement goes to --grpc-url. The original config is loaded again at the end. "
+        "See docs/tune.md.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     tune.add_argument("model", metavar="MODEL", help="model to tune")
     tune.add_argument(
-        "-u", "--url", default="127.0.0.1:8000", help="the server's HTTP address host:port"
+        "-u",
+        "--url",
+        default="127.0.0.1:8000",
+        help="the server's HTTP address host:port: the repository API (loading candidates) "
+        "and config calls always use it, and so does the measurement with -i http",
+    )
+    tune.add_argument(
+        "-i",
+        "--protocol",
+        choices=["http", "grpc"],
+        default="http",
+        help="what the measurement uses, as for inferd bench",
+    )
+    tune.add_argument(
+        "--grpc-url",
+        default=None,
+        metavar="HOST:PORT",
+        help="with -i grpc: the server's gRPC address to measure at (default: --url's host "
+        "and port + 1, e.g. 127.0.0.1:8001)",
     )
     tune.add_argument(
         "--p99-ms",
@@ -78,7 +99,9 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         help="shape of an input with variable dims, without the batch dim (repeatable)",
     )
     tune.add_argument(
-        "--http-binary", action="store_true", help="send tensors as binary (default: JSON)"
+        "--http-binary",
+        action="store_true",
+        help="-i http: send tensors as binary (default: JSON)",
     )
     tune.add_argument("--timeout-s", type=float, default=60.0, help="per-request timeout")
     tune.add_argument(
@@ -106,14 +129,35 @@ def _int_list(option: str, text: str, least: int) -> list[int]:
     return sorted(set(values))
 
 
+def default_grpc_url(http_url: str) -> str:
+    """inferd's layout: gRPC on the HTTP port + 1 (8000 and 8001), on the same host."""
+    from inferd.tune.sweep import TuneError
+
+    try:
+        parts = urlsplit(http_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise TuneError(f"--url {http_url!r}: expected host:port") from None
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:  # IPv6: the brackets urlsplit took off
+        host = f"[{host}]"
+    return f"{host}:{port + 1}"
+
+
 def settings_from_args(args: argparse.Namespace) -> SweepSettings:
     from inferd.bench.inputs import parse_shape_option
     from inferd.tune.sweep import SweepSettings, TuneError
 
     url = args.url.rstrip("/")
+    url = url if "://" in url else f"http://{url}"
+    if args.grpc_url is not None and args.protocol != "grpc":
+        raise TuneError("--grpc-url applies to -i grpc only")
+    grpc_url = ""
+    if args.protocol == "grpc":
+        grpc_url = args.grpc_url or default_grpc_url(url)
     preferred = {"off": [False], "on": [True], "both": [False, True]}[args.preferred]
     s = SweepSettings(
-        url=url if "://" in url else f"http://{url}",
+        url=url,
         model=args.model,
         max_batch_sizes=_int_list("--max-batch-sizes", args.max_batch_sizes, 1),
         delays_us=_int_list("--delays-us", args.delays_us, 0),
@@ -130,6 +174,8 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
         shapes=parse_shape_option(args.shape),
         http_binary=args.http_binary,
         timeout_s=args.timeout_s,
+        protocol=args.protocol,
+        grpc_url=grpc_url.split("://", 1)[-1].rstrip("/"),
     )
     if s.concurrency < 1:
         raise TuneError("--concurrency must be at least 1")

@@ -14,10 +14,34 @@ import orjson
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.bench.api import ServerApi
 from inferd.bench.errors import BenchError
 from inferd.bench.runner import BenchConfig, LevelResult, run
 
 CHECKSUM_PARAMETER = "model_checksum"
+
+OUT_OF_MEMORY = "out of memory"
+
+# What runtimes say when memory runs out, lowercased; a load error or a failed request's
+# message containing any of them means the candidate ran out of memory. The server passes
+# the exception's message on but not always its type, hence messages, not exception names.
+OUT_OF_MEMORY_PATTERNS: tuple[str, ...] = (
+    "out of memory",  # CUDA ("CUDA out of memory", "CUDA error: out of memory"), ROCm, MPS
+    "outofmemory",  # java.lang.OutOfMemoryError, hipErrorOutOfMemory
+    "failed to allocate memory",  # onnxruntime's arenas
+    "bad_alloc",  # C++ std::bad_alloc, as a native backend reports it
+    "memoryerror",  # Python's MemoryError, when the type name is passed on
+    "unable to allocate",  # numpy's MemoryError ("Unable to allocate 3.7 GiB for an array")
+    "can't allocate memory",  # torch's CPU allocator
+    "cannot allocate memory",  # ENOMEM's text
+    "alloc_failed",  # cuBLAS / cuDNN: CUBLAS_STATUS_ALLOC_FAILED
+    "cudaerrormemoryallocation",
+)
+
+
+def is_out_of_memory(message: str) -> bool:
+    lowered = message.lower()
+    return any(pattern in lowered for pattern in OUT_OF_MEMORY_PATTERNS)
 
 
 class TuneError(Exception):
@@ -45,7 +69,7 @@ class Candidate:
 @dataclass
 class Outcome:
     candidate: Candidate
-    status: str  # "ok", "load failed", "bench errors", "skipped"
+    status: str  # "ok", "load failed", "bench errors", "out of memory", "skipped"
     detail: str = ""
     throughput: float = math.nan
     p50_ms: float = math.nan
@@ -56,7 +80,7 @@ class Outcome:
 
 @dataclass
 class SweepSettings:
-    url: str  # http://host:port
+    url: str  # http://host:port: the repository API and config calls, always HTTP
     model: str
     max_batch_sizes: list[int]
     delays_us: list[int]
@@ -72,6 +96,12 @@ class SweepSettings:
     http_binary: bool = False
     timeout_s: float = 60.0
     load_timeout_s: float = 300.0
+    protocol: str = "http"  # what the measurement uses: "http" (at url) or "grpc" (at grpc_url)
+    grpc_url: str = ""  # host:port
+
+    @property
+    def measure_url(self) -> str:
+        return self.grpc_url if self.protocol == "grpc" else self.url
 
 
 def grid(s: SweepSettings) -> list[Candidate]:
@@ -108,6 +138,21 @@ def candidate_config(original: dict[str, Any], c: Candidate) -> dict[str, Any]:
     first["count"] = c.instances
     doc["instance_group"] = [first]
     return doc
+
+
+def tuned_settings(config: dict[str, Any]) -> tuple[int, int, tuple[int, ...], int | None]:
+    """What a candidate sets (max_batch_size, delay, preferred sizes, first instance count), read
+    through the protobuf message so that JSON spellings ("2000" or 2000) compare equal."""
+    message = mc.ModelConfig()
+    json_format.ParseDict(config, message, ignore_unknown_fields=True)
+    batching = message.dynamic_batching
+    groups = message.instance_group
+    return (
+        message.max_batch_size,
+        batching.max_queue_delay_microseconds,
+        tuple(batching.preferred_batch_size),
+        groups[0].count if groups else None,
+    )
 
 
 def to_pbtxt(config: dict[str, Any]) -> str:
@@ -167,6 +212,28 @@ class RepositoryApi:
         status, doc = await self._call("POST", f"/v2/repository/models/{self.model}/load", body)
         return status, "" if status == 200 else _error(doc)
 
+    async def not_applied(self, config: dict[str, Any]) -> str:
+        """After a load answered 200: "" when the model now serves `config`'s settings, else why
+        not. The server answers 200 even when the new instances fail to load (an out-of-memory
+        error in the backend, say): it keeps the loaded version serving, with the failure as
+        the index's reason. Measuring then would measure the old config."""
+        status, served = await self._call("GET", f"/v2/models/{self.model}/config")
+        applied = status == 200 and isinstance(served, dict)
+        if applied and tuned_settings(served) == tuned_settings(config):
+            return ""
+        reasons = await self._index_reasons()
+        return "; ".join(reasons) or "the server serves another config"
+
+    async def _index_reasons(self) -> list[str]:
+        status, doc = await self._call("POST", "/v2/repository/index", {})
+        if status != 200 or not isinstance(doc, list):
+            return []
+        return [
+            str(row["reason"])
+            for row in doc
+            if isinstance(row, dict) and row.get("name") == self.model and row.get("reason")
+        ]
+
 
 def _error(doc: Any) -> str:
     if isinstance(doc, dict) and "error" in doc:
@@ -188,10 +255,22 @@ def _errors_text(errors: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
 
 
+async def check_grpc(s: SweepSettings) -> None:
+    """Fail fast, before any load, when the gRPC address measured at does not serve the model:
+    otherwise every candidate would fail alike and the sweep would only say so at the end."""
+    if s.protocol != "grpc":
+        return
+    try:
+        async with ServerApi("grpc", s.grpc_url, s.model, "") as api:
+            await api.metadata()
+    except BenchError as e:
+        raise TuneError(f"over gRPC at {s.grpc_url} (--grpc-url): {e}") from None
+
+
 async def measure(s: SweepSettings) -> LevelResult:
     config = BenchConfig(
-        url=s.url,
-        protocol="http",
+        url=s.measure_url,
+        protocol=s.protocol,
         model=s.model,
         http_binary=s.http_binary,
         input_data=s.input_data,
@@ -221,6 +300,7 @@ async def sweep(
     async with RepositoryApi(s.url, s.model, s.load_timeout_s) as api:
         served = await api.config()
         original = strip_checksum(served)
+        await check_grpc(s)
         # Probe the repository API with a reload of the config as served: a 403 here means
         # the admin API is off, before anything has changed.
         status, message = await api.load(original)
@@ -231,31 +311,66 @@ async def sweep(
                 f"model {s.model!r}: reloading its own config answered {status}: {message}"
             )
         outcomes: list[Outcome] = []
-        failed: dict[tuple[int, int, bool], Candidate] = {}
+        failed: dict[tuple[int, int, bool], Outcome] = {}
         candidates = grid(s)
         try:
             for i, c in enumerate(candidates, 1):
                 prefix = f"[{i}/{len(candidates)}] {c.label()}"
                 stop = failed.get(c.branch())
                 if stop is not None:
-                    outcomes.append(
-                        Outcome(
-                            c,
-                            "skipped",
-                            f"max_batch_size {stop.max_batch_size} failed in this branch",
-                        )
-                    )
+                    outcomes.append(Outcome(c, "skipped", _skip_reason(stop)))
                     log(f"{prefix}: skipped ({outcomes[-1].detail})")
                     continue
                 outcomes.append(await _try(api, s, original, c, prefix, log))
                 if outcomes[-1].status != "ok":
-                    failed[c.branch()] = c
+                    failed[c.branch()] = outcomes[-1]
         finally:
             best = pick_best(outcomes)
             final = best.config if keep_best and best is not None else original
-            status, message = await api.load(final)
-            restore_error = "" if status == 200 else f"{status}: {message}"
+            restore_error = await _restore(api, final)
     return SweepResult(original, outcomes, best, not restore_error, restore_error)
+
+
+async def _restore(api: RepositoryApi, config: dict[str, Any]) -> str:
+    """Load `config` again; "" when it is served, else why not."""
+    status, message = await api.load(config)
+    if status != 200:
+        return f"{status}: {message}"
+    message = await api.not_applied(config)
+    return f"the server kept another config: {message}" if message else ""
+
+
+def _skip_reason(stop: Outcome) -> str:
+    what = "ran out of memory" if stop.status == OUT_OF_MEMORY else "failed"
+    return f"max_batch_size {stop.candidate.max_batch_size} {what} in this branch"
+
+
+def _failed(
+    outcome: Outcome, status: str, detail: str, evidence: list[str], say: Callable[[str], None]
+) -> Outcome:
+    """Mark `outcome` failed with `status`, or "out of memory" when a message in `evidence` (the
+    load error, the failed requests' messages) says so: the table and log then say why."""
+    outcome.detail = detail
+    if any(is_out_of_memory(m) for m in evidence):
+        outcome.status = OUT_OF_MEMORY
+        say(
+            f"out of memory at max_batch_size {outcome.candidate.max_batch_size}; "
+            f"skipping bigger max_batch_size in this branch ({detail})"
+        )
+    else:
+        outcome.status = status
+        say(f"{status}: {detail}; skipping bigger max_batch_size")
+    return outcome
+
+
+def _request_errors(level: LevelResult) -> tuple[str, list[str]]:
+    """The detail for a measurement with failed requests, and the failed requests' sampled
+    messages. The example message is an out-of-memory one if there is one, since that is the
+    reason the branch stops; else the most frequent."""
+    messages = sorted(level.error_messages, key=lambda m: -level.error_messages[m])
+    example = next((m for m in messages if is_out_of_memory(m)), messages[0] if messages else "")
+    detail = f"request errors ({_errors_text(level.errors)})"
+    return (f"{detail}, e.g. {example}" if example else detail), messages
 
 
 async def _try(
@@ -266,42 +381,37 @@ async def _try(
     prefix: str,
     log: Callable[[str], None],
 ) -> Outcome:
+    def say(line: str) -> None:
+        log(f"{prefix}: {line}")
+
     config = candidate_config(original, c)
-    log(f"{prefix}: loading")
+    outcome = Outcome(c, "ok", config=config)
+    say("loading")
     status, message = await api.load(config)
     if status == 403:
         raise TuneError(ADMIN_HINT)
     if status != 200:
-        log(f"{prefix}: load failed ({status}): {message}; skipping bigger max_batch_size")
-        return Outcome(c, "load failed", f"{status}: {message}", config=config)
-    log(f"{prefix}: measuring for {s.duration_s:g} s at concurrency {s.concurrency}")
+        return _failed(outcome, "load failed", f"{status}: {message}", [message], say)
+    message = await api.not_applied(config)
+    if message:
+        detail = f"the server kept its previous config: {message}"
+        return _failed(outcome, "load failed", detail, [message], say)
+    say(f"measuring over {s.protocol} for {s.duration_s:g} s at concurrency {s.concurrency}")
     try:
         level = await measure(s)
     except BenchError as e:
-        log(f"{prefix}: bench failed: {e}; skipping bigger max_batch_size")
-        return Outcome(c, "bench errors", str(e), config=config)
-    outcome = Outcome(
-        c,
-        "ok",
-        throughput=level.throughput,
-        p50_ms=level.latency_ms.get("p50", math.nan),
-        p99_ms=level.latency_ms.get("p99", math.nan),
-        config=config,
-    )
+        return _failed(outcome, "bench errors", f"bench failed: {e}", [str(e)], say)
+    outcome.throughput = level.throughput
+    outcome.p50_ms = level.latency_ms.get("p50", math.nan)
+    outcome.p99_ms = level.latency_ms.get("p99", math.nan)
     if level.errors:
-        outcome.status = "bench errors"
-        outcome.detail = f"request errors ({_errors_text(level.errors)})"
-        log(f"{prefix}: {outcome.detail}; skipping bigger max_batch_size")
-        return outcome
+        detail, messages = _request_errors(level)
+        return _failed(outcome, "bench errors", detail, messages, say)
     if level.successes == 0:
-        outcome.status = "bench errors"
-        outcome.detail = "no request succeeded"
-        log(f"{prefix}: {outcome.detail}; skipping bigger max_batch_size")
-        return outcome
+        return _failed(outcome, "bench errors", "no request succeeded", [], say)
     outcome.within_budget = s.p99_ms is None or outcome.p99_ms <= s.p99_ms
-    log(
-        f"{prefix}: {outcome.throughput:,.1f} req/s, p50 {outcome.p50_ms:.2f} ms, "
-        f"p99 {outcome.p99_ms:.2f} ms"
+    say(
+        f"{outcome.throughput:,.1f} req/s, p50 {outcome.p50_ms:.2f} ms, p99 {outcome.p99_ms:.2f} ms"
     )
     return outcome
 
