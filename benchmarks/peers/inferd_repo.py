@@ -5,6 +5,7 @@
 tiny is an ONNX graph (Slice + Mul: OUTPUT = INPUT[:, :16] * 2); mlp is the same ONNX file the
 peers load. Both batch up to 32 with a 2 ms bound, as the peers are configured; inferd's
 default work-conserving policy never waits out that bound when it could execute.
+mlp_nobatch is mlp without dynamic batching (what batching costs a lone request).
 """
 
 from __future__ import annotations
@@ -74,6 +75,15 @@ def main() -> None:
             '{ name: "label", data_type: TYPE_INT64, dims: [ 1 ] }',
         )
     )  # fmt: skip
+    # The MLP with batching off (no dynamic_batching): the reference for what batching
+    # costs a lone request (lone_request.sh).
+    (out / "mlp_nobatch" / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(mlp_src, out / "mlp_nobatch" / "1" / "model.onnx")
+    nobatch = (
+        (out / "mlp" / "config.pbtxt").read_text().replace('name: "mlp"', 'name: "mlp_nobatch"')
+    )
+    nobatch = "".join(line for line in nobatch.splitlines(True) if "dynamic_batching" not in line)
+    (out / "mlp_nobatch" / "config.pbtxt").write_text(nobatch)
     print(f"inferd repository in {out}")
 
 
