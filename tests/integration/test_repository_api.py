@@ -90,6 +90,35 @@ def test_load_from_uploaded_files(explicit_server: RunningServer) -> None:
     assert doc["outputs"][0]["data"] == [7.0] * 4
 
 
+def test_a_version_that_fails_to_load_fails_the_call_and_the_old_keeps_serving(
+    explicit_server: RunningServer,
+) -> None:
+    # The config is fine; the model only fails when its instance loads (a Python model
+    # whose import fails), after the config checks that already answered 400.
+    config = {
+        "name": "first",
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}],
+    }
+    params = {
+        "config": json.dumps(config),
+        "file:1/model.py": base64.b64encode(b"raise ImportError('no such weights')").decode(),
+    }
+    with explicit_server.client() as c:
+        before = c.post("/v2/models/first/infer", json=BODY).json()["outputs"][0]["data"]
+        r = c.post("/v2/repository/models/first/load", json={"parameters": params})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert "model 'first' failed to load: version 1: load failed" in error
+        assert "no such weights" in error
+        assert "still serving version 1" in error
+        after = c.post("/v2/models/first/infer", json=BODY)
+        assert after.status_code == 200
+        assert after.json()["outputs"][0]["data"] == before
+
+
 @pytest.mark.parametrize(
     ("name", "params", "status", "words"),
     [

@@ -324,6 +324,13 @@ class ModelRegistry:
         _apply_config_weights(model, config)
         if retired:
             await self._retire(retired)
+        if failed:
+            # As Triton: the load call fails when a version did not load, even though the
+            # working versions kept serving (the caller must not take it for the new one).
+            detail = "; ".join(f"version {mv.version}: {mv.reason}" for mv in failed)
+            ready = sorted((v for v, mv in keep.items() if mv.is_ready), key=int)
+            serving = f"; still serving version {', '.join(ready)}" if ready else ""
+            raise invalid(f"model '{model.name}' failed to load: {detail}{serving}")
 
     async def _load_version(self, mv: ModelVersion, backend: Backend, model_dir: Path) -> None:
         version_dir = model_dir / mv.version
