@@ -219,6 +219,7 @@ def _from_json(
 # JSON value kinds (as numpy infers them) that each datatype accepts: no silent truncation of
 # 1.5 to an integer, no parsing of numbers out of strings, no booleans as numbers.
 _ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
+_FLOAT_MAX = {2: float(np.finfo(np.float16).max), 4: float(np.finfo(np.float32).max)}
 
 
 def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], where: str) -> Array:
@@ -242,13 +243,15 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
         if low < info.min or high > info.max:
             raise invalid(f"{where}: values {low}..{high} are out of {datatype}'s range")
     # JSON has no inf or nan: a value past a narrower float type's range is an error, found
-    # before the cast (which would warn and give inf). One vectorised max, no errstate.
-    if (
-        dtype.kind == "f"
-        and inferred.dtype.itemsize > dtype.itemsize
-        and float(np.abs(inferred).max()) > float(np.finfo(dtype).max)
-    ):
-        raise invalid(f"{where}: values are out of {datatype}'s range")
+    # before the cast (which would warn and give inf), without errstate. The sum of squares
+    # (one BLAS call, no temporary) is below the bound squared unless a value may be out of
+    # range; only then the exact check runs.
+    if dtype.kind == "f" and inferred.dtype.itemsize > dtype.itemsize:
+        bound = _FLOAT_MAX[dtype.itemsize]
+        if float(np.vdot(inferred, inferred)) > bound * bound and (
+            float(np.abs(inferred).max()) > bound
+        ):
+            raise invalid(f"{where}: values are out of {datatype}'s range")
     return inferred.astype(dtype, copy=False)
 
 
