@@ -149,6 +149,22 @@ def test_body_over_the_limit_is_413_and_the_connection_still_serves(
     assert (status, outputs(body)) == (200, [11.0])
 
 
+def test_a_declared_body_over_the_limit_is_refused_before_it_arrives(
+    server: RunningServer,
+) -> None:
+    wire = Wire(server)
+    wire.send(
+        b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nhost: t\r\n"
+        b'content-length: %d\r\n\r\n{"inputs": [' % (2 << 20)
+    )  # 2 MiB declared against the 1 MiB limit; almost nothing sent
+    status, headers, body = wire.response()
+    assert status == 413
+    assert "request body of 2097152 bytes exceeds the limit of 1048576 bytes" in body.decode()
+    assert headers["connection"] == "close"
+    assert wire.closed_by_server()
+    wire.close()
+
+
 def test_malformed_and_unknown_requests_get_clear_errors(server: RunningServer) -> None:
     wire = Wire(server)
     wire.send(

@@ -266,16 +266,11 @@ def test_json_float_overflow_is_400_not_inf() -> None:
 def test_json_floats_near_the_range_limit_are_accepted() -> None:
     # Their sum of squares passes the bound squared: the exact check must still accept them.
     near = [3.0e38, -3.0e38, 3.0e38, 3.4e38]
-    request = decode_request(
-        orjson.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 2], "data": near}]}),
-        None, "m", "",
-    )  # fmt: skip
+    tensor = {"name": "X", "datatype": "FP32", "shape": [2, 2], "data": near}
+    request = decode_request(orjson.dumps({"inputs": [tensor]}), None, "m", "")
     np.testing.assert_array_equal(request.inputs[0].data, np.array(near, np.float32).reshape(2, 2))
-    half = [65000.0] * 8
-    request = decode_request(
-        orjson.dumps({"inputs": [{"name": "X", "datatype": "FP16", "shape": [8], "data": half}]}),
-        None, "m", "",
-    )  # fmt: skip
+    tensor = {"name": "X", "datatype": "FP16", "shape": [8], "data": [65000.0] * 8}
+    request = decode_request(orjson.dumps({"inputs": [tensor]}), None, "m", "")
     assert request.inputs[0].data.dtype == np.float16
 
 

@@ -90,7 +90,14 @@ class InferdHttpProtocol(HttpToolsProtocol):
                 keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
                 call = _InferCall(*target, pick_headers(self.headers), keep_alive)
                 self.cycle = call  # type: ignore[assignment]
-                if self.expect_100_continue:
+                declared = call.headers.get("length", "")
+                if declared.isdigit() and int(declared) > self.endpoint.max_request_bytes:
+                    # Refused before its body arrives (413 now, not after gigabytes); the
+                    # unread body makes the connection unusable, so it closes after.
+                    call.size = int(declared)
+                    call.keep_alive = False
+                    self._start(call)
+                elif self.expect_100_continue:
                     self.transport.write(_CONTINUE)
                 return
         super().on_headers_complete()
@@ -99,6 +106,8 @@ class InferdHttpProtocol(HttpToolsProtocol):
         call: object = self.cycle
         if type(call) is not _InferCall:
             return super().on_body(body)
+        if call.task is not None:
+            return None  # refused at its headers: the rest is dropped unread
         call.size += len(body)
         if call.size <= self.endpoint.max_request_bytes:
             call.body.append(body)
@@ -108,11 +117,15 @@ class InferdHttpProtocol(HttpToolsProtocol):
         call: object = self.cycle
         if type(call) is not _InferCall:
             return super().on_message_complete()
+        if call.task is None:  # else refused already, at its headers
+            self._start(call)
+        return None
+
+    def _start(self, call: _InferCall) -> None:
         task = self.loop.create_task(self._answer(call))
         call.task = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         call: object = self.cycle

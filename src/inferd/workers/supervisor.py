@@ -105,11 +105,15 @@ class _WorkersCollector(Collector):
             if answer is not None and "families" in answer:
                 per_worker[w.slot.index] = answer["families"]
         yield from peers.merge_families(per_worker)
-        alive = GaugeMetricFamily(
-            "inferd_workers_alive", "Worker processes running (of --workers)", labels=["of"]
+        yield GaugeMetricFamily(
+            "inferd_workers",
+            "Worker processes configured (--workers)",
+            len(self.supervisor.workers),
         )
-        alive.add_metric([str(len(self.supervisor.workers))], len(per_worker))
-        yield alive
+        yield GaugeMetricFamily(
+            "inferd_workers_alive", "Worker processes answering (their metrics are here)",
+            len(per_worker),
+        )  # fmt: skip
         restarts = CounterMetricFamily(
             "inferd_worker_restarts", "Worker processes restarted after dying", labels=["worker"]
         )
