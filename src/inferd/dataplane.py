@@ -347,6 +347,8 @@ _MODEL_FAILURES = {ErrorKind.MODEL_ERROR, ErrorKind.INTERNAL, ErrorKind.DEADLINE
 
 def _scheduling_parameters(request: InferRequest) -> tuple[int, int]:
     """Triton's request parameters `priority` (level, 0 = default) and `timeout` (µs)."""
+    if not request.parameters:
+        return 0, 0  # the common case, on every request
     values = []
     for key in ("priority", "timeout"):
         value = request.parameters.get(key, 0)

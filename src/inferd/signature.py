@@ -146,6 +146,7 @@ class ModelSignature:
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
         self.max_batch_size = int(config.max_batch_size)
+        self.is_batched = self.max_batch_size > 0  # read on every request: not a property
         self.inputs = {
             i.name: TensorSpec(
                 i.name,
@@ -165,10 +166,6 @@ class ModelSignature:
             )
             for o in config.output
         }
-
-    @property
-    def is_batched(self) -> bool:
-        return self.max_batch_size > 0
 
     def metadata_shape(self, spec: TensorSpec) -> list[int]:
         """The shape a client sends or receives: a leading -1 when the model batches."""

@@ -28,12 +28,15 @@ def declared_count(shape: tuple[int, ...], where: str) -> int:
     """The element count of a client's declared shape, once it is representable."""
     if len(shape) > MAX_NDIM:
         raise invalid(f"{where}: shape has {len(shape)} dimensions; at most {MAX_NDIM} allowed")
+    count = element_count(shape)
+    if 0 < count <= MAX_EXTENT:
+        return count  # the usual case: no zero dims, and the product in range
     extent = 1
     for d in shape:
         extent *= max(d, 1)
         if extent > MAX_EXTENT:
             raise invalid(f"{where}: shape {list(shape)} is too large")
-    return element_count(shape)
+    return count
 
 
 # -- request ----------------------------------------------------------------------------------
@@ -122,10 +125,11 @@ def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tupl
         raise invalid(f"{where}: 'datatype' must be a string")
     dtype = numpy_dtype(datatype, where)
     shape_raw = raw.get("shape")
-    if not isinstance(shape_raw, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_raw
-    ):
+    if not isinstance(shape_raw, list):
         raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
+    for d in shape_raw:  # type() is not bool's int: true/false are not dimensions
+        if type(d) is not int or d < 0:
+            raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
     shape = tuple(shape_raw)
     count = declared_count(shape, where)
     params = _parameters(raw.get("parameters"), where)

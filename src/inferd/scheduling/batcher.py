@@ -101,6 +101,7 @@ class DynamicBatcher:
             isinstance(inst, RequestListInstance) for inst in self._instances
         )
         self._opts = options
+        self._all_bounded = all(p.max_queue_size for p in options.queue_policies)
         self._queue: PriorityQueues[Pending] = PriorityQueues(len(options.queue_policies))
         self._queued_rows = 0
         self._exec_s: float | None = None  # moving average of a batch's execution time
@@ -128,6 +129,8 @@ class DynamicBatcher:
 
     def refuses_all(self) -> bool:
         """Every priority level's queue is bounded and full: any request would be shed."""
+        if not self._all_bounded:
+            return False  # the default (unbounded queues), checked on every request
         return all(
             policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size
             for level, policy in enumerate(self._opts.queue_policies)
