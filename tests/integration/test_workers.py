@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -181,3 +182,22 @@ def test_workers_refuse_what_would_reach_one_worker_only(repo: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "--workers must be at least 1" in result.stderr
+
+
+def test_workers_that_cannot_start_make_the_supervisor_give_up(repo: Path) -> None:
+    # The port is held by a socket without SO_REUSEPORT: every worker's bind fails.
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "inferd", "serve", "--model-repository", str(repo),
+             "--workers", "2", "--http-port", str(port), "--grpc-port", "0",
+             "--metrics-port", "0"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "every worker keeps dying at start; giving up" in result.stderr
+    assert result.stderr.count("restarting it") >= 2 * 4  # each worker, before giving up
+    assert time.monotonic() - started < 90

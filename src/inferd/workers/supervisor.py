@@ -145,23 +145,26 @@ class Supervisor:
 
     def run(self) -> int:
         n = self.settings.workers
-        for i in range(n):
-            slot = WorkerSlot(i, n, self.directory)
-            self.workers.append(_Worker(slot, self._start(slot), time.monotonic()))
         metrics = None
-        if self.settings.metrics_port is not None:
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(_WorkersCollector(self))
-            metrics, _ = start_http_server(self.settings.metrics_port, self.settings.host, registry)
-            log.info(
-                "metrics of %d workers at http://%s:%d/metrics",
-                n,
-                self.settings.host,
-                self.settings.metrics_port,
-            )
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
         try:
+            if self.settings.metrics_port is not None:
+                # Before the workers: a port in use fails here, with no worker to stop.
+                registry = CollectorRegistry(auto_describe=False)
+                registry.register(_WorkersCollector(self))
+                metrics, _ = start_http_server(
+                    self.settings.metrics_port, self.settings.host, registry
+                )
+                log.info(
+                    "metrics of %d workers at http://%s:%d/metrics",
+                    n,
+                    self.settings.host,
+                    self.settings.metrics_port,
+                )
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+            for i in range(n):
+                slot = WorkerSlot(i, n, self.directory)
+                self.workers.append(_Worker(slot, self._start(slot), time.monotonic()))
             while not self.stopping:
                 self._watch()
                 if all(w.failures >= GIVE_UP_AFTER for w in self.workers):
