@@ -201,3 +201,29 @@ def test_workers_that_cannot_start_make_the_supervisor_give_up(repo: Path) -> No
     assert "every worker keeps dying at start; giving up" in result.stderr
     assert result.stderr.count("restarting it") >= 2 * 4  # each worker, before giving up
     assert time.monotonic() - started < 90
+
+
+def test_poll_mode_swaps_a_new_version_in_every_worker(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    model = builders.identity(TensorProto.FLOAT, ["batch", "n"])
+    builders._save(model, repo / "identity" / "1" / "model.onnx")
+    with run_cli_server(
+        repo, tmp_path / "server.log", "--workers", "2", "--model-control-mode", "poll",
+        "--repository-poll-secs", "0.3", "--grpc-port", "0", "--metrics-port", "0",
+    ) as server:  # fmt: skip
+
+        def served_versions() -> set[str]:
+            # New connections land on either worker; ask often enough to hear from both.
+            return {
+                httpx.post(f"{server.url}/v2/models/identity/infer", json=_body([1.0])).json()[
+                    "model_version"
+                ]
+                for _ in range(40)
+            }
+
+        assert served_versions() == {"1"}
+        builders._save(model, repo / "identity" / "2" / "model.onnx")
+        deadline = time.monotonic() + 30
+        while served_versions() != {"2"}:
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.2)
