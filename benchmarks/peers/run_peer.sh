@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Start one peer server in the background, wait until it answers an inference, print its PID.
 #   usage: benchmarks/peers/run_peer.sh PEER MODEL PORT [EXTRA ARGS...]
-#     PEER:  triton | mlserver | mosec      MODEL: tiny | mlp
+#     PEER:  triton | mlserver | mosec | litserve      MODEL: tiny | mlp
 #     PORT:  HTTP port; gRPC (triton, mlserver) on PORT+1, metrics on PORT+2
-#     EXTRA: passed to the server script (e.g. `--api native` for mosec)
+#     EXTRA: passed to the server script (e.g. `--api native` for mosec, `--no-fast-queue` for litserve)
 # The server runs in its own session/process group with the PID printed on stdout; stop it
 # and its worker processes with benchmarks/peers/stop_peer.sh PID (SIGINT to the group, then
 # SIGKILL after 40 s: tritonserver can take up to its 30 s exit timeout).
@@ -52,7 +52,10 @@ case "$PEER" in
       URL="http://127.0.0.1:$PORT/inference"; BODY="[$ZEROS]"
     fi
     ;;
-  *) echo "unknown peer: $PEER (triton|mlserver|mosec)" >&2; exit 2 ;;
+  litserve)
+    CMD=("$VENV/bin/python" "$HERE/litserve_server.py" --model "$MODEL" --port "$PORT" "$@")
+    ;;
+  *) echo "unknown peer: $PEER (triton|mlserver|mosec|litserve)" >&2; exit 2 ;;
 esac
 
 if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$PORT/"; then

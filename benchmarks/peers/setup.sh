@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create one venv per peer server and install pinned versions into it.
-#   usage: benchmarks/peers/setup.sh [triton|mlserver|mosec|all]   (default: all)
+#   usage: benchmarks/peers/setup.sh [triton|mlserver|mosec|litserve|all]   (default: all)
 # Idempotent: a venv whose pinned packages are already installed is left alone
 # (a stamp file records the pin list and constraints file it was built from).
 # To refresh the full pins after changing PINS: delete constraints/PEER.txt's lines you
@@ -21,6 +21,8 @@ declare -A PINS=(
   # mlserver-onnx package on PyPI, so the ONNX model uses a custom runtime (mlserver/runtimes.py).
   [mlserver]="mlserver==1.7.1 uvloop<0.22 $ORT"
   [mosec]="mosec==0.9.8 $ORT"
+  # LitServe pulls in no torch (numpy models are fine); pyzmq comes with it (fast_queue).
+  [litserve]="litserve==0.2.19 $ORT"
 )
 
 setup_one() {
@@ -44,7 +46,7 @@ setup_one() {
   fi
   echo "   venv size: $(du -sh "$venv" | cut -f1)"
   "$venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null \
-    | grep -Ei '^(nvidia-pytriton|tritonclient|mlserver|mosec|onnxruntime|numpy|uvloop|msgspec|fastapi|uvicorn) ' \
+    | grep -Ei '^(nvidia-pytriton|tritonclient|mlserver|mosec|litserve|onnxruntime|numpy|uvloop|msgspec|fastapi|uvicorn|pyzmq) ' \
     | sed 's/^/   /'
 }
 
@@ -69,8 +71,8 @@ PY
 
 target="${1:-all}"
 case "$target" in
-  triton|mlserver|mosec) setup_one "$target" ;;
-  all) for p in triton mlserver mosec; do setup_one "$p"; done ;;
-  *) echo "usage: $0 [triton|mlserver|mosec|all]" >&2; exit 2 ;;
+  triton|mlserver|mosec|litserve) setup_one "$target" ;;
+  all) for p in triton mlserver mosec litserve; do setup_one "$p"; done ;;
+  *) echo "usage: $0 [triton|mlserver|mosec|litserve|all]" >&2; exit 2 ;;
 esac
 build_models

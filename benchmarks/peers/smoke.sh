@@ -7,9 +7,9 @@
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DUR="${1:-5}" CONNS="${2:-8}"; shift $(( $# > 2 ? 2 : $# ))
-PEERS=("$@"); [[ ${#PEERS[@]} -gt 0 ]] || PEERS=(triton mlserver mosec)
+PEERS=("$@"); [[ ${#PEERS[@]} -gt 0 ]] || PEERS=(triton mlserver mosec litserve)
 VERIFY_PY="${VERIFY_PY:-$HERE/../../.venv/bin/python}"   # inferd's venv: numpy + onnxruntime
-declare -A PORT=([triton]=8100 [mlserver]=8200 [mosec]=8300)
+declare -A PORT=([triton]=8100 [mlserver]=8200 [mosec]=8300 [litserve]=8400)
 mkdir -p "$HERE/results"
 summary=()
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stop a peer started by run_peer.sh: SIGINT to its process group (PyTriton, MLServer and
-# Mosec all shut down their workers on it), then SIGKILL whatever is left after 40 s.
+# Stop a peer started by run_peer.sh: SIGINT to its process group (PyTriton, MLServer, Mosec
+# and LitServe all shut down their workers on it), then SIGKILL whatever is left after 40 s.
 #   usage: benchmarks/peers/stop_peer.sh PID
 set -uo pipefail
 PID="${1:?usage: $0 PID}"

@@ -1,6 +1,7 @@
 """Check that a peer serves a model correctly: one request with a known input.
 
     .venv/bin/python benchmarks/peers/verify.py --model tiny --url http://127.0.0.1:8100
+    (v2 JSON: Triton, MLServer, Mosec --api v2 and LitServe all serve /v2/models/MODEL/infer)
     ... --api grpc --url 127.0.0.1:8101   # v2 gRPC (Triton, MLServer)
     ... --api native                      # Mosec's own route (/inference) instead of v2 JSON
 
