@@ -120,5 +120,9 @@ def run_cli_server(repository: Path, log_path: Path, *args: str) -> Iterator[Cli
             yield server
         finally:
             if proc.poll() is None:
-                proc.kill()
+                proc.terminate()  # graceful: a --workers supervisor cleans up after itself
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
             proc.wait(timeout=30)

@@ -47,6 +47,7 @@ class DataPlane:
         self.is_shutting_down = False
         self.max_inflight = 0  # server-wide limit of requests in flight (0: none)
         self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
+        self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
         self._inflight = 0
 
     # -- health and metadata ------------------------------------------------------------
@@ -139,11 +140,18 @@ class DataPlane:
         if self.workers is None or self.workers.count < 2:
             return local
         question = {"op": "stats", "model": name, "version": version}
+        siblings = self.workers.siblings()
         answers = await asyncio.gather(
-            *(peers.ask(self.workers.socket_path(i), question) for i in self.workers.siblings())
+            *(peers.ask(self.workers.socket_path(i), question) for i in siblings)
         )
         lists = [local["model_stats"]]
-        lists += [a["stats"] for a in answers if a is not None and "stats" in a]
+        for i, answer in zip(siblings, answers, strict=True):
+            key = (i, name, version)
+            if answer is not None and "stats" in answer:
+                self._sibling_stats[key] = answer["stats"]
+            # A sibling that cannot answer now (busy, restarting) counts with its last
+            # answer: clients read deltas, and a total that drops would read as negative.
+            lists.append(self._sibling_stats.get(key, []))
         return {"model_stats": peers.merge_model_stats(lists)}
 
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

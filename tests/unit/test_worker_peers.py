@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+from pathlib import Path
+from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from inferd.dataplane import DataPlane
+from inferd.events import Telemetry
+from inferd.repository.registry import ModelRegistry
 from inferd.statistics import StatisticsSink, VersionStats
-from inferd.workers.peers import families_to_json, merge_families, merge_model_stats
+from inferd.workers.peers import (
+    PeerServer,
+    WorkerSlot,
+    ask,
+    families_to_json,
+    merge_families,
+    merge_model_stats,
+)
 
 
 def _stats(success: int, batches: dict[int, int], last: int) -> list[dict[str, object]]:
@@ -64,9 +78,10 @@ def _registry(requests: float, queued: float, latency: float) -> CollectorRegist
 
 def test_metric_families_of_workers_get_a_worker_label_and_stay_valid() -> None:
     per_worker = {
-        0: families_to_json(_registry(3, 1, 0.05).collect()),
+        0: families_to_json(_registry(3, math.inf, 0.05).collect()),
         1: families_to_json(_registry(4, math.nan, 0.5).collect()),
     }
+    per_worker = {k: orjson.loads(orjson.dumps(v)) for k, v in per_worker.items()}  # travel
     merged = CollectorRegistry()
 
     class Merged:
@@ -78,6 +93,51 @@ def test_metric_families_of_workers_get_a_worker_label_and_stay_valid() -> None:
     assert text.count("# TYPE inferd_requests_total counter") == 1
     assert 'inferd_requests_total{model="a",worker="0"} 3.0' in text
     assert 'inferd_requests_total{model="a",worker="1"} 4.0' in text
+    assert 'inferd_queued{worker="0"} +Inf' in text
     assert 'inferd_queued{worker="1"} NaN' in text
+    assert 'inferd_latency_seconds_bucket{le="+Inf",worker="0"} 1.0' in text
     assert 'inferd_latency_seconds_bucket{le="0.1",worker="0"} 1.0' in text
     assert 'inferd_latency_seconds_bucket{le="0.1",worker="1"} 0.0' in text
+
+
+def test_a_sibling_answer_past_the_stream_line_limit_arrives_whole(tmp_path: Path) -> None:
+    # Many models' statistics make one answer line longer than asyncio's 64 KiB line limit.
+    slot = WorkerSlot(0, 2, tmp_path)
+    entries = [_stats(1, {1: 1}, 1)[0] | {"name": f"model_{i:04d}"} for i in range(400)]
+    server = PeerServer(slot, lambda name, version: entries, None)
+
+    async def scenario() -> dict[str, object] | None:
+        await server.start()
+        try:
+            return await ask(slot.socket_path(0), {"op": "stats", "model": "", "version": ""})
+        finally:
+            await server.close()
+
+    answer = asyncio.run(scenario())
+    assert answer is not None
+    assert len(orjson.dumps(answer)) > 128 * 1024
+    assert [e["name"] for e in answer["stats"]] == [f"model_{i:04d}" for i in range(400)]  # type: ignore[index]
+
+
+def test_a_sibling_that_is_not_there_is_no_answer(tmp_path: Path) -> None:
+    slot = WorkerSlot(0, 2, tmp_path)
+    assert asyncio.run(ask(slot.socket_path(1), {"op": "stats"})) is None
+
+
+def test_server_statistics_keep_a_silent_siblings_last_answer(tmp_path: Path) -> None:
+    # Clients read deltas of these totals: a sibling that cannot answer for a moment must
+    # not make them drop.
+    dataplane = DataPlane(ModelRegistry(tmp_path / "repo"), Telemetry())
+    dataplane.workers = WorkerSlot(0, 2, tmp_path)
+    sibling = PeerServer(WorkerSlot(1, 2, tmp_path), lambda name, version: _stats(7, {}, 5), None)
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        await sibling.start()
+        answered = await dataplane.server_statistics()
+        await sibling.close()
+        silent = await dataplane.server_statistics()
+        return answered, silent
+
+    answered, silent = asyncio.run(scenario())
+    assert answered["model_stats"][0]["inference_count"] == 7
+    assert silent == answered

@@ -6,7 +6,10 @@ watch for disconnects, the proxy-headers middleware, two socket writes per respo
 about as much CPU as inferd's own work. For `POST .../infer` this protocol skips all of it:
 it collects the body as the parser delivers it, runs `InferEndpoint.respond` in one task,
 and writes the status line, headers and body with one `write`. A disconnect cancels that
-task directly (the request leaves its queue unexecuted, as on the ASGI path).
+task directly (the request leaves its queue unexecuted, as on the ASGI path; as in uvicorn,
+a request pipelined behind another is not watched while reading is paused for it). A body
+over the size limit is refused (413, then the connection closes) as soon as its declared
+length or the bytes received pass the limit.
 
 Everything else stays uvicorn's: the listening socket, keep-alive, graceful shutdown
 (the task is in `server_state.tasks`, which uvicorn waits for), every other route through
@@ -43,6 +46,7 @@ class _InferCall:
 
     __slots__ = (
         "body",
+        "declared",
         "disconnected",
         "headers",
         "keep_alive",
@@ -60,6 +64,7 @@ class _InferCall:
         self.keep_alive = keep_alive
         self.body: list[bytes] = []
         self.size = 0
+        self.declared = False  # refused for its declared length, before its body
         self.response_complete = False
         self.disconnected = False
         self.task: asyncio.Task[None] | None = None
@@ -94,7 +99,7 @@ class InferdHttpProtocol(HttpToolsProtocol):
                 if declared.isdigit() and int(declared) > self.endpoint.max_request_bytes:
                     # Refused before its body arrives (413 now, not after gigabytes); the
                     # unread body makes the connection unusable, so it closes after.
-                    call.size = int(declared)
+                    call.size, call.declared = int(declared), True
                     call.keep_alive = False
                     self._start(call)
                 elif self.expect_100_continue:
@@ -107,10 +112,14 @@ class InferdHttpProtocol(HttpToolsProtocol):
         if type(call) is not _InferCall:
             return super().on_body(body)
         if call.task is not None:
-            return None  # refused at its headers: the rest is dropped unread
+            return None  # refused already: the rest is dropped unread
         call.size += len(body)
         if call.size <= self.endpoint.max_request_bytes:
             call.body.append(body)
+        else:  # a body without a (truthful) length passed the limit: refuse it now
+            call.body.clear()
+            call.keep_alive = False
+            self._start(call)
         return None
 
     def on_message_complete(self) -> None:
@@ -143,9 +152,9 @@ class InferdHttpProtocol(HttpToolsProtocol):
         async def read() -> bytes:
             limit = self.endpoint.max_request_bytes
             if call.size > limit:
+                what = f"request body of {call.size} bytes" if call.declared else "request body"
                 raise InferdError(
-                    ErrorKind.PAYLOAD_TOO_LARGE,
-                    f"request body of {call.size} bytes exceeds the limit of {limit} bytes",
+                    ErrorKind.PAYLOAD_TOO_LARGE, f"{what} exceeds the limit of {limit} bytes"
                 )
             return call.body[0] if len(call.body) == 1 else b"".join(call.body)
 

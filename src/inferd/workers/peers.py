@@ -54,14 +54,16 @@ async def ask(path: Path, question: dict[str, Any]) -> dict[str, Any] | None:
     """One sibling's answer, or None when it cannot answer now (restarting, stuck)."""
     try:
         async with asyncio.timeout(ASK_TIMEOUT_S):
+            # An answer is one line of any length (many models' statistics, all metrics):
+            # the stream reads to the end instead of stopping at its 64 KiB line limit.
             reader, writer = await asyncio.open_unix_connection(str(path))
             try:
                 writer.write(orjson.dumps(question) + b"\n")
-                line = await reader.readline()
+                line = await reader.read()
             finally:
                 writer.close()
         answer = orjson.loads(line)
-    except (OSError, TimeoutError, orjson.JSONDecodeError) as exc:
+    except (OSError, TimeoutError, ValueError) as exc:  # JSONDecodeError is a ValueError
         log.warning("worker at %s did not answer %s: %s", path.name, question["op"], exc)
         return None
     return answer if isinstance(answer, dict) else None
@@ -75,9 +77,9 @@ def ask_blocking(path: Path, question: dict[str, Any]) -> dict[str, Any] | None:
             sock.connect(str(path))
             sock.sendall(orjson.dumps(question) + b"\n")
             with sock.makefile("rb") as stream:
-                line = stream.readline()
+                line = stream.read()  # the worker closes after its one line
         answer = orjson.loads(line)
-    except (OSError, orjson.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         log.warning("worker at %s did not answer %s: %s", path.name, question["op"], exc)
         return None
     return answer if isinstance(answer, dict) else None
@@ -178,7 +180,11 @@ def families_to_json(families: Iterable[Metric]) -> list[dict[str, Any]]:
             "documentation": f.documentation,
             "type": f.type,
             "unit": f.unit,
-            "samples": [[s.name, s.labels, s.value] for s in f.samples],
+            # JSON has no NaN or infinities: those travel as strings float() reads back.
+            "samples": [
+                [s.name, s.labels, s.value if math.isfinite(s.value) else str(s.value)]
+                for s in f.samples
+            ],
         }
         for f in families
     ]
@@ -194,7 +200,5 @@ def merge_families(per_worker: dict[int, list[dict[str, Any]]]) -> list[Metric]:
                 family = Metric(f["name"], f["documentation"], f["type"], f["unit"])
                 merged[f["name"]] = family
             for name, labels, value in f["samples"]:
-                # JSON has no NaN: orjson writes it as null.
-                number = math.nan if value is None else float(value)
-                family.add_sample(name, {**labels, "worker": str(index)}, number)
+                family.add_sample(name, {**labels, "worker": str(index)}, float(value))
     return list(merged.values())

@@ -26,6 +26,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -69,16 +70,19 @@ class _Worker:
     restarts: int = 0
     failures: int = 0  # deaths in a row, each within STABLE_AFTER_S of its start
     backoff_s: float = 0.0
+    died_at: float | None = None  # seen dead, not restarted yet
 
 
-def _worker_main(settings: Settings, slot: WorkerSlot) -> None:
-    """A worker's entry point (a spawned interpreter)."""
-    from inferd import server
-
+def _worker_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> None:
+    """A worker's entry point (a spawned interpreter, started with SIGINT ignored)."""
     _die_with_parent()
+    if os.getppid() != supervisor_pid:
+        return  # the supervisor died before the parent-death signal was armed
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then
     # stops the workers once, gracefully (a second signal would make uvicorn force-quit).
     os.setpgid(0, 0)
+    from inferd import server
+
     inferd_log.configure(settings.log_level, settings.log_format)
     server.run_worker(settings, slot)
 
@@ -99,11 +103,18 @@ class _WorkersCollector(Collector):
         self.supervisor = supervisor
 
     def collect(self) -> Iterator[Metric]:
-        per_worker = {}
-        for w in self.supervisor.workers:
-            answer = peers.ask_blocking(w.slot.socket_path(w.slot.index), {"op": "metrics"})
-            if answer is not None and "families" in answer:
-                per_worker[w.slot.index] = answer["families"]
+        workers = list(self.supervisor.workers)
+        # In parallel: one stuck worker costs a scrape ASK_TIMEOUT_S, not N times that.
+        with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+            answers = pool.map(
+                lambda w: peers.ask_blocking(w.slot.socket_path(w.slot.index), {"op": "metrics"}),
+                workers,
+            )
+            per_worker = {
+                w.slot.index: a["families"]
+                for w, a in zip(workers, answers, strict=True)
+                if a is not None and "families" in a
+            }
         yield from peers.merge_families(per_worker)
         yield GaugeMetricFamily(
             "inferd_workers",
@@ -132,9 +143,19 @@ class Supervisor:
 
     def _start(self, slot: WorkerSlot) -> multiprocessing.process.BaseProcess:
         process = self.context.Process(
-            target=_worker_main, args=(self.settings, slot), name=f"inferd-worker-{slot.index}"
+            target=_worker_main,
+            args=(self.settings, slot, os.getpid()),
+            name=f"inferd-worker-{slot.index}",
         )
-        process.start()
+        # The worker starts with SIGINT ignored (an ignored signal stays ignored across
+        # fork and exec, and Python keeps it so) until uvicorn installs its handlers: a
+        # terminal's Ctrl-C, which reaches the whole process group, is the supervisor's to
+        # act on. (A signal mask would not do: the spawn clears it in the child.)
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            process.start()
+        finally:
+            signal.signal(signal.SIGINT, handler)
         log.info("worker %d started (pid %s)", slot.index, process.pid)
         return process
 
@@ -180,27 +201,40 @@ class Supervisor:
 
     def _watch(self) -> None:
         """Wait a moment for a worker to exit; restart the ones that died (with a growing
-        pause when one keeps dying, e.g. on a model that crashes at load)."""
-        sentinels = [w.process.sentinel for w in self.workers]
-        multiprocessing.connection.wait(sentinels, timeout=0.5)
+        pause when one keeps dying, e.g. on a model that crashes at load). Waits on the live
+        workers only: a dead one's sentinel stays ready and would make this loop spin."""
+        now = time.monotonic()
+        due = [w.started + w.backoff_s for w in self.workers if w.died_at is not None]
+        timeout = max(0.0, min([0.5, *(d - now for d in due)]))
+        live = [w.process.sentinel for w in self.workers if w.died_at is None]
+        if live:
+            multiprocessing.connection.wait(live, timeout=timeout)
+        else:
+            time.sleep(timeout)
         now = time.monotonic()
         for w in self.workers:
-            if self.stopping or w.process.is_alive():
-                continue
-            if w.backoff_s and now < w.started + w.backoff_s:
+            if self.stopping:
+                return
+            if w.died_at is None:
+                if w.process.is_alive():
+                    continue
+                w.died_at = now
+                if now - w.started >= STABLE_AFTER_S:  # it had run fine: start afresh
+                    w.backoff_s, w.failures = 0.0, 0
+                w.failures += 1
+                pause = max(0.0, w.started + w.backoff_s - now)
+                log.error(
+                    "worker %d (pid %s) exited with %s; restarting it%s",
+                    w.slot.index,
+                    w.process.pid,
+                    w.process.exitcode,
+                    f" in {pause:.0f} s" if pause >= 1 else "",
+                )
+            if now < w.started + w.backoff_s:
                 continue  # still pausing before the restart
-            if now - w.started >= STABLE_AFTER_S:
-                w.backoff_s, w.failures = 0.0, 0
-            w.failures += 1
-            log.error(
-                "worker %d (pid %s) exited with %s; restarting it",
-                w.slot.index,
-                w.process.pid,
-                w.process.exitcode,
-            )
             w.process.close()
             w.process = self._start(w.slot)
-            w.started = now
+            w.started, w.died_at = now, None
             w.restarts += 1
             w.backoff_s = min(RESTART_BACKOFF_MAX_S, max(1.0, w.backoff_s * 2))
 
@@ -208,7 +242,8 @@ class Supervisor:
         for w in self.workers:
             if w.process.is_alive() and w.process.pid is not None:
                 os.kill(w.process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.exit_timeout_s + 10
+        # A worker drains in up to three phases of exit_timeout_s each (HTTP, gRPC, models).
+        deadline = time.monotonic() + 3 * self.settings.exit_timeout_s + 10
         for w in self.workers:
             w.process.join(max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
@@ -217,7 +252,9 @@ class Supervisor:
                 w.process.join(5)
         codes = [w.process.exitcode for w in self.workers]
         log.info("all workers stopped (exit codes %s)", codes)
-        return 0 if all(code == 0 for code in codes) else 1
+        # -SIGTERM: a worker still starting (no handlers yet, nothing served) that our
+        # SIGTERM ended; a serving worker drains and exits 0.
+        return 0 if all(code in (0, -signal.SIGTERM) for code in codes) else 1
 
 
 def run(settings: Settings) -> None:
