@@ -58,3 +58,23 @@ def load(name: str):
     if name == "mlp":
         return Mlp()
     raise ValueError(f"unknown model {name!r}")
+
+
+V2_DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+
+
+def v2_response(model_name: str, outputs: dict[str, np.ndarray]) -> dict:
+    """A KServe v2 JSON response body for the servers without a v2 route of their own."""
+    return {
+        "model_name": model_name,
+        "model_version": "1",
+        "outputs": [
+            {
+                "name": name,
+                "datatype": V2_DATATYPES[value.dtype],
+                "shape": list(value.shape),
+                "data": value.ravel().tolist(),
+            }
+            for name, value in outputs.items()
+        ],
+    }

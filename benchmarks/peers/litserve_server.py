@@ -38,8 +38,6 @@ from fastapi.responses import JSONResponse
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common_models  # noqa: E402
 
-V2_DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
-
 
 class _BadRequest(str):
     """decode_request's result for an invalid request: answered 400 alone, not with its batch."""
@@ -98,19 +96,7 @@ class V2Api(ls.LitAPI):
     def encode_response(self, output):
         if isinstance(output, _BadRequest):
             return JSONResponse({"error": str(output)}, status_code=400)
-        return {
-            "model_name": self.model_name,
-            "model_version": "1",
-            "outputs": [
-                {
-                    "name": name,
-                    "datatype": V2_DATATYPES[value.dtype],
-                    "shape": list(value.shape),
-                    "data": value.ravel().tolist(),
-                }
-                for name, value in output.items()
-            ],
-        }
+        return common_models.v2_response(self.model_name, output)
 
 
 class _BatchStats:

@@ -30,8 +30,6 @@ from mosec.errors import ValidationError
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common_models  # noqa: E402
 
-V2_DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
-
 
 class _Base(Worker):
     model_name = ""
@@ -62,21 +60,7 @@ class _V2(_Base):
         return x
 
     def serialize(self, data: dict[str, np.ndarray]) -> bytes:
-        return json.dumps(
-            {
-                "model_name": self.model_name,
-                "model_version": "1",
-                "outputs": [
-                    {
-                        "name": name,
-                        "datatype": V2_DATATYPES[value.dtype],
-                        "shape": list(value.shape),
-                        "data": value.ravel().tolist(),
-                    }
-                    for name, value in data.items()
-                ],
-            }
-        ).encode()
+        return json.dumps(common_models.v2_response(self.model_name, data)).encode()
 
 
 class _Native(_Base):

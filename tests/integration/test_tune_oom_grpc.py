@@ -7,16 +7,16 @@ sweep has two or three candidates measured for half a second.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from inferd.tune.main import add_tune_parser, main, settings_from_args
+from inferd.tune.main import main, settings_from_args
 from inferd.tune.sweep import TuneError, is_out_of_memory
 from tests.fault_models import param, write_model
+from tests.integration.test_tune import tune_args
 from tests.models import build_good_repository
 from tests.servers import RunningServer, run_server
 
@@ -65,12 +65,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def admin_server(repo: Path) -> Iterator[RunningServer]:
     with run_server(repo, admin_api=True) as running:
         yield running
-
-
-def tune_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="inferd")
-    add_tune_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["tune", *argv])
 
 
 def served_config(server: RunningServer, model: str) -> dict[str, Any]:
