@@ -274,6 +274,30 @@ def test_json_floats_near_the_range_limit_are_accepted() -> None:
     assert request.inputs[0].data.dtype == np.float16
 
 
+@pytest.mark.parametrize(
+    ("datatype", "fits", "overflows"),
+    [
+        # JSON's shortest text for float32's largest value reads back just above it; it
+        # still casts to that value. Past half a unit in the last place it would be inf.
+        ("FP32", [3.4028235e38, -3.4028235e38, 3.4028235677973362e38], [3.4028235677973366e38]),
+        ("FP16", [65504.0, 65519.99], [65520.0, -65520.0]),
+    ],
+)
+def test_json_floats_at_the_type_limit(
+    datatype: str, fits: list[float], overflows: list[float]
+) -> None:
+    dtype = np.float32 if datatype == "FP32" else np.float16
+    largest = float(np.finfo(dtype).max)
+    for value in fits:
+        tensor = {"name": "X", "datatype": datatype, "shape": [1], "data": [value]}
+        data = decode_request(orjson.dumps({"inputs": [tensor]}), None, "m", "").inputs[0].data
+        assert abs(float(data[0])) == largest
+    for value in overflows:
+        assert "out of" in _http(
+            [{"name": "X", "datatype": datatype, "shape": [1], "data": [value]}]
+        )
+
+
 def test_json_depth_limit_is_400() -> None:
     deep = b'{"inputs": ' + b"[" * 1100 + b"]" * 1100 + b"}"
     with pytest.raises(InferdError) as info:

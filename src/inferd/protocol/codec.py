@@ -223,7 +223,17 @@ def _from_json(
 # JSON value kinds (as numpy infers them) that each datatype accepts: no silent truncation of
 # 1.5 to an integer, no parsing of numbers out of strings, no booleans as numbers.
 _ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
-_FLOAT_MAX = {2: float(np.finfo(np.float16).max), 4: float(np.finfo(np.float32).max)}
+
+
+def _overflow_limit(dtype: type[np.floating[Any]]) -> float:
+    """The smallest magnitude that rounds to infinity when cast to `dtype`: its largest
+    finite value plus half a unit in the last place (JSON's shortest text for float32's
+    largest value, 3.4028235e+38, reads back slightly above it and still casts to it)."""
+    largest = float(np.finfo(dtype).max)
+    return largest + (largest - float(np.nextafter(dtype(largest), dtype(0)))) / 2
+
+
+_OVERFLOW = {2: _overflow_limit(np.float16), 4: _overflow_limit(np.float32)}
 
 
 def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], where: str) -> Array:
@@ -246,14 +256,14 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
         low, high = inferred.min(), inferred.max()
         if low < info.min or high > info.max:
             raise invalid(f"{where}: values {low}..{high} are out of {datatype}'s range")
-    # JSON has no inf or nan: a value past a narrower float type's range is an error, found
-    # before the cast (which would warn and give inf), without errstate. The sum of squares
-    # (one BLAS call, no temporary) is below the bound squared unless a value may be out of
-    # range; only then the exact check runs.
+    # JSON has no inf or nan: a value the cast would turn into inf is an error, found
+    # before the cast (which would warn), without errstate. The sum of squares (one BLAS
+    # call, no temporary) stays below the limit squared unless a value may reach it; only
+    # then the exact check runs.
     if dtype.kind == "f" and inferred.dtype.itemsize > dtype.itemsize:
-        bound = _FLOAT_MAX[dtype.itemsize]
-        if float(np.vdot(inferred, inferred)) > bound * bound and (
-            float(np.abs(inferred).max()) > bound
+        limit = _OVERFLOW[dtype.itemsize]
+        if float(np.vdot(inferred, inferred)) >= limit * limit and (
+            float(np.abs(inferred).max()) >= limit
         ):
             raise invalid(f"{where}: values are out of {datatype}'s range")
     return inferred.astype(dtype, copy=False)
