@@ -15,6 +15,7 @@ samples, never objects (no pickle).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
 import socket
@@ -107,7 +108,7 @@ def merge_model_stats(answers: Iterable[list[dict[str, Any]]]) -> list[dict[str,
             key = (entry["name"], entry["version"])
             into = merged.get(key)
             if into is None:
-                merged[key] = orjson.loads(orjson.dumps(entry))  # a deep copy to add into
+                merged[key] = copy.deepcopy(entry)  # added into: the answers stay as they were
                 continue
             into["last_inference"] = max(into["last_inference"], entry["last_inference"])
             into["inference_count"] += entry["inference_count"]
@@ -118,7 +119,7 @@ def merge_model_stats(answers: Iterable[list[dict[str, Any]]]) -> list[dict[str,
                 if batch["batch_size"] in sizes:
                     _add_durations(sizes[batch["batch_size"]], batch)
                 else:
-                    sizes[batch["batch_size"]] = orjson.loads(orjson.dumps(batch))
+                    sizes[batch["batch_size"]] = copy.deepcopy(batch)
             into["batch_stats"] = [sizes[s] for s in sorted(sizes)]
     return list(merged.values())
 
