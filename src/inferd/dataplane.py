@@ -137,7 +137,7 @@ class DataPlane:
         """`model_statistics` of the whole server: with `--workers N`, every worker's summed
         (a statistics call lands on one worker; clients read deltas of these numbers)."""
         local = self.model_statistics(name, version)
-        if self.workers is None or self.workers.count < 2:
+        if self.workers is None:  # one process: nothing to add
             return local
         question = {"op": "stats", "model": name, "version": version}
         siblings = self.workers.siblings()
