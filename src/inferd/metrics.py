@@ -179,7 +179,6 @@ class MetricsSink:
             return
         c = self._series(model, version)
         c.success += 1
-        c.inferences += record.rows
         seconds = record.duration_ns / 1e9
         c.duration.observe(seconds)
         times = record.times
@@ -195,6 +194,7 @@ class MetricsSink:
         self.batch_closes[key] = self.batch_closes.get(key, 0) + 1
         if not record.failed:
             c = self._series(record.model, record.version)
+            c.inferences += record.rows  # with its execution, like the statistics API
             c.executions += 1
             c.batch_size.observe(record.rows)
 

@@ -78,13 +78,15 @@ class StatisticsSink:
             c_infer.ns += times.compute_infer_ns
             c_out.count += 1
             c_out.ns += times.compute_output_ns
-        stats.inference_count += record.rows
         stats.last_inference_ms = int(time.time() * 1000)
 
     def on_batch(self, record: BatchRecord) -> None:
         if record.failed:
             return
         stats = self.versions[(record.model, record.version)]
+        # Counted with the execution, as Triton does: a statistics call between a batch and
+        # its requests' completion must never see an execution without its rows.
+        stats.inference_count += record.rows
         stats.execution_count += 1
         batch = stats.batches[record.rows]
         batch.compute_input.add(record.compute_input_ns)

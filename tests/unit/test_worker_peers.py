@@ -11,7 +11,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inferd.dataplane import DataPlane
-from inferd.events import Telemetry
+from inferd.events import BatchRecord, Telemetry
 from inferd.repository.registry import ModelRegistry
 from inferd.statistics import StatisticsSink, VersionStats
 from inferd.workers.peers import (
@@ -141,3 +141,13 @@ def test_server_statistics_keep_a_silent_siblings_last_answer(tmp_path: Path) ->
     answered, silent = asyncio.run(scenario())
     assert answered["model_stats"][0]["inference_count"] == 7
     assert silent == answered
+
+
+def test_an_execution_is_never_seen_without_its_rows() -> None:
+    # A statistics call can land between a batch's end and its requests' completion (bench
+    # windows do): the rows must already be there, or rows per execution reads below 1.
+    sink = StatisticsSink()
+    sink.on_batch(BatchRecord("m", "1", 3, 2, "max_delay", 1, 2, 3, False))
+    sink.on_batch(BatchRecord("m", "1", 5, 5, "max_batch", 1, 2, 3, True))  # failed: not counted
+    (stats,) = sink.model_stats("m", ["1"])
+    assert (stats["execution_count"], stats["inference_count"]) == (1, 3)
