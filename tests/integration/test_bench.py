@@ -182,7 +182,7 @@ def test_unreachable_server_and_bad_options_are_clear(
 
 def test_stability_windows_and_progress_line(server: RunningServer, tmp_path: Path) -> None:
     proc, doc = bench(
-        tmp_path, "-m", "mlp", "-u", server.url, "--warmup-s", "0", "--window-s", "0.3",
+        tmp_path, "-m", "mlp", "-u", server.url, "--warmup-s", "0.2", "--window-s", "0.5",
         "--stability-percentage", "1000", "--max-windows", "5", "--progress",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -69,12 +69,17 @@ def two_workers(
         repo, log_path, "--workers", "2", "--grpc-port", str(grpc_port),
         "--metrics-port", str(metrics_port),
     ) as server:  # fmt: skip
-        # Ready means one worker answers; wait until both count in the metrics.
-        deadline = time.monotonic() + 60
-        while _alive(metrics_port) != 2:
-            assert time.monotonic() < deadline, server.output()
-            time.sleep(0.2)
+        _wait_until_both_serve(server, metrics_port)
         yield server, grpc_port, metrics_port
+
+
+def _wait_until_both_serve(server: CliServer, metrics_port: int) -> None:
+    # Ready means one worker answers; wait until both count in the metrics (a worker reports
+    # there only once it has loaded and installed its signal handlers).
+    deadline = time.monotonic() + 60
+    while _alive(metrics_port) != 2:
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.2)
 
 
 def test_both_workers_answer_on_the_shared_port(two_workers: tuple[CliServer, int, int]) -> None:
@@ -129,6 +134,12 @@ def test_a_killed_worker_is_restarted_and_the_others_keep_serving(
     server, _, metrics_port = two_workers
     victim = _worker_pids(server.proc.pid)[0]
     os.kill(victim, signal.SIGKILL)
+    # A connection the kernel queued on the victim's socket before it died is reset; what
+    # this test is about starts once the victim has exited (its sockets closed with it).
+    deadline = time.monotonic() + 30
+    while not _exited(victim):
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.01)
     # Meanwhile every new connection is served (by the survivor, then by both).
     deadline = time.monotonic() + 60
     restarted = False
@@ -146,6 +157,15 @@ def test_a_killed_worker_is_restarted_and_the_others_keep_serving(
     assert "exited with -9; restarting it" in server.output()
 
 
+def _exited(pid: int) -> bool:
+    try:
+        # Field 3 of /proc/PID/stat is the state; Z is a zombie not yet reaped.
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def _worker_pids(supervisor: int) -> list[int]:
     out = subprocess.run(
         ["ps", "-ww", "-o", "pid=,args=", "--ppid", str(supervisor)], capture_output=True, text=True
@@ -154,9 +174,12 @@ def _worker_pids(supervisor: int) -> list[int]:
 
 
 def test_sigterm_drains_every_worker_and_exits_0(repo: Path, tmp_path: Path) -> None:
+    metrics_port = free_port()
     with run_cli_server(
-        repo, tmp_path / "server.log", "--workers", "2", "--grpc-port", "0", "--metrics-port", "0"
-    ) as server:
+        repo, tmp_path / "server.log", "--workers", "2", "--grpc-port", "0",
+        "--metrics-port", str(metrics_port),
+    ) as server:  # fmt: skip
+        _wait_until_both_serve(server, metrics_port)
         workers = _worker_pids(server.proc.pid)
         assert len(workers) == 2
         assert server.stop() == 0
