@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+from inferd.scheduling.batcher import DynamicBatcher
 from inferd.server import InferenceServer
 from inferd.settings import Settings
 
@@ -65,6 +67,55 @@ def run_server(repository: Path, **settings: Any) -> Iterator[RunningServer]:
         uv.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def batcher_of(server: RunningServer, model: str) -> DynamicBatcher:
+    batcher = server.server.registry.get(model).batcher
+    assert batcher is not None, f"model '{model}' has no batcher"
+    return batcher
+
+
+# Tests that need requests queued in a given order wait on the server's own state (queue
+# depth, requests in flight), never on the clock: a slow machine delays, it cannot reorder.
+STATE_DEADLINE_S = 30.0
+
+
+def _check_deadline(batcher: DynamicBatcher, what: str, deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise AssertionError(
+            f"model '{batcher.name}': {what} not reached within {STATE_DEADLINE_S:.0f} s "
+            f"(inflight={batcher.inflight()}, queue_depth={batcher.queue_depth()})"
+        )
+
+
+def wait_for(
+    batcher: DynamicBatcher, condition: Callable[[DynamicBatcher], bool], what: str
+) -> None:
+    """Poll until `condition(batcher)` holds; fail, naming `what`, at the deadline."""
+    deadline = time.monotonic() + STATE_DEADLINE_S
+    while not condition(batcher):
+        _check_deadline(batcher, what, deadline)
+        time.sleep(0.002)
+
+
+async def until(
+    batcher: DynamicBatcher,
+    condition: Callable[[DynamicBatcher], bool],
+    what: str,
+    *pending: asyncio.Task[httpx.Response],
+) -> None:
+    """`wait_for` for a client on an event loop; it also fails at once if a request of
+    `pending`, which should still be waiting, was answered."""
+    deadline = time.monotonic() + STATE_DEADLINE_S
+    while not condition(batcher):
+        for task in pending:
+            if task.done():
+                r = task.result()
+                raise AssertionError(
+                    f"waiting for {what}: a request was answered early: {r.status_code} {r.text}"
+                )
+        _check_deadline(batcher, what, deadline)
+        await asyncio.sleep(0.002)
 
 
 def free_port() -> int:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -14,9 +15,9 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from tests.fault_models import RECORDING_PY, param, write_model
+from tests.fault_models import GATED_PY, RECORDING_PY, param, write_model
 from tests.integration.test_metrics import scrape, value
-from tests.servers import RunningServer, run_server
+from tests.servers import RunningServer, batcher_of, run_server, until
 
 
 def body(value_: float, **parameters: object) -> dict[str, object]:
@@ -33,6 +34,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("admission")
     records = root / "records"
     records.mkdir()
+    (root / "gates").mkdir()
 
     def recording(name: str, delay_ms: int, dynamic: str = "") -> None:
         write_model(
@@ -42,19 +44,30 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
             param("delay_ms", delay_ms) + param("record_path", records / name) + dynamic,
         )
 
-    recording("bounded", 300, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
+    def gated(name: str, delay_ms: int, dynamic: str = "") -> None:
+        write_model(
+            root / "models",
+            name,
+            GATED_PY,
+            param("delay_ms", delay_ms)
+            + param("record_path", records / name)
+            + param("gate_path", root / "gates" / name)
+            + dynamic,
+        )
+
+    # `bounded` keeps its 300 ms per request for the gRPC test, which runs it ungated.
+    gated("bounded", 300, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
     recording(
         "timed",
         300,
         "dynamic_batching { default_queue_policy { default_timeout_microseconds: 5000000 "
         "allow_timeout_override: true } }",
     )
-    recording(
-        "prioritised",
-        300,
-        "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
-    )
+    gated("prioritised", 0, "dynamic_batching { priority_levels: 2 default_priority_level: 2 }")
     recording("slow", 300)
+    # Only the inferd-timeout-ms test uses it: it must never have timed an execution, so
+    # deadline-aware admission has no estimate and the late request queues, then times out.
+    gated("unmeasured", 0)
     return root
 
 
@@ -67,6 +80,21 @@ def server(repo: Path) -> Iterator[RunningServer]:
 def executed(repo: Path, model: str) -> list[int]:
     path = repo / "records" / model
     return [int(v) for v in path.read_text().split()] if path.exists() else []
+
+
+@contextlib.contextmanager
+def gate_closed(repo: Path, model: str) -> Iterator[Callable[[], None]]:
+    """Hold `model`'s requests in its instance until the yielded function releases them."""
+    path = repo / "gates" / model
+    path.touch()
+
+    def release() -> None:
+        path.unlink(missing_ok=True)
+
+    try:
+        yield release
+    finally:
+        release()
 
 
 async def _gather(
@@ -82,8 +110,34 @@ async def _gather(
 
 def test_full_queue_sheds_with_429_and_retry_after(server: RunningServer, repo: Path) -> None:
     # One executing, two queued (max_queue_size 2), the rest refused at once.
-    requests = [("/v2/models/bounded/infer", body(i), {}) for i in range(1, 7)]
-    responses = asyncio.run(_gather(server.url, requests))
+    batcher = batcher_of(server, "bounded")
+    before = len(executed(repo, "bounded"))
+
+    async def scenario(release: Callable[[], None]) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+
+            def send(i: int) -> asyncio.Task[httpx.Response]:
+                return asyncio.create_task(client.post("/v2/models/bounded/infer", json=body(i)))
+
+            admitted = [send(1)]
+            await until(
+                batcher,
+                lambda b: b.inflight() == 1 and b.queue_depth() == 0,
+                "request 1 executing",
+                *admitted,
+            )
+            # One at a time, so that they queue in this order.
+            admitted.append(send(2))
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 2 queued", *admitted)
+            admitted.append(send(3))
+            await until(batcher, lambda b: b.queue_depth() == 2, "request 3 queued", *admitted)
+            # The queue is full and request 1 holds the instance until released.
+            refused = [await send(i) for i in range(4, 7)]
+            release()
+            return [*await asyncio.gather(*admitted), *refused]
+
+    with gate_closed(repo, "bounded") as release:
+        responses = asyncio.run(scenario(release))
     statuses = [r.status_code for r in responses]
     assert statuses[:3] == [200, 200, 200], statuses
     refused = [r for r in responses if r.status_code == 429]
@@ -91,7 +145,7 @@ def test_full_queue_sheds_with_429_and_retry_after(server: RunningServer, repo: 
     for r in refused:
         assert r.headers["Retry-After"] == "1"
         assert "queue is full" in r.json()["error"]
-    assert sorted(executed(repo, "bounded")) == [1, 2, 3]  # the refused never ran
+    assert executed(repo, "bounded")[before:] == [1, 2, 3]  # the refused never ran
 
 
 def test_timeout_parameter_removes_a_queued_request(server: RunningServer, repo: Path) -> None:
@@ -108,16 +162,41 @@ def test_timeout_parameter_removes_a_queued_request(server: RunningServer, repo:
 
 
 def test_timeout_header_is_the_clients_deadline(server: RunningServer, repo: Path) -> None:
-    requests = [
-        ("/v2/models/slow/infer", body(11), {}),
-        ("/v2/models/slow/infer", body(12), {"inferd-timeout-ms": "100"}),
-    ]
-    first, second = asyncio.run(_gather(server.url, requests))
+    # Request 12's 100 ms deadline passes while it is queued behind request 11, which holds
+    # the instance until released; `unmeasured` has never timed an execution, so admission
+    # has no estimate to refuse 12 with, whatever ran before this test.
+    batcher = batcher_of(server, "unmeasured")
+    assert batcher.estimated_wait_s(1) is None, "`unmeasured` must have no execution timed"
+    url = "/v2/models/unmeasured/infer"
+
+    async def scenario(release: Callable[[], None]) -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            first = asyncio.create_task(client.post(url, json=body(11)))
+            await until(
+                batcher,
+                lambda b: b.inflight() == 1 and b.queue_depth() == 0,
+                "request 11 executing",
+                first,
+            )
+            second = await client.post(url, json=body(12), headers={"inferd-timeout-ms": "100"})
+            release()
+            return await first, second
+
+    with gate_closed(repo, "unmeasured") as release:
+        first, second = asyncio.run(scenario(release))
     assert (first.status_code, second.status_code) == (200, 504)
-    time.sleep(0.4)
-    assert 12 not in executed(repo, "slow")
+    assert "deadline passed while it was queued" in second.json()["error"]
+    # The batcher drops the timed-out entry when it reaches it instead of executing it.
+    asyncio.run(
+        until(
+            batcher,
+            lambda b: b.inflight() == 0 and b.queue_depth() == 0,
+            "request 12 dropped from the queue",
+        )
+    )
+    assert 12 not in executed(repo, "unmeasured")
     with server.client() as c:
-        r = c.post("/v2/models/slow/infer", json=body(1), headers={"inferd-timeout-ms": "soon"})
+        r = c.post(url, json=body(1), headers={"inferd-timeout-ms": "soon"})
     assert r.status_code == 400
     assert "inferd-timeout-ms" in r.json()["error"]
 
@@ -136,14 +215,33 @@ def test_deadline_that_cannot_be_met_is_refused_at_once(server: RunningServer, r
 
 
 def test_higher_priority_runs_first(server: RunningServer, repo: Path) -> None:
-    requests = [
-        ("/v2/models/prioritised/infer", body(41), {}),  # runs first, occupies the instance
-        ("/v2/models/prioritised/infer", body(42), {}),  # default level 2
-        ("/v2/models/prioritised/infer", body(43, priority=1), {}),  # level 1 overtakes
-    ]
-    responses = asyncio.run(_gather(server.url, requests))
+    batcher = batcher_of(server, "prioritised")
+    before = len(executed(repo, "prioritised"))
+
+    async def scenario(release: Callable[[], None]) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+
+            def send(doc: dict[str, object]) -> asyncio.Task[httpx.Response]:
+                return asyncio.create_task(client.post("/v2/models/prioritised/infer", json=doc))
+
+            sent = [send(body(41))]  # runs first, occupies the instance
+            await until(
+                batcher,
+                lambda b: b.inflight() == 1 and b.queue_depth() == 0,
+                "request 41 executing",
+                *sent,
+            )
+            sent.append(send(body(42)))  # default level 2
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 42 queued", *sent)
+            sent.append(send(body(43, priority=1)))  # level 1 overtakes
+            await until(batcher, lambda b: b.queue_depth() == 2, "request 43 queued", *sent)
+            release()
+            return list(await asyncio.gather(*sent))
+
+    with gate_closed(repo, "prioritised") as release:
+        responses = asyncio.run(scenario(release))
     assert [r.status_code for r in responses] == [200, 200, 200]
-    assert executed(repo, "prioritised") == [41, 43, 42]
+    assert executed(repo, "prioritised")[before:] == [41, 43, 42]
     with server.client() as c:
         r = c.post("/v2/models/prioritised/infer", json=body(1, priority=3))
     assert r.status_code == 400

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.servers import RunningServer
+from tests.fault_models import GATED, GATED_MAX_BATCH, blocker_is_executing
+from tests.servers import RunningServer, batcher_of, until
 
 
 def _request(values: np.ndarray, request_id: str) -> dict[str, object]:
@@ -47,15 +49,45 @@ def _output(doc: dict[str, object], name: str) -> np.ndarray:
     raise KeyError(name)
 
 
-def test_concurrent_single_rows_run_as_few_batches(server: RunningServer) -> None:
-    # slow_counter takes 40 ms per execution: while it runs, arrivals queue and are merged.
+def test_concurrent_single_rows_run_as_few_batches(gated_server: RunningServer, gate: Path) -> None:
+    # While the instance executes, arrivals queue and then leave together as one batch. The
+    # blocker holds the instance until all of them are queued, so the outcome doesn't depend
+    # on how fast the client sends.
     n = 64
+    assert n <= GATED_MAX_BATCH
     bodies = [_request(np.full((1, 2), i, np.float32), str(i)) for i in range(n)]
-    docs = asyncio.run(_send_all(server.url, "slow_counter", bodies))
+    batcher = batcher_of(gated_server, GATED)
+    gate.touch()  # closed: the blocker will hold the instance
+
+    async def send() -> tuple[dict[str, object], list[dict[str, object]]]:
+        limits = httpx.Limits(max_connections=n + 1)
+        async with httpx.AsyncClient(
+            base_url=gated_server.url, timeout=60, limits=limits
+        ) as client:
+
+            def post(body: dict[str, object]) -> asyncio.Task[httpx.Response]:
+                return asyncio.create_task(client.post(f"/v2/models/{GATED}/infer", json=body))
+
+            try:
+                blocker = post(_request(np.full((1, 2), -1, np.float32), "blocker"))
+                await until(batcher, blocker_is_executing, "the blocker to execute", blocker)
+                requests = [post(b) for b in bodies]
+                await until(batcher, lambda b: b.queue_depth() == n, f"{n} queued requests")
+            finally:
+                gate.unlink()  # open: never leave the instance held, even when failing
+            responses = await asyncio.gather(blocker, *requests)
+        for r in responses:
+            assert r.status_code == 200, r.text
+        first, *rest = (r.json() for r in responses)
+        return first, rest
+
+    blocker_doc, docs = asyncio.run(send())
     executions = {int(_output(d, "EXEC")[0, 0]) for d in docs}
-    batch_sizes = [int(_output(d, "BATCH")[0, 0]) for d in docs]
-    assert len(executions) <= 8, f"{n} requests ran as {len(executions)} executions"
-    assert max(batch_sizes) >= 8
+    batch_sizes = {int(_output(d, "BATCH")[0, 0]) for d in docs}
+    assert len(executions) == 1, f"{n} queued requests ran as {len(executions)} executions"
+    assert batch_sizes == {n}
+    assert executions.isdisjoint({int(_output(blocker_doc, "EXEC")[0, 0])})
+    assert int(_output(blocker_doc, "BATCH")[0, 0]) == 1
     for i, doc in enumerate(docs):  # and every request got its own row back
         assert doc["id"] == str(i)
         np.testing.assert_array_equal(_output(doc, "OUT"), np.full((1, 2), i))

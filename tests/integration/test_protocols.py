@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,9 +17,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.fault_models import GATED, GATED_MAX_BATCH, blocker_is_executing
 from tests.integration.test_http_infer import sample
 from tests.models import ONNX_TYPES
-from tests.servers import RunningServer
+from tests.servers import RunningServer, batcher_of, wait_for
 
 PROTOCOLS = ["http", "grpc"]
 
@@ -240,27 +242,50 @@ def test_same_input_gives_byte_identical_outputs(server: RunningServer) -> None:
             assert other.tobytes() == reference.tobytes(), (protocol, name)
 
 
-def test_grpc_async_infer_batches(server: RunningServer) -> None:
-    c = Client("grpc", server)
-    answers: queue.Queue[tuple[int, Any, Any]] = queue.Queue()
+def test_grpc_async_infer_batches(gated_server: RunningServer, gate: Path) -> None:
+    # A blocker holds the model's one instance until all n async requests are queued; then
+    # they leave as one batch, however slowly the client sent them.
+    c = Client("grpc", gated_server)
+    answers: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
     n = 48
-    for i in range(n):
-        inputs = c.inputs({"IN": (np.full((1, 2), i, np.float32), "FP32")})
+    assert n <= GATED_MAX_BATCH
+    batcher = batcher_of(gated_server, GATED)
+    gate.touch()  # closed: the blocker will hold the instance
+
+    def send(value: int, request_id: str) -> None:
+        inputs = c.inputs({"IN": (np.full((1, 2), value, np.float32), "FP32")})
         c.raw.async_infer(
-            "slow_counter",
+            GATED,
             inputs,
-            lambda result, error, i=i: answers.put((i, result, error)),
-            request_id=str(i),
+            lambda result, error: answers.put((request_id, result, error)),
+            request_id=request_id,
         )
-    executions = set()
-    for _ in range(n):
-        i, result, error = answers.get(timeout=20)
+
+    try:
+        send(-1, "blocker")
+        wait_for(batcher, blocker_is_executing, "the blocker to execute")
+        for i in range(n):
+            send(i, str(i))
+        wait_for(batcher, lambda b: b.queue_depth() == n, f"{n} queued requests")
+    finally:
+        gate.unlink()  # open: never leave the instance held, even when failing
+    results = {}
+    for _ in range(n + 1):
+        request_id, result, error = answers.get(timeout=30)
         assert error is None, error
-        assert result.get_response().id == str(i)
-        np.testing.assert_array_equal(result.as_numpy("OUT"), np.full((1, 2), i))
-        executions.add(int(result.as_numpy("EXEC")[0, 0]))
-    assert len(executions) <= 8, f"{n} requests ran as {len(executions)} executions"
+        assert result.get_response().id == request_id
+        results[request_id] = result
     c.raw.close()
+    blocker = results.pop("blocker")
+    executions = set()
+    for i in range(n):
+        result = results[str(i)]
+        np.testing.assert_array_equal(result.as_numpy("OUT"), np.full((1, 2), i))
+        assert int(result.as_numpy("BATCH")[0, 0]) == n
+        executions.add(int(result.as_numpy("EXEC")[0, 0]))
+    assert len(executions) == 1, f"{n} queued requests ran as {len(executions)} executions"
+    assert int(blocker.as_numpy("EXEC")[0, 0]) not in executions
+    assert int(blocker.as_numpy("BATCH")[0, 0]) == 1
 
 
 def test_grpc_stream_answers_each_request_with_its_id(server: RunningServer) -> None:
