@@ -15,9 +15,10 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from inferd.scheduling.batcher import DynamicBatcher
 from tests.fault_models import GATED_PY, RECORDING_PY, param, write_model
 from tests.integration.test_metrics import scrape, value
-from tests.servers import RunningServer, batcher_of, run_server, until
+from tests.servers import RunningServer, batcher_of, run_server, until, wait_for
 
 
 def body(value_: float, **parameters: object) -> dict[str, object]:
@@ -57,14 +58,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     # `bounded` keeps its 300 ms per request for the gRPC test, which runs it ungated.
     gated("bounded", 300, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
-    recording(
+    gated(
         "timed",
         300,
         "dynamic_batching { default_queue_policy { default_timeout_microseconds: 5000000 "
         "allow_timeout_override: true } }",
     )
     gated("prioritised", 0, "dynamic_batching { priority_levels: 2 default_priority_level: 2 }")
-    recording("slow", 300)
+    gated("slow", 300)
     # Only the inferd-timeout-ms test uses it: it must never have timed an execution, so
     # deadline-aware admission has no estimate and the late request queues, then times out.
     gated("unmeasured", 0)
@@ -149,16 +150,33 @@ def test_full_queue_sheds_with_429_and_retry_after(server: RunningServer, repo: 
 
 
 def test_timeout_parameter_removes_a_queued_request(server: RunningServer, repo: Path) -> None:
-    requests = [
-        ("/v2/models/timed/infer", body(1), {}),
-        ("/v2/models/timed/infer", body(2, timeout=100_000), {}),  # 100 ms, behind 300 ms
-    ]
-    first, second = asyncio.run(_gather(server.url, requests))
+    batcher = batcher_of(server, "timed")
+    before = len(executed(repo, "timed"))
+    url = "/v2/models/timed/infer"
+
+    async def scenario(release: Callable[[], None]) -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            first = asyncio.create_task(client.post(url, json=body(1)))
+            await until(batcher, _executing_alone, "request 1 executing", first)
+            second = await client.post(url, json=body(2, timeout=100_000))  # 100 ms, queued
+            release()
+            return await first, second
+
+    with gate_closed(repo, "timed") as release:
+        first, second = asyncio.run(scenario(release))
     assert first.status_code == 200
     assert second.status_code == 504
     assert "deadline passed while it was queued" in second.json()["error"]
-    time.sleep(0.4)
-    assert executed(repo, "timed") == [1]
+    wait_for(batcher, _idle, "the queue drained")
+    assert executed(repo, "timed")[before:] == [1]
+
+
+def _executing_alone(batcher: DynamicBatcher) -> bool:
+    return batcher.inflight() == 1 and batcher.queue_depth() == 0
+
+
+def _idle(batcher: DynamicBatcher) -> bool:
+    return batcher.inflight() == 0 and batcher.queue_depth() == 0
 
 
 def test_timeout_header_is_the_clients_deadline(server: RunningServer, repo: Path) -> None:
@@ -249,26 +267,35 @@ def test_higher_priority_runs_first(server: RunningServer, repo: Path) -> None:
 
 
 def test_disconnected_client_request_never_runs(server: RunningServer, repo: Path) -> None:
-    async def scenario() -> None:
+    batcher = batcher_of(server, "slow")
+    cancelled_before = _cancelled(server)
+
+    async def scenario(release: Callable[[], None]) -> None:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as keeper:
             busy = asyncio.create_task(keeper.post("/v2/models/slow/infer", json=body(51)))
-            await asyncio.sleep(0.05)
+            await until(batcher, _executing_alone, "request 51 executing", busy)
             async with httpx.AsyncClient(base_url=server.url, timeout=0.1) as impatient:
                 with pytest.raises(httpx.ReadTimeout):
                     await impatient.post("/v2/models/slow/infer", json=body(52))
+            # The client has gone: the server cancels its request while the instance is
+            # still busy (it is dropped, not run, when the queue reaches it).
+            deadline = time.monotonic() + 30
+            while _cancelled(server) == cancelled_before:
+                assert time.monotonic() < deadline, "the disconnect was never noticed"
+                await asyncio.sleep(0.01)
+            release()
             assert (await busy).status_code == 200
 
-    asyncio.run(scenario())
-    time.sleep(0.5)
+    with gate_closed(repo, "slow") as release:
+        asyncio.run(scenario(release))
+    wait_for(batcher, _idle, "the queue drained")
     assert 51 in executed(repo, "slow")
     assert 52 not in executed(repo, "slow")
-    metrics = scrape(server)
-    assert (
-        value(
-            metrics, "inferd_request_failure_total", model="slow", version="1", reason="cancelled"
-        )
-        >= 1
-    )
+
+
+def _cancelled(server: RunningServer) -> float:
+    labels = {"model": "slow", "version": "1", "reason": "cancelled"}
+    return value(scrape(server), "inferd_request_failure_total", **labels)
 
 
 def test_grpc_full_queue_is_resource_exhausted(server: RunningServer) -> None:
@@ -295,9 +322,25 @@ def test_grpc_full_queue_is_resource_exhausted(server: RunningServer) -> None:
 
 
 def test_server_wide_inflight_limit(repo: Path) -> None:
-    with run_server(repo / "models", max_inflight_requests=2) as running:
-        requests = [("/v2/models/slow/infer", body(70 + i), {}) for i in range(4)]
-        responses = asyncio.run(_gather(running.url, requests, stagger_s=0.02))
+    async def scenario(url: str, batcher: DynamicBatcher) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
+            def send(i: int) -> asyncio.Task[httpx.Response]:
+                return asyncio.create_task(client.post("/v2/models/slow/infer", json=body(i)))
+
+            admitted = [send(70)]
+            await until(batcher, _executing_alone, "request 70 executing", *admitted)
+            admitted.append(send(71))
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 71 queued", *admitted)
+            refused = [await send(72), await send(73)]  # two in flight: the server's limit
+            release()
+            return [*await asyncio.gather(*admitted), *refused]
+
+    with (
+        run_server(repo / "models", max_inflight_requests=2) as running,
+        gate_closed(repo, "slow") as release,
+    ):
+        responses = asyncio.run(scenario(running.url, batcher_of(running, "slow")))
     statuses = sorted(r.status_code for r in responses)
     assert statuses == [200, 200, 429, 429]
     refused = [r for r in responses if r.status_code == 429]
