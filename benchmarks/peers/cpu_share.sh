@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where the bound is: a server's CPU per request, and the machine's idle cores, under wrk.
 #   usage: benchmarks/peers/cpu_share.sh SERVER MODEL [CONNS] [SECONDS]
-#   (SERVER: inferd, inferd-wN for N workers, or a peer of setup.sh)
+#   (SERVER: inferd, inferd-wN for N workers, a peer of setup.sh, or mosec-wN)
 # Prints req/s, the server's CPU (all its processes: user + system from /proc, in cores and
 # in µs per request) and how many of the machine's cores stayed idle meanwhile.
 set -euo pipefail

@@ -4,7 +4,8 @@
     benchmarks/peers/run_peer.sh mosec tiny 8300 --api native  # Mosec's own /inference route
     .venv-mosec/bin/python mosec_server.py --model tiny --port 8300 [--api v2|native]
 
-Dynamic batching: max_batch_size 32, max_wait_time 2 ms, one worker process.
+Dynamic batching: max_batch_size 32, max_wait_time 2 ms, one worker process (--workers N
+for more; `mosec-wN` in the compare scripts).
 
 Mosec has no KServe v2 protocol, but its routes and (de)serialization are ours to define:
 --api v2 (default) registers POST /v2/models/MODEL/infer and parses/writes the v2 JSON body
@@ -111,12 +112,13 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(common_models.SIGNATURES), required=True)
     p.add_argument("--port", type=int, default=8000, help="HTTP port (read by Mosec itself)")
     p.add_argument("--api", choices=["v2", "native"], default="v2")
+    p.add_argument("--workers", type=int, default=1, help="Python worker processes")
     # Mosec parses sys.argv itself (parse_known_args): --port and its other flags reach it.
     args, _ = p.parse_known_args()
     route = f"/v2/models/{args.model}/infer" if args.api == "v2" else "/inference"
     runtime = Runtime(
         WORKERS[(args.model, args.api)],
-        num=1,
+        num=args.workers,
         max_batch_size=common_models.MAX_BATCH,
         max_wait_time=int(common_models.MAX_DELAY_S * 1000),  # milliseconds
     )

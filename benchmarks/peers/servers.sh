@@ -1,7 +1,7 @@
 # Start and stop inferd or a peer for the compare scripts (sourced, not run).
 # Needs HERE, ROOT and PORT set; inferd serves HTTP on PORT and gRPC on PORT+1, as the peers.
 
-start_server() {  # $1 server (inferd, inferd-wN: N workers, or a peer), $2 model -> a PID
+start_server() {  # $1 server (inferd, inferd-wN: N workers, a peer, mosec-wN), $2 model -> a PID
   if [[ "$1" == inferd* ]]; then
     local workers=1
     [[ "$1" == inferd-w* ]] && workers="${1#inferd-w}"
@@ -15,6 +15,8 @@ start_server() {  # $1 server (inferd, inferd-wN: N workers, or a peer), $2 mode
     # Ready answers once one worker is up; give the others their (parallel) start too.
     [[ "$workers" -gt 1 ]] && sleep 3
     echo "$pid"
+  elif [[ "$1" == mosec-w* ]]; then  # Mosec with N Python worker processes
+    "$HERE/run_peer.sh" mosec "$2" "$PORT" --workers "${1#mosec-w}"
   else
     "$HERE/run_peer.sh" "$1" "$2" "$PORT"
   fi
