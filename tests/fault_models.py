@@ -9,8 +9,13 @@ from inferd.scheduling.batcher import DynamicBatcher
 from tests.models import COUNTER_CONFIG
 
 # Sleeps `delay_ms` per batch and appends every executed value to `record_path`, so a test
-# can tell which requests really ran and in which order.
+# can tell which requests really ran and in which order. With `gate_path`, a request also
+# waits, before it records and answers, while that file exists: a test holds the model's
+# only instance busy for exactly as long as it needs (no race against a fixed delay), then
+# releases it. The wait gives up after a minute so that a test which fails before releasing
+# cannot hang the server's shutdown.
 RECORDING_PY = """
+import os
 import time
 import numpy as np
 
@@ -18,11 +23,16 @@ class Model:
     def load(self, context):
         self.delay_s = float(context.parameters.get("delay_ms", "0")) / 1000
         self.path = context.parameters.get("record_path", "")
+        self.gate = context.parameters.get("gate_path", "")
 
     def predict(self, inputs):
         x = inputs["IN"]
         if (x >= 0).all():  # warm-up sends zeros: not recorded
             time.sleep(self.delay_s)
+        if self.gate and (x > 0).any():
+            give_up = time.monotonic() + 60
+            while os.path.exists(self.gate) and time.monotonic() < give_up:
+                time.sleep(0.002)
         if self.path and (x > 0).any():
             with open(self.path, "a") as f:
                 for value in x.ravel():
@@ -75,36 +85,6 @@ def write_model(repo: Path, name: str, code: str, extra: str = "", max_batch_siz
 def param(key: str, value: object) -> str:
     return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
 
-
-# RECORDING_PY, but a request also waits, before it records and answers, while the file
-# `gate_path` exists: a test holds the model's only instance busy for exactly as long as it
-# needs (no race against a fixed delay), then releases it. The wait gives up after a minute
-# so that a test which fails before releasing cannot hang the server's shutdown.
-GATED_PY = """
-import os
-import time
-import numpy as np
-
-class Model:
-    def load(self, context):
-        self.delay_s = float(context.parameters.get("delay_ms", "0")) / 1000
-        self.path = context.parameters.get("record_path", "")
-        self.gate = context.parameters["gate_path"]
-
-    def predict(self, inputs):
-        x = inputs["IN"]
-        if (x >= 0).all():  # warm-up sends zeros: not recorded
-            time.sleep(self.delay_s)
-        if (x > 0).any():
-            give_up = time.monotonic() + 60
-            while os.path.exists(self.gate) and time.monotonic() < give_up:
-                time.sleep(0.002)
-        if self.path and (x > 0).any():
-            with open(self.path, "a") as f:
-                for value in x.ravel():
-                    f.write(f"{int(value)}\\n")
-        return {"OUT": x.copy()}
-"""
 
 # The counter with a gate: a request holding a negative value (the blocker) keeps the
 # model's one instance busy while the file `gate_path` exists (the gate is closed). While it

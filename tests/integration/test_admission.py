@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from inferd.scheduling.batcher import DynamicBatcher
-from tests.fault_models import GATED_PY, RECORDING_PY, param, write_model
+from tests.fault_models import RECORDING_PY, param, write_model
 from tests.integration.test_metrics import scrape, value
 from tests.servers import RunningServer, batcher_of, run_server, until, wait_for
 
@@ -49,7 +49,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_model(
             root / "models",
             name,
-            GATED_PY,
+            RECORDING_PY,
             param("delay_ms", delay_ms)
             + param("record_path", records / name)
             + param("gate_path", root / "gates" / name)
