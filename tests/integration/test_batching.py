@@ -49,7 +49,7 @@ def _output(doc: dict[str, object], name: str) -> np.ndarray:
     raise KeyError(name)
 
 
-def test_concurrent_single_rows_run_as_few_batches(gated_server: RunningServer, gate: Path) -> None:
+def test_queued_single_rows_leave_as_one_batch(gated_server: RunningServer, gate: Path) -> None:
     # While the instance executes, arrivals queue and then leave together as one batch. The
     # blocker holds the instance until all of them are queued, so the outcome doesn't depend
     # on how fast the client sends.
