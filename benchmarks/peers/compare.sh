@@ -2,6 +2,7 @@
 # Side by side over HTTP: inferd and the peers, the same two models, one load generator (wrk),
 # concurrency 1, 8 and 64, servers alternating within each (model, concurrency) cell.
 #   usage: benchmarks/peers/compare.sh [SECONDS] [SERVERS...]   (default: 8 inferd triton mlserver mosec)
+#   (SERVERS also: inferd-wN and mosec-wN for N worker processes, litserve)
 # Prints one line per run and writes results/compare.csv. Needs setup.sh and, for inferd,
 # the repo's .venv (make test or make serve) and inferd_repo.py's repository.
 set -euo pipefail
