@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from inferd import __version__
+from inferd.bench.options import add_request_options
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
 
@@ -171,12 +172,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="server address host:port (default 127.0.0.1:8000, or :8001 with -i grpc)",
     )
     bench.add_argument("-i", "--protocol", choices=["http", "grpc"], default="http")
-    bench.add_argument(
-        "--http-binary",
-        action="store_true",
-        help="HTTP: send tensors with the binary tensor extension and ask for binary outputs "
-        "(what perf_analyzer does); default: JSON",
-    )
+    add_request_options(bench)
     load = bench.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency",
@@ -197,20 +193,6 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         action="store_true",
         help="open loop: Poisson arrivals instead of evenly spaced",
     )
-    bench.add_argument(
-        "--input-data",
-        default="random",
-        metavar="random|zero|FILE.json",
-        help='input values: random, zeros, or a JSON file {"input name": [values...]}',
-    )
-    bench.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME:D1,D2",
-        help="shape of an input with variable dims, without the batch dim (repeatable)",
-    )
-    bench.add_argument("-b", "--batch-size", type=int, default=1, help="rows per request")
     bench.add_argument(
         "--warmup-s", type=float, default=2.0, help="seconds of load before measuring"
     )
@@ -244,7 +226,6 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="open loop: requests in flight at most; later ones wait in the client, and "
         "their wait counts as latency",
     )
-    bench.add_argument("--timeout-s", type=float, default=60.0, help="per-request timeout")
     bench.add_argument(
         "--stats-url",
         default=None,

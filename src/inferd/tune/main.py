@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from inferd.bench.options import add_request_options
+
 if TYPE_CHECKING:
     from inferd.tune.sweep import SweepSettings
 
@@ -84,26 +86,7 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     tune.add_argument(
         "--warmup-s", type=float, default=1.0, help="seconds of unmeasured load per candidate"
     )
-    tune.add_argument("-b", "--batch-size", type=int, default=1, help="rows per request")
-    tune.add_argument(
-        "--input-data",
-        default="random",
-        metavar="random|zero|FILE.json",
-        help="input values, as for inferd bench",
-    )
-    tune.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME:D1,D2",
-        help="shape of an input with variable dims, without the batch dim (repeatable)",
-    )
-    tune.add_argument(
-        "--http-binary",
-        action="store_true",
-        help="-i http: send tensors as binary (default: JSON)",
-    )
-    tune.add_argument("--timeout-s", type=float, default=60.0, help="per-request timeout")
+    add_request_options(tune)
     tune.add_argument(
         "--write-config",
         default=None,
