@@ -143,6 +143,7 @@ class ModelSignature:
     def __init__(self, config: mc.ModelConfig) -> None:
         """Raises `ConfigError` when the config's input limits are malformed."""
         self.limits = read_limits(config)
+        self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
         self.max_batch_size = int(config.max_batch_size)
