@@ -17,6 +17,7 @@ from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
 from inferd.backends.triton_python import TritonPythonInstance
 from inferd.backends.worker_process import ProcessInstance
+from inferd.conformance import OutputMismatchError
 from inferd.model_output import running_model
 from inferd.python_model import ModelContext
 from inferd.repository.config import ConfigError, parameter
@@ -118,7 +119,7 @@ class PythonInstance:
         with running_model(self._name):
             outputs = self._model.predict(inputs)
         if not isinstance(outputs, dict):
-            raise TypeError(
+            raise OutputMismatchError(
                 f"predict() must return a dict of output name to array, got "
                 f"{type(outputs).__name__}"
             )

@@ -16,6 +16,7 @@ import numpy as np
 
 from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
+from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
 from inferd.repository.config import to_json
@@ -106,11 +107,10 @@ class TritonPythonInstance:
                 )
             array = np.asarray(tensor.as_numpy())
             if self._batched and (array.ndim == 0 or array.shape[0] != request.rows):
-                return InferdError(
-                    ErrorKind.MODEL_ERROR,
+                return OutputMismatchError(
                     f"output '{tensor.name()}' has shape {list(array.shape)} for a request "
-                    f"of batch size {request.rows}; each response must keep its request's "
-                    "batch dimension",
+                    f"of batch size {request.rows}; {self._name}/config.pbtxt sets "
+                    "max_batch_size, so each response must keep its request's batch dimension",
                 )
             outputs[tensor.name()] = array
         return outputs

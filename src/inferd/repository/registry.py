@@ -32,7 +32,7 @@ from inferd.repository.loader import (
     model_file,
     prepare,
 )
-from inferd.repository.warmup import run_warmup, warmup_samples
+from inferd.repository.warmup import warm_up
 from inferd.routing import RollbackPolicy, Router, parse_weights
 from inferd.scheduling.batcher import DynamicBatcher
 from inferd.signature import ModelSignature
@@ -54,7 +54,8 @@ class ModelVersion:
     config: mc.ModelConfig
     signature: ModelSignature
     state: State = State.LOADING
-    reason: str = ""
+    reason: str = ""  # why it is not serving, or why the latest attempt to replace it failed
+    warning: str = ""  # a problem that does not stop it serving (a failed automatic warm-up)
     batcher: DynamicBatcher | None = None
     devices: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
@@ -146,7 +147,7 @@ class ModelRegistry:
                     continue
                 row = {"name": name, "version": v.version, "state": v.state.value}
                 # A failed reload of the whole model shows on the versions still serving.
-                reason = v.reason or (model.reason if v.is_ready else "")
+                reason = v.reason or (model.reason if v.is_ready else "") or v.warning
                 if reason:
                     row["reason"] = reason
                 rows.append(row)
@@ -351,8 +352,7 @@ class ModelRegistry:
             return
         loaded = time.monotonic()
         try:
-            samples = await asyncio.to_thread(warmup_samples, mv.config, model_dir)
-            await asyncio.to_thread(run_warmup, instances, samples, mv.config.max_batch_size > 0)
+            warmed = await asyncio.to_thread(warm_up, instances, mv.config, model_dir, mv.signature)
         except Exception as exc:
             for inst in instances:
                 inst.close()
@@ -360,6 +360,9 @@ class ModelRegistry:
             mv.reason = f"load failed: {exc}"
             log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, exc)
             return
+        if warmed.warning:
+            mv.warning = warmed.warning
+            log.warning("model %s version %s: %s", mv.name, mv.version, warmed.warning)
         mv.batcher = DynamicBatcher(
             mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
         )
@@ -381,8 +384,8 @@ class ModelRegistry:
             batching_options(mv.config).policy if mv.config.max_batch_size else "off",
             mv.load_duration_s,
             mv.warmup_duration_s,
-            len(samples),
-            "" if len(samples) == 1 else "s",
+            warmed.samples,
+            "" if warmed.samples == 1 else "s",
         )
 
     async def _retire(self, versions: list[ModelVersion]) -> None:
