@@ -119,9 +119,10 @@ class ModelRegistry:
         if mv is None:
             raise not_found(f"unknown version '{version}' of model '{name}'")
         if not mv.is_ready:
+            reason = _latest_reason(model, mv)
             raise unavailable(
                 f"model '{name}' version {version} is {mv.state.value}"
-                + (f": {mv.reason}" if mv.reason else "")
+                + (f": {reason}" if reason else "")
             )
         return mv
 
@@ -146,8 +147,7 @@ class ModelRegistry:
                 if ready_only and not v.is_ready:
                     continue
                 row = {"name": name, "version": v.version, "state": v.state.value}
-                # A failed reload of the whole model shows on the versions still serving.
-                reason = v.reason or (model.reason if v.is_ready else "") or v.warning
+                reason = _latest_reason(model, v) or v.warning
                 if reason:
                     row["reason"] = reason
                 rows.append(row)
@@ -290,6 +290,7 @@ class ModelRegistry:
         for v, digest in sums.items():
             old = model.versions.get(v)
             if old is not None and old.is_ready and not config_changed and old.checksum == digest:
+                old.reason = ""  # this attempt found it fine: an earlier failure is history
                 keep[v] = old
             else:
                 fresh.append(ModelVersion(model.name, v, config, signature, checksum=digest))
@@ -318,7 +319,7 @@ class ModelRegistry:
         )
         model.config_checksum = config_sum if not failed else model.config_checksum
         model.seen = seen
-        model.reason = "" if not failed else model.reason
+        model.reason = ""  # the config passed this time; version failures are on their rows
         model.router.policy = policy
         if model.circuit.policy != circuit_policy or model.circuit.model != model.name:
             model.circuit = CircuitBreaker(model.name, circuit_policy)
@@ -444,6 +445,13 @@ def _write_files(model_dir: Path, files: dict[str, bytes]) -> None:
             raise invalid(f"file parameter '{relative}' points outside the model directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
+
+
+def _latest_reason(model: Model, mv: ModelVersion) -> str:
+    """Why `mv` is not serving, or why the latest attempt to replace it failed. The model's
+    own reason (its config failed) is set by the latest attempt and cleared by the next one
+    that gets past the config, so it is never older than a version's."""
+    return model.reason or mv.reason
 
 
 def _first_reason(model: Model) -> str:
