@@ -31,6 +31,7 @@ import numpy as np
 from inferd.backends.base import AnyInstance, Instance, RequestListInstance, SupervisedInstance
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, shed, unavailable
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
+from inferd.scheduling.admission import refuse_unmeetable_deadline
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
@@ -159,8 +160,9 @@ class DynamicBatcher:
         request's own queue timeout (used if the level's policy allows an override);
         `deadline_ns` (perf_counter_ns) the client's own deadline. Refuses at once, with
         RESOURCE_EXHAUSTED, when the level's queue is full or when the queued work ahead
-        cannot finish before the deadline; fails with DEADLINE_EXCEEDED when the deadline
-        passes first. A request removed this way never executes.
+        cannot finish before the deadline, and with INVALID_ARGUMENT when the deadline is
+        shorter than one execution; fails with DEADLINE_EXCEEDED when the deadline passes
+        first. A request removed this way never executes.
         """
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
@@ -185,14 +187,9 @@ class DynamicBatcher:
             remaining_s = (deadline_ns - now) / 1e9
             if remaining_s <= 0:
                 raise deadline_exceeded(f"model '{self.name}': the request's deadline passed")
-            estimate = self.estimated_wait_s(request.rows)
-            if estimate is not None and estimate > remaining_s:
-                # Deadline-aware admission: say no now rather than time out later.
-                raise shed(
-                    f"model '{self.name}' cannot meet the request's deadline: about "
-                    f"{estimate * 1000:.1f} ms of queued work and execution ahead, "
-                    f"{remaining_s * 1000:.1f} ms left; retry later"
-                )
+            refuse_unmeetable_deadline(
+                self.name, self._exec_s, self.estimated_wait_s(request.rows), remaining_s
+            )
         future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]] = (
             asyncio.get_running_loop().create_future()
         )
