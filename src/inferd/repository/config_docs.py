@@ -52,8 +52,25 @@ def fields_table() -> str:
         status = rule.status.value
         if rule.status is Status.HONOURED and rule.backends:
             status += f" ({', '.join(rule.backends)} only)"
-        rows.append(f"| `{path}` | {status} | {_cell(rule.note)} |")
+        note = _cell(rule.note)
+        refused_above = _refused_ancestor(path)
+        if rule.status is Status.REFUSED and refused_above:
+            # Unreachable while the ancestor is refused; say so rather than repeat its reason.
+            same = FIELDS[refused_above].note == rule.note
+            note = f"as `{refused_above}`" if same else f"{note} (and `{refused_above}` is refused)"
+        rows.append(f"| `{path}` | {status} | {note} |")
     return "\n".join(rows)
+
+
+def _refused_ancestor(path: str) -> str:
+    """The outermost refused field holding `path`, or ""."""
+    parts = path.split(".")
+    for end in range(1, len(parts)):
+        above = ".".join(parts[:end])
+        rule = FIELDS.get(above)
+        if rule is not None and rule.status is Status.REFUSED:
+            return above
+    return ""
 
 
 def parameters_table() -> str:

@@ -153,7 +153,10 @@ FIELDS: dict[str, FieldRule] = {
     "input.is_non_linear_format_io": _refused(TENSORRT),
     "output": _honoured("the model's outputs, checked on every response"),
     "output.name": _honoured("the output's name"),
-    "output.data_type": _honoured("the model's output is cast to it where that is lossless"),
+    "output.data_type": _honoured(
+        "the model's output is converted to it within the same kind (float64 to FP32), else "
+        "the request fails naming the output"
+    ),
     "output.dims": _honoured("checked on every response"),
     "output.reshape": _honoured("the shape clients receive"),
     "output.reshape.shape": _honoured("the shape clients receive"),
@@ -335,7 +338,7 @@ FIELDS: dict[str, FieldRule] = {
     "model_warmup.inputs.dims": _honoured("the sample's shape, without the batch dimension"),
     "model_warmup.inputs.zero_data": _honoured("zeros (empty strings for BYTES)"),
     "model_warmup.inputs.random_data": _honoured("random values (zeros for BOOL and BYTES)"),
-    "model_warmup.inputs.input_data_file": _honoured("raw bytes from <model>/warmup/<file>"),
+    "model_warmup.inputs.input_data_file": _honoured("raw bytes from `<model>/warmup/<file>`"),
     "model_warmup.count": _honoured("how many times the sample runs"),
     **_each(
         _refused("custom operation libraries are not loaded"),

@@ -36,7 +36,9 @@ INFERD_PARAMETERS: dict[str, str] = {
     "circuit_breaker_open_s": "how long the circuit stays open (docs/reliability.md)",
     "fallback_model": "where requests go while the circuit is open (docs/reliability.md)",
     "health_p99_baseline_ms": "the p99 the health score compares with (docs/metrics.md)",
-    "model_checksum": "set by inferd in the config it serves (the files' sha256); replaced",
+    "model_checksum": (
+        "set by inferd in the config it serves (the files' sha256); a value given is replaced"
+    ),
 }
 
 # Read by one backend: backend -> key -> what it does.
