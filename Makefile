@@ -25,6 +25,7 @@ $(VENV)/.test-deps: pyproject.toml | $(BIN)/python
 
 models: $(VENV)/.serve-deps
 	$(BIN)/python examples/build_models.py examples/models
+	$(BIN)/python examples/build_models.py --config-reference examples/config-reference
 
 serve: models
 	$(BIN)/inferd serve --model-repository examples/models $(ARGS)

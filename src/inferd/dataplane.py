@@ -17,7 +17,7 @@ from inferd import __version__
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
-from inferd.repository.config import ConfigError, parameter
+from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
@@ -112,10 +112,12 @@ class DataPlane:
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         """The served version's config, with its files' checksum as parameter
-        `model_checksum` (to check what is deployed, field lesson 16)."""
+        `model_checksum` (to check what is deployed, field lesson 16), and each instance
+        group's kind as actually used (KIND_GPU without a GPU reads KIND_CPU)."""
         mv = self.registry.get(name, version)
         config = mc.ModelConfig()
         config.CopyFrom(mv.config)
+        with_kinds_used(config, mv.devices)
         config.parameters["model_checksum"].string_value = mv.checksum
         return config
 

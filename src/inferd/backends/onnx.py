@@ -12,7 +12,7 @@ import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
-from inferd.repository.config import ConfigError, int_parameter
+from inferd.repository.config import ConfigError, instance_group_of, int_parameter
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.onnx")
@@ -165,13 +165,10 @@ class OnnxInstance:
             level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         )
 
-        kind = (
-            config.instance_group[0].kind
-            if config.instance_group
-            else mc.ModelInstanceGroup.KIND_AUTO
-        )
-        gpus = list(config.instance_group[0].gpus) if config.instance_group else []
-        device_id = gpus[ctx.instance_index % len(gpus)] if gpus else 0
+        group, _, index_in_group = instance_group_of(config, ctx.instance_index)
+        kind = group.kind
+        gpus = list(group.gpus)
+        device_id = gpus[index_in_group % len(gpus)] if gpus else 0
         wants_gpu = kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO)
         has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
         providers: list[Any] = ["CPUExecutionProvider"]
@@ -186,7 +183,7 @@ class OnnxInstance:
             # Field lesson 5: a silent fall back to CPU must be visible.
             log.warning(
                 "model %s v%s instance %d asked for KIND_GPU but CUDAExecutionProvider is "
-                "not active (available: %s); running on CPU",
+                "not active (available: %s); running on CPU (the config API reports KIND_CPU)",
                 ctx.model_name,
                 ctx.version,
                 ctx.instance_index,

@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.base import LoadContext
 from inferd.conformance import OutputMismatchError
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
-from inferd.repository.config import ConfigError, int_parameter, parameter
+from inferd.repository.config import ConfigError, instance_group_of, int_parameter, parameter
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.torch")
@@ -142,17 +142,17 @@ class TorchInstance:
             )
 
     def _choose_device(self, ctx: LoadContext) -> str:
-        group = ctx.config.instance_group[0] if ctx.config.instance_group else None
-        kind = group.kind if group else mc.ModelInstanceGroup.KIND_AUTO
-        gpus = list(group.gpus) if group else []
+        group, _, index_in_group = instance_group_of(ctx.config, ctx.instance_index)
+        kind = group.kind
+        gpus = list(group.gpus)
         if kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO):
             if torch.cuda.is_available():
-                return f"cuda:{gpus[ctx.instance_index % len(gpus)] if gpus else 0}"
+                return f"cuda:{gpus[index_in_group % len(gpus)] if gpus else 0}"
             if kind == mc.ModelInstanceGroup.KIND_GPU:
                 # Field lesson 5: a fall back to CPU must be visible.
                 log.warning(
                     "model %s v%s instance %d asked for KIND_GPU but CUDA is not available "
-                    "to torch; running on CPU",
+                    "to torch; running on CPU (the config API reports KIND_CPU)",
                     ctx.model_name,
                     ctx.version,
                     ctx.instance_index,

@@ -19,7 +19,7 @@ from inferd.backends.base import LoadContext
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
-from inferd.repository.config import to_json
+from inferd.repository.config import instance_group_of, to_json
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
@@ -35,7 +35,9 @@ def initialize_args(ctx: LoadContext) -> dict[str, str]:
     return {
         "model_config": json.dumps(to_json(ctx.config)),
         "model_instance_kind": "CPU",
-        "model_instance_name": f"{ctx.model_name}_0_{ctx.instance_index}",
+        "model_instance_name": instance_group_of(ctx.config, ctx.instance_index).instance_name(
+            ctx.model_name
+        ),
         "model_instance_device_id": "0",
         "model_repository": str(ctx.version_dir.parent),
         "model_version": ctx.version,

@@ -19,6 +19,7 @@ from inferd.repository.config import (
     PLATFORM_TO_BACKEND,
     ConfigError,
     backend_name,
+    check_honoured,
     parameter,
     read_config,
     validate,
@@ -143,12 +144,16 @@ def prepare(
         backend = get_backend(name)
     except InferdError as exc:
         raise ConfigError(f"{model_dir.name}/config.pbtxt: backend: {exc.message}") from None
+    # Before completion too: completing the scheduler would silently replace a refused
+    # sequence_batching (they share a oneof).
+    check_honoured(config, f"{model_dir.name}/config.pbtxt")
     versions = select_versions(config, available)
     if not versions:
         raise ConfigError(
             f"{model_dir.name}/config.pbtxt: version_policy selects none of the versions "
             f"{available}"
         )
+    _check_default_model_filename(config, backend, model_dir, versions)
     newest_dir = model_dir / str(versions[-1])
     found = model_file(backend, newest_dir)
     if found is not None:
@@ -185,6 +190,27 @@ def _config_needed(model: str, backend: str, file: str) -> str:
         'max_batch_size: 8 input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ] '
         'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]'
     )
+
+
+def _check_default_model_filename(
+    config: mc.ModelConfig, backend: Backend, model_dir: Path, versions: list[int]
+) -> None:
+    """Triton's `default_model_filename` is accepted where it names the one file inferd
+    loads anyway: inferd loads its backends' fixed names, so any other name would be ignored."""
+    wanted = config.default_model_filename
+    if not wanted:
+        return
+    where = f"{model_dir.name}/config.pbtxt: default_model_filename"
+    names = " or ".join(backend.model_files)
+    if wanted not in backend.model_files:
+        raise ConfigError(f"{where}: '{wanted}' is not supported; this backend loads {names}")
+    for v in versions:
+        present = [f for f in backend.model_files if (model_dir / str(v) / f).exists()]
+        if present and present != [wanted]:
+            raise ConfigError(
+                f"{where}: '{wanted}', but {model_dir.name}/{v}/ holds {', '.join(present)}; "
+                "keep only the named file"
+            )
 
 
 def model_file(backend: Backend, version_dir: Path) -> Path | None:
