@@ -103,12 +103,13 @@ def test_priorities_are_levels_one_and_two(client: Client) -> None:
 
 def test_a_request_may_shorten_its_queue_timeout(client: Client) -> None:
     """allow_timeout_override: a 1 µs timeout cannot be met once an execution was timed, so
-    deadline-aware admission refuses it at once (without the override it would be ignored)."""
+    deadline-aware admission refuses it at once as the request's own error, shorter than one
+    execution (without the override it would be ignored)."""
     client.infer(MODEL, {"input": (ROWS, "FP32")}, priority=1)
     with pytest.raises(InferenceServerException) as info:
         client.infer(MODEL, {"input": (ROWS, "FP32")}, priority=1, timeout=1)
-    assert "cannot meet the request's deadline" in str(info.value)
-    status = "429" if client.protocol == "http" else "StatusCode.RESOURCE_EXHAUSTED"
+    assert "cannot answer within the request's deadline" in str(info.value)
+    status = "400" if client.protocol == "http" else "StatusCode.INVALID_ARGUMENT"
     assert str(info.value.status()) == status
 
 
