@@ -14,13 +14,17 @@ $(BIN)/python:
 # there in seconds); an unpinned `torch` would pull a multi-GB CUDA build from PyPI.
 TORCH ?= torch==2.13.0
 
-# Stamps: reinstall only when pyproject.toml changes.
-$(VENV)/.serve-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[examples]' '$(TORCH)'
+# Stamps: reinstall only when pyproject.toml (what each extra holds) or this file (which
+# extras) changes. `make serve` installs what every command the README and docs show after
+# it needs: inferd (with bench and tune), the example models' builders, and the `bench`
+# extra (matplotlib, for `inferd bench --plot`). tests/unit/test_dependencies.py checks it.
+SERVE_EXTRAS := examples,bench
+$(VENV)/.serve-deps: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[$(SERVE_EXTRAS)]' '$(TORCH)'
 	touch $@
 
-$(VENV)/.test-deps: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[examples,test]' '$(TORCH)'
+$(VENV)/.test-deps: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[$(SERVE_EXTRAS),test]' '$(TORCH)'
 	touch $@ $(VENV)/.serve-deps
 
 models: $(VENV)/.serve-deps
