@@ -3,6 +3,10 @@
 A telemetry sink for what happens per request and per batch, plus a collector that reads the
 registry's state at scrape time (queue depths, model states, devices, health), so nothing on
 the request path pays for gauges. docs/metrics.md defines each metric.
+
+Scrapes run on the metrics server's threads while the event loop records, so collectors
+read the dicts it adds keys to through snapshots.items() and the health windows through
+their lock (health.py), never by iterating a live container (issue #13).
 """
 
 from __future__ import annotations
@@ -11,9 +15,7 @@ import gc
 import logging
 import time
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import (
@@ -34,8 +36,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from inferd.events import BatchRecord, RequestRecord
+from inferd.health import IDLE_SCORE, HealthWindow
 from inferd.repository.config import backend_name, parameter
 from inferd.repository.registry import ModelRegistry, State
+from inferd.snapshots import items
 from inferd.statistics import StatisticsSink
 
 log = logging.getLogger("inferd.metrics")
@@ -51,18 +55,7 @@ LATENCY_BUCKETS_S = (
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 GC_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
 
-HEALTH_WINDOW_S = 60.0
-HEALTH_BASELINE_FACTOR = 4.0  # default p99 baseline: 4x the best windowed p99 seen
 MV = ("model", "version")
-
-
-@dataclass(slots=True)
-class _Window:
-    """Recent outcomes of one model version, for its health score."""
-
-    samples: deque[tuple[float, float, bool]] = field(default_factory=lambda: deque(maxlen=100_000))
-    best_p99_s: float = 0.0
-    max_throughput: float = 0.0
 
 
 class _Histogram:
@@ -151,7 +144,7 @@ class MetricsSink:
             buckets=GC_BUCKETS_S,
             registry=r,
         )
-        self._windows: dict[tuple[str, str], _Window] = {}
+        self._windows: dict[tuple[str, str], HealthWindow] = {}
         self._gc_started = 0.0
         gc.callbacks.append(self._on_gc)
         r.register(_CountsCollector(self))
@@ -173,9 +166,7 @@ class MetricsSink:
             key = (model, version, record.failure)
             self.failures[key] = self.failures.get(key, 0) + 1
             if model and version:
-                self._window(model, version).samples.append(
-                    (time.monotonic(), record.duration_ns / 1e9, False)
-                )
+                self._window(model, version).record(record.duration_ns / 1e9, False)
             return
         c = self._series(model, version)
         c.success += 1
@@ -187,7 +178,7 @@ class MetricsSink:
             c.compute_input.observe(times.compute_input_ns / 1e9)
             c.compute_infer.observe(times.compute_infer_ns / 1e9)
             c.compute_output.observe(times.compute_output_ns / 1e9)
-        self._window(model, version).samples.append((time.monotonic(), seconds, True))
+        self._window(model, version).record(seconds, True)
 
     def on_batch(self, record: BatchRecord) -> None:
         key = (record.model, record.version, record.close_reason)
@@ -198,43 +189,18 @@ class MetricsSink:
             c.executions += 1
             c.batch_size.observe(record.rows)
 
-    def _window(self, model: str, version: str) -> _Window:
+    def _window(self, model: str, version: str) -> HealthWindow:
         key = (model, version)
         window = self._windows.get(key)
         if window is None:
-            window = self._windows[key] = _Window()
+            window = self._windows[key] = HealthWindow()
         return window
 
     def health_score(self, model: str, version: str, baseline_s: float | None) -> float:
-        """0.4·(1 − min(1, p99/baseline)) + 0.3·min(1, throughput/max) + 0.3·(1 − errors).
-
-        Over the last HEALTH_WINDOW_S seconds; see docs/metrics.md for the baseline.
-        """
-        window = self._window(model, version)
-        now = time.monotonic()
-        samples = window.samples
-        while samples and samples[0][0] < now - HEALTH_WINDOW_S:
-            samples.popleft()
-        if not samples:
-            return 0.7  # idle: no latency or error problem, no throughput
-        ok = sorted(latency for _, latency, success in samples if success)
-        errors = len(samples) - len(ok)
-        p99 = ok[min(len(ok) - 1, int(0.99 * len(ok)))] if ok else 0.0
-        if ok and (window.best_p99_s == 0.0 or p99 < window.best_p99_s):
-            window.best_p99_s = p99
-        baseline = baseline_s or window.best_p99_s * HEALTH_BASELINE_FACTOR
-        span_s = max(1.0, min(HEALTH_WINDOW_S, now - samples[0][0]))
-        throughput = len(ok) / span_s
-        window.max_throughput = max(window.max_throughput, throughput)
-        latency_term = 1.0
-        if not ok:
-            latency_term = 0.0  # every request failed: no latency to be proud of
-        elif baseline > 0:
-            latency_term = 1 - min(1.0, p99 / baseline)
-        throughput_term = (
-            min(1.0, throughput / window.max_throughput) if window.max_throughput else 0.0
-        )
-        return 0.4 * latency_term + 0.3 * throughput_term + 0.3 * (1 - errors / len(samples))
+        """The version's health score over the last minute (docs/metrics.md); from a scrape
+        thread, so it reads the window without creating one (only the loop adds windows)."""
+        window = self._windows.get((model, version))
+        return IDLE_SCORE if window is None else window.score(baseline_s)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -270,7 +236,7 @@ class _CountsCollector(Collector):
             attr: HistogramMetricFamily(name, doc, labels=MV)
             for attr, (name, doc) in HISTOGRAMS.items()
         }
-        for (model, version), series in sorted(sink.series.items()):
+        for (model, version), series in sorted(items(sink.series)):
             labels = [model, version]
             success.add_metric(labels, series.success)
             inferences.add_metric(labels, series.inferences)
@@ -281,7 +247,7 @@ class _CountsCollector(Collector):
         failure = CounterMetricFamily(
             "inferd_request_failure", "Requests that failed, by reason.", labels=(*MV, "reason")
         )
-        for key, count in sorted(dict(sink.failures).items()):
+        for key, count in sorted(items(sink.failures)):
             failure.add_metric(list(key), count)
         close = CounterMetricFamily(
             "inferd_batch_close",
@@ -289,7 +255,7 @@ class _CountsCollector(Collector):
             "shape_mismatch, queue_empty.",
             labels=(*MV, "reason"),
         )
-        for key, count in sorted(dict(sink.batch_closes).items()):
+        for key, count in sorted(items(sink.batch_closes)):
             close.add_metric(list(key), count)
         yield from (success, failure, inferences, executions, close, *histograms.values())
 
@@ -364,16 +330,16 @@ class _StateCollector(Collector):
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count", "Triton: requests queued.", labels=MV
         )
-        for name, model in sorted(self._registry.models.items()):
+        for name, model in sorted(items(self._registry.models)):
             load_failures.add_metric([name], model.load_failures)
             if model.circuit.policy.enabled:
                 circuit_open.add_metric([name], 1.0 if model.circuit.is_open else 0.0)
                 circuit_opens.add_metric([name], model.circuit.opens)
-            for v, w in sorted(model.router.weights.items()):
+            for v, w in sorted(items(model.router.weights)):
                 weight.add_metric([name, v], w)
-            for v, count in sorted(model.router.rollbacks.items()):
+            for v, count in sorted(items(model.router.rollbacks)):
                 rollbacks.add_metric([name, v], count)
-            for v, mv in sorted(model.versions.items()):
+            for v, mv in sorted(items(model.versions)):
                 labels = [name, v]
                 for s in State:
                     state.add_metric([*labels, s.value], 1.0 if mv.state is s else 0.0)
@@ -413,7 +379,7 @@ class _StateCollector(Collector):
         # Typed "unknown": the text format would print a counter's TYPE line with `_total`,
         # which Triton's names don't carry; rate() works on them either way.
         families = {n: Metric(n, doc, "unknown") for n, doc in names.items()}
-        for (model, version), s in sorted(self._statistics.versions.items()):
+        for (model, version), s in sorted(items(self._statistics.versions)):
             labels = {"model": model, "version": version}
             values = {
                 "nv_inference_request_success": s.success.count,
