@@ -7,6 +7,8 @@ the request path pays for gauges. docs/metrics.md defines each metric.
 Scrapes run on the metrics server's threads while the event loop records, so collectors
 read the dicts it adds keys to through snapshots.items() and the health windows through
 their lock (health.py), never by iterating a live container (issue #13).
+Triton's names live in metrics_triton.py, the host's CPU and GPUs in host_metrics.py, the
+endpoint in metrics_http.py.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
-    start_http_server,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -37,6 +38,8 @@ from prometheus_client.registry import Collector
 
 from inferd.events import BatchRecord, RequestRecord
 from inferd.health import IDLE_SCORE, HealthWindow
+from inferd.host_metrics import GpuCollector, register_host_metrics
+from inferd.metrics_triton import TritonCollector
 from inferd.repository.config import backend_name, parameter
 from inferd.repository.registry import ModelRegistry, State
 from inferd.snapshots import items
@@ -130,7 +133,10 @@ class MetricsSink:
         statistics: StatisticsSink,
         triton_names: bool = False,
         prometheus: CollectorRegistry | None = None,
+        host_metrics: bool = True,
     ) -> None:
+        """`host_metrics`: with `triton_names`, also the host's nv_cpu_* and nv_gpu_* (off in
+        a --workers worker: the supervisor exports the host once)."""
         self.prometheus = prometheus or CollectorRegistry()
         r = self.prometheus
         self.series: dict[tuple[str, str], _Series] = {}
@@ -145,10 +151,15 @@ class MetricsSink:
             registry=r,
         )
         self._windows: dict[tuple[str, str], HealthWindow] = {}
+        self._gpus: GpuCollector | None = None
         self._gc_started = 0.0
         gc.callbacks.append(self._on_gc)
         r.register(_CountsCollector(self))
-        r.register(_StateCollector(registry, self, statistics, triton_names))
+        r.register(_StateCollector(registry, self))
+        if triton_names:
+            r.register(TritonCollector(registry, statistics, self.failures))
+            if host_metrics:
+                self._gpus = register_host_metrics(r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total
         GCCollector(registry=r)
         PlatformCollector(registry=r)
@@ -213,6 +224,8 @@ class MetricsSink:
     def close(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+        if self._gpus is not None:
+            self._gpus.close()
 
 
 class _CountsCollector(Collector):
@@ -261,19 +274,11 @@ class _CountsCollector(Collector):
 
 
 class _StateCollector(Collector):
-    """Gauges read from the registry at scrape time, and Triton's names from the statistics."""
+    """Gauges read from the registry at scrape time."""
 
-    def __init__(
-        self,
-        registry: ModelRegistry,
-        sink: MetricsSink,
-        statistics: StatisticsSink,
-        triton_names: bool,
-    ) -> None:
+    def __init__(self, registry: ModelRegistry, sink: MetricsSink) -> None:
         self._registry = registry
         self._sink = sink
-        self._statistics = statistics
-        self._triton_names = triton_names
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=MV)
@@ -327,9 +332,6 @@ class _StateCollector(Collector):
             "0..1 health of a model version over the last 60 s (see docs/metrics.md).",
             labels=MV,
         )
-        pending = GaugeMetricFamily(
-            "nv_inference_pending_request_count", "Triton: requests queued.", labels=MV
-        )
         for name, model in sorted(items(self._registry.models)):
             load_failures.add_metric([name], model.load_failures)
             if model.circuit.policy.enabled:
@@ -352,59 +354,9 @@ class _StateCollector(Collector):
                 if mv.batcher is not None:
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())
-                    pending.add_metric(labels, mv.batcher.queue_depth())
                 if mv.is_ready:
                     raw = parameter(mv.config, "health_p99_baseline_ms", "")
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         yield from (depth, inflight, state, load, warmup, info, health)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
-        if self._triton_names:
-            yield pending
-            yield from self._triton_counters()
-
-    def _triton_counters(self) -> Iterator[Metric]:
-        """Triton's counter names, cumulative like Triton's (microseconds, no _total)."""
-        names = {
-            "nv_inference_request_success": "Number of successful inference requests",
-            "nv_inference_request_failure": "Number of failed inference requests",
-            "nv_inference_count": "Number of inferences performed",
-            "nv_inference_exec_count": "Number of model executions performed",
-            "nv_inference_request_duration_us": "Cumulative inference request duration in us",
-            "nv_inference_queue_duration_us": "Cumulative inference queuing duration in us",
-            "nv_inference_compute_input_duration_us": "Cumulative compute input duration in us",
-            "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in us",
-            "nv_inference_compute_output_duration_us": "Cumulative compute output duration in us",
-        }
-        # Typed "unknown": the text format would print a counter's TYPE line with `_total`,
-        # which Triton's names don't carry; rate() works on them either way.
-        families = {n: Metric(n, doc, "unknown") for n, doc in names.items()}
-        for (model, version), s in sorted(items(self._statistics.versions)):
-            labels = {"model": model, "version": version}
-            values = {
-                "nv_inference_request_success": s.success.count,
-                "nv_inference_request_failure": s.fail.count,
-                "nv_inference_count": s.inference_count,
-                "nv_inference_exec_count": s.execution_count,
-                "nv_inference_request_duration_us": s.success.ns // 1000,
-                "nv_inference_queue_duration_us": s.queue.ns // 1000,
-                "nv_inference_compute_input_duration_us": s.compute_input.ns // 1000,
-                "nv_inference_compute_infer_duration_us": s.compute_infer.ns // 1000,
-                "nv_inference_compute_output_duration_us": s.compute_output.ns // 1000,
-            }
-            for n, value in values.items():
-                families[n].add_sample(n, labels, float(value))
-        yield from families.values()
-
-
-class MetricsServer:
-    """`GET /metrics` on its own port, served by prometheus_client's thread (off the loop)."""
-
-    def __init__(self, sink: MetricsSink, host: str, port: int) -> None:
-        self._server, self._thread = start_http_server(port, host, registry=sink.prometheus)
-        self.port = int(self._server.server_port)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
