@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-triton-names",
         action="store_true",
-        help="also export Triton's metric names (nv_inference_*), for existing dashboards",
+        help="also export Triton's metric names, for existing dashboards and perf_analyzer "
+        "--collect-metrics: nv_inference_* per model, nv_cpu_* and (with the gpu extra) nv_gpu_*",
     )
     serve.add_argument(
         "--trace-otlp-endpoint",

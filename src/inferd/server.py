@@ -17,7 +17,8 @@ from starlette.applications import Starlette
 from inferd import model_output
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
-from inferd.metrics import MetricsServer, MetricsSink
+from inferd.metrics import MetricsSink
+from inferd.metrics_http import MetricsServer
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.fast_http import protocol_class
 from inferd.protocol.http import InferdApp, build_app
@@ -57,7 +58,10 @@ class InferenceServer:
         self.metrics_server: MetricsServer | None = None
         if settings.metrics_port is not None:
             self.metrics = MetricsSink(
-                self.registry, self.dataplane.statistics, settings.metrics_triton_names
+                self.registry,
+                self.dataplane.statistics,
+                settings.metrics_triton_names,
+                host_metrics=worker is None,  # with workers, the supervisor exports the host
             )
             self.telemetry.add(self.metrics)
         self.app: InferdApp = build_app(
@@ -103,7 +107,7 @@ class InferenceServer:
         elif self.metrics is not None and self.settings.metrics_port is not None:
             # With workers the supervisor serves /metrics, from every worker's peer socket.
             self.metrics_server = MetricsServer(
-                self.metrics, self.settings.host, self.settings.metrics_port
+                self.metrics.prometheus, self.settings.host, self.settings.metrics_port
             )
             log.info(
                 "metrics at http://%s:%d/metrics", self.settings.host, self.metrics_server.port

@@ -20,7 +20,7 @@ class Settings:
     log_format: str = "text"  # "text" or "json" (one JSON object per line)
     log_sample_rate: float = 0.01  # share of successful requests logged; errors always are
     metrics_port: int | None = 8002  # None: no metrics endpoint; 0: any free port (tests)
-    metrics_triton_names: bool = False  # also export Triton's nv_inference_* names
+    metrics_triton_names: bool = False  # also export Triton's nv_* names (model and host)
     trace_otlp_endpoint: str = ""  # OTLP/HTTP traces endpoint; "" disables tracing
     exit_timeout_s: float = 30.0
     max_inflight_requests: int = 0  # server-wide; past it requests are shed (429); 0: none
