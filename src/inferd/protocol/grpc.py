@@ -21,10 +21,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from inferd import tracing
-from inferd.access import AccessPolicy, ApiGroup
+from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
+from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
 from inferd.protocol.pb_codec import decode_infer_request, encode_infer_response
 from inferd.settings import TlsFiles
 from inferd.tls import grpc_credentials
@@ -306,73 +307,15 @@ def _str(doc: dict[str, Any], key: str) -> str:
     return str(value)
 
 
-_SERVICE = "/inference.GRPCInferenceService/"
-# Triton's API group of each method: what --grpc-restricted-protocol names.
+# Triton's API group of each method (what --grpc-restricted-protocol names); the routing
+# service counts as model-repository.
 METHOD_GROUPS: dict[str, ApiGroup] = {
-    **{_SERVICE + m: ApiGroup.HEALTH for m in ("ServerLive", "ServerReady", "ModelReady")},
-    **{_SERVICE + m: ApiGroup.METADATA for m in ("ServerMetadata", "ModelMetadata")},
-    **{_SERVICE + m: ApiGroup.INFERENCE for m in ("ModelInfer", "ModelStreamInfer")},
-    _SERVICE + "ModelConfig": ApiGroup.MODEL_CONFIG,
-    _SERVICE + "ModelStatistics": ApiGroup.STATISTICS,
-    **{
-        _SERVICE + m: ApiGroup.MODEL_REPOSITORY
-        for m in ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
-    },
-    **{
-        f"{_SERVICE}{kind}SharedMemory{op}": ApiGroup.SHARED_MEMORY
-        for kind in ("System", "Cuda")
-        for op in ("Status", "Register", "Unregister")
-    },
-    _SERVICE + "TraceSetting": ApiGroup.TRACE,
-    _SERVICE + "LogSettings": ApiGroup.LOGGING,
+    **TRITON_METHOD_GROUPS,
     **{
         f"/{ADMIN_SERVICE}/{m}": ApiGroup.MODEL_REPOSITORY
         for m in ("GetRouting", "SetRouting", "Promote", "Rollback")
     },
 }
-
-
-class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Checks each call's metadata against the DataPlane's access policy, for the method's
-    API group, before the method runs (streams: once, when they open)."""
-
-    def __init__(self, access: AccessPolicy) -> None:
-        self.access = access
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        group = METHOD_GROUPS.get(details.method)
-        handler = await continuation(details)
-        if group is None or handler is None or not self.access.guards("grpc", group):
-            return handler
-        metadata = {k: v for k, v in details.invocation_metadata or () if isinstance(v, str)}
-        try:
-            self.access.check("grpc", group, metadata.get)
-        except InferdError as exc:
-            return _refusal(handler, STATUS[exc.kind], exc.message)
-        return handler
-
-
-def _refusal(handler: Any, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    """A handler of `handler`'s kind that answers `code` without running the method."""
-
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
-
-    make = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(handler.request_streaming, handler.response_streaming)]
-    return make(
-        refuse,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
 
 
 def build_server(
@@ -393,7 +336,9 @@ def build_server(
     guarded = any(dataplane.access.guards("grpc", g) for g in set(METHOD_GROUPS.values()))
     server = grpc.aio.server(
         # No interceptor when nothing is restricted: unrestricted calls pay nothing.
-        interceptors=[AccessInterceptor(dataplane.access)] if guarded else None,
+        interceptors=[AccessInterceptor(dataplane.access, METHOD_GROUPS, STATUS)]
+        if guarded
+        else None,
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", max_send_bytes),
