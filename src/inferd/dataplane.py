@@ -14,9 +14,11 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__
+from inferd.access import AccessPolicy
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
+from inferd.repository import uploads
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
@@ -36,10 +38,18 @@ EXTENSIONS = [
 
 class DataPlane:
     def __init__(
-        self, registry: ModelRegistry, telemetry: Telemetry, admin_api: bool = False
+        self,
+        registry: ModelRegistry,
+        telemetry: Telemetry,
+        admin_api: bool = False,
+        access: AccessPolicy | None = None,
+        model_upload: str = "off",
     ) -> None:
         self.registry = registry
         self.admin_api = admin_api
+        # Who may call which API group: the adapters consult it with each call's headers.
+        self.access = access or AccessPolicy()
+        self.model_upload = model_upload  # load's `file:` parameters: off, files or code
         self.telemetry = telemetry
         self.statistics = StatisticsSink()
         telemetry.add(self.statistics)
@@ -203,6 +213,7 @@ class DataPlane:
                 files[key.removeprefix("file:")] = value
             else:
                 raise invalid(f"unknown load parameter '{key}'; expected 'config' or 'file:<path>'")
+        uploads.check_allowed(files, self.model_upload)
         try:
             await self.registry.load_model(name, override, files)
         except ConfigError as exc:

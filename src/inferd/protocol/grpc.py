@@ -21,10 +21,14 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from inferd import tracing
+from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
+from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
 from inferd.protocol.pb_codec import decode_infer_request, encode_infer_response
+from inferd.settings import TlsFiles
+from inferd.tls import grpc_credentials
 from inferd.types import InferRequest, InferResponse
 
 log = logging.getLogger("inferd.grpc")
@@ -32,6 +36,7 @@ log = logging.getLogger("inferd.grpc")
 STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -302,6 +307,17 @@ def _str(doc: dict[str, Any], key: str) -> str:
     return str(value)
 
 
+# Triton's API group of each method (what --grpc-restricted-protocol names); the routing
+# service counts as model-repository.
+METHOD_GROUPS: dict[str, ApiGroup] = {
+    **TRITON_METHOD_GROUPS,
+    **{
+        f"/{ADMIN_SERVICE}/{m}": ApiGroup.MODEL_REPOSITORY
+        for m in ("GetRouting", "SetRouting", "Promote", "Rollback")
+    },
+}
+
+
 def build_server(
     dataplane: DataPlane,
     host: str,
@@ -309,22 +325,33 @@ def build_server(
     max_receive_bytes: int,
     max_send_bytes: int,
     reuse_port: bool = False,
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server on the running loop; returns it with the port actually bound.
 
     Messages past the limits fail with RESOURCE_EXHAUSTED, raised by gRPC itself.
     `reuse_port`: share the port with sibling workers (the kernel spreads connections).
+    `tls`: serve TLS (mTLS when it names a client CA) instead of plaintext.
     """
+    guarded = any(dataplane.access.guards("grpc", g) for g in set(METHOD_GROUPS.values()))
     server = grpc.aio.server(
+        # No interceptor when nothing is restricted: unrestricted calls pay nothing.
+        interceptors=[AccessInterceptor(dataplane.access, METHOD_GROUPS, STATUS)]
+        if guarded
+        else None,
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ]
+        ],
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         InferenceServicer(dataplane), server
     )
     server.add_generic_rpc_handlers((AdminService(dataplane).handler(),))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, grpc_credentials(tls))
     return server, bound

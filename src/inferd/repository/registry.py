@@ -15,7 +15,7 @@ import logging
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -32,6 +32,7 @@ from inferd.repository.loader import (
     model_file,
     prepare,
 )
+from inferd.repository.uploads import NAME_MAX_BYTES, checked_paths, shown
 from inferd.repository.warmup import warm_up
 from inferd.routing import RollbackPolicy, Router, parse_weights
 from inferd.scheduling.batcher import DynamicBatcher
@@ -233,28 +234,38 @@ class ModelRegistry:
         A failure never replaces a working version. Raises InferdError (for the repository
         API) when the model cannot be loaded at all; the reason is kept in the index too.
         """
-        if not name or "/" in name or "\\" in name or name.startswith("."):
-            raise invalid(f"invalid model name '{name}'")
+        # Everything the caller sent is checked before the registry changes: a refused
+        # call leaves no trace (no entry that holds server readiness down).
+        _check_model_name(name)
+        paths = checked_paths(files) if files else {}
+        if files and override is None:
+            raise invalid("file: parameters need a 'config' parameter as well (Triton's rule)")
         model = self.models.get(name)
+        created = model is None
         if model is None:
             model = self.models[name] = Model(name)
-        async with model.lock:
-            if files:
-                if override is None:
-                    raise invalid(
-                        "file: parameters need a 'config' parameter as well (Triton's rule)"
-                    )
-                with tempfile.TemporaryDirectory(prefix="inferd-") as tmp:
-                    model_dir = Path(tmp) / name
-                    _write_files(model_dir, files)
-                    await self._load_locked(model, model_dir, override)
-                return
-            model_dir = self.repository / name
-            if not model_dir.is_dir():
-                if not model.versions:
-                    del self.models[name]
-                raise not_found(f"no model '{name}' in the repository")
-            await self._load_locked(model, model_dir, override)
+        try:
+            async with model.lock:
+                if files:
+                    with tempfile.TemporaryDirectory(prefix="inferd-") as tmp:
+                        model_dir = Path(tmp) / name
+                        await asyncio.to_thread(_write_files, model_dir, paths, files)
+                        await self._load_locked(model, model_dir, override)
+                    return
+                model_dir = self.repository / name
+                if not model_dir.is_dir():
+                    if not model.versions:
+                        del self.models[name]
+                    raise not_found(f"no model '{name}' in the repository")
+                await self._load_locked(model, model_dir, override)
+        except BaseException:
+            # A model this call added that got no version and no recorded reason (its
+            # files could not be read or written) is forgotten again; one whose load was
+            # tried keeps its reason in the index, as Triton's does.
+            forget = created and not model.versions and not model.reason
+            if forget and self.models.get(name) is model:
+                del self.models[name]
+            raise
 
     async def _load_locked(
         self, model: Model, model_dir: Path, override: mc.ModelConfig | None
@@ -438,13 +449,34 @@ def _apply_config_weights(model: Model, config: mc.ModelConfig) -> None:
     model.router.weights = {v: w for v, w in weights.items() if v in model.versions}
 
 
-def _write_files(model_dir: Path, files: dict[str, bytes]) -> None:
-    for relative, content in files.items():
-        path = (model_dir / relative).resolve()
-        if model_dir.resolve() not in path.parents:
-            raise invalid(f"file parameter '{relative}' points outside the model directory")
+def _check_model_name(name: str) -> None:
+    """A model name is a directory name: one path component, not hidden, printable."""
+    problem = ""
+    if not name:
+        problem = "it is empty"
+    elif any(not c.isprintable() for c in name):
+        problem = "control characters are not allowed"
+    elif "/" in name or "\\" in name:
+        problem = "it must not hold '/' or '\\'"
+    elif name.startswith("."):
+        problem = "it must not start with '.'"
+    elif len(name.encode()) > NAME_MAX_BYTES:
+        problem = (
+            f"{len(name.encode())} bytes, more than the {NAME_MAX_BYTES} a directory name may have"
+        )
+    if problem:
+        raise invalid(f"invalid model name '{shown(name)}': {problem}")
+
+
+def _write_files(model_dir: Path, paths: dict[str, PurePosixPath], files: dict[str, bytes]) -> None:
+    """Write uploads (names already checked) into a fresh directory. Runs in a thread."""
+    root = model_dir.resolve()
+    for name, relative in paths.items():
+        path = root / relative
+        if root not in path.parents:  # checked_paths made sure; this is the last guard
+            raise invalid(f"file parameter '{shown(name)}' points outside the model directory")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
+        path.write_bytes(files[name])
 
 
 def _latest_reason(model: Model, mv: ModelVersion) -> str:

@@ -19,8 +19,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.base import AnyInstance, RequestListInstance
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
+from inferd.errors import InferdError
 from inferd.protocol.codec import decode_bytes_elements
 from inferd.repository.config import ConfigError, parameter
+from inferd.repository.paths import confined
 from inferd.signature import BoundRequest, ModelSignature
 from inferd.types import Array
 
@@ -69,16 +71,8 @@ def _configured(w: mc.ModelWarmup, config: mc.ModelConfig, model_dir: Path, wher
         shape = lead + [int(d) for d in spec.dims]
         dtype = V2_TO_NUMPY[datatype]
         kind = spec.WhichOneof("input_data_type")
-        count = int(np.prod(shape)) if shape else 1
         if kind == "input_data_file":
-            path = model_dir / "warmup" / spec.input_data_file
-            if not path.is_file():
-                raise ConfigError(f"{field}: {config.name}/warmup/{spec.input_data_file} not found")
-            raw = path.read_bytes()
-            if datatype == "BYTES":
-                inputs[name] = decode_bytes_elements(raw, count, field).reshape(shape)
-            else:
-                inputs[name] = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+            inputs[name] = _file_data(spec.input_data_file, model_dir, field, datatype, shape)
         elif kind == "random_data" and datatype not in ("BYTES", "BOOL"):
             if dtype.kind == "f":
                 inputs[name] = rng.random(shape).astype(dtype)
@@ -140,6 +134,34 @@ def warm_up(
             'parameters { key: "auto_warmup" value: { string_value: "false" } }',
         )
     return WarmupResult(len(samples))
+
+
+def _file_data(
+    relative: str, model_dir: Path, field: str, datatype: str, shape: list[int]
+) -> Array:
+    """A sample from `<model>/warmup/<relative>`. Errors name the file and its size, never
+    its bytes (the config, and so the path, may come from a client)."""
+    path = confined(model_dir, relative, "warmup", f"{field}: input_data_file")
+    if not path.is_file():
+        raise ConfigError(f"{field}: {model_dir.name}/warmup/{relative} not found")
+    raw = path.read_bytes()
+    count = int(np.prod(shape)) if shape else 1
+    if datatype == "BYTES":
+        try:
+            return decode_bytes_elements(raw, count, field).reshape(shape)
+        except InferdError:
+            raise ConfigError(
+                f"{field}: {model_dir.name}/warmup/{relative} ({len(raw)} bytes) is not "
+                f"{count} BYTES elements in Triton's serialisation (4-byte length, bytes)"
+            ) from None
+    dtype = V2_TO_NUMPY[datatype]
+    needed = count * dtype.itemsize
+    if len(raw) < needed:
+        raise ConfigError(
+            f"{field}: {model_dir.name}/warmup/{relative} holds {len(raw)} bytes; shape "
+            f"{shape} of {datatype} needs {needed}"
+        )
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
 
 
 def run_warmup(
