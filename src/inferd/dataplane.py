@@ -315,8 +315,14 @@ class DataPlane:
             record.message = exc.message
             raise
         except asyncio.CancelledError:
-            record.failure = CANCELLED
-            record.message = "the client cancelled the request"
+            # gRPC cancels the call when the client's deadline passes, racing the server's
+            # own deadline timer: past the deadline it is a timeout, whichever came first.
+            if ctx.deadline_ns is not None and time.perf_counter_ns() >= ctx.deadline_ns:
+                record.failure = FAILURE_REASON[ErrorKind.DEADLINE_EXCEEDED]
+                record.message = "the request's deadline passed"
+            else:
+                record.failure = CANCELLED
+                record.message = "the client cancelled the request"
             raise
         except Exception as exc:
             record.failure = FAILURE_REASON[ErrorKind.INTERNAL]

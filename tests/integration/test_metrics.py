@@ -71,6 +71,7 @@ def _cancel_one_over_grpc(running: RunningServer) -> None:
     the client cancels (counted as cancelled). A call cancelled before the server even saw
     it counts nothing, so each kind is tried until the server has counted one."""
     channel = grpc.insecure_channel(running.grpc_address)
+    grpc.channel_ready_future(channel).result(timeout=30)  # no connecting inside a deadline
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     req = pb.ModelInferRequest(model_name="slow_counter")
     req.inputs.add(name="IN", datatype="FP32", shape=[1, 2])
