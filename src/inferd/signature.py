@@ -54,6 +54,10 @@ class BoundRequest:
     shape_key: tuple[tuple[int, ...], ...]  # non-batch shapes: only equal keys may be merged
     output_names: list[str]
     request_id: str = ""  # the client's request id, "" when it sent none
+    # Sequence models: the request's sequence id (0 / "": none) and its SEQUENCE_START (1) /
+    # SEQUENCE_END (2) flags, set by the data plane from the request parameters.
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
