@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from inferd.events import BatchRecord, RequestRecord
 from inferd.repository.config import backend_name, parameter
 from inferd.repository.registry import ModelRegistry, State
+from inferd.scheduling.sequence_batcher import SequenceBatcher
 from inferd.statistics import StatisticsSink
 
 log = logging.getLogger("inferd.metrics")
@@ -364,6 +365,22 @@ class _StateCollector(Collector):
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count", "Triton: requests queued.", labels=MV
         )
+        sequences = GaugeMetricFamily(
+            "inferd_sequences_active",
+            "Sequences holding a batch slot of a sequence model.",
+            labels=MV,
+        )
+        backlog = GaugeMetricFamily(
+            "inferd_sequences_backlog",
+            "Sequences started but waiting for a free batch slot.",
+            labels=MV,
+        )
+        released = CounterMetricFamily(
+            "inferd_sequences_released",
+            "Sequences released, by reason: end (their END request executed), idle "
+            "(max_sequence_idle_microseconds without a request), unload.",
+            labels=(*MV, "reason"),
+        )
         for name, model in sorted(self._registry.models.items()):
             load_failures.add_metric([name], model.load_failures)
             if model.circuit.policy.enabled:
@@ -387,11 +404,17 @@ class _StateCollector(Collector):
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())
                     pending.add_metric(labels, mv.batcher.queue_depth())
+                if isinstance(mv.batcher, SequenceBatcher):
+                    sequences.add_metric(labels, mv.batcher.active_sequences())
+                    backlog.add_metric(labels, mv.batcher.backlog())
+                    for reason, count in sorted(mv.batcher.released().items()):
+                        released.add_metric([*labels, reason], count)
                 if mv.is_ready:
                     raw = parameter(mv.config, "health_p99_baseline_ms", "")
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         yield from (depth, inflight, state, load, warmup, info, health)
+        yield from (sequences, backlog, released)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
         if self._triton_names:
             yield pending

@@ -147,6 +147,9 @@ class ModelSignature:
     def __init__(self, config: mc.ModelConfig) -> None:
         """Raises `ConfigError` when the config's input limits are malformed."""
         self.limits = read_limits(config)
+        # Inputs the server feeds the model itself (sequence control inputs, implicit state):
+        # name -> what it is, for the error a client sending one gets.
+        self.server_inputs: dict[str, str] = {}
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
         self.max_batch_size = int(config.max_batch_size)
@@ -182,6 +185,11 @@ class ModelSignature:
         for tensor in request.inputs:
             spec = self.inputs.get(tensor.name)
             if spec is None:
+                if tensor.name in self.server_inputs:
+                    raise invalid(
+                        f"input '{tensor.name}' is {self.server_inputs[tensor.name]} of model "
+                        f"'{model}': the server supplies it, the request must not"
+                    )
                 raise invalid(
                     f"unexpected input '{tensor.name}' for model '{model}'; "
                     f"expected inputs: {', '.join(self.inputs) or '(none)'}"

@@ -24,6 +24,7 @@ from inferd.backends.base import Backend
 from inferd.circuit import CircuitBreaker, CircuitPolicy
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
+from inferd.python_model import SEQUENCE_END, SEQUENCE_START
 from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
 from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name, instance_count
 from inferd.repository.loader import (
@@ -35,6 +36,9 @@ from inferd.repository.loader import (
 from inferd.repository.warmup import run_warmup, warmup_samples
 from inferd.routing import RollbackPolicy, Router, parse_weights
 from inferd.scheduling.batcher import DynamicBatcher
+from inferd.scheduling.scheduler import Scheduler
+from inferd.scheduling.sequence_batcher import SequenceBatcher
+from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
 from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
@@ -55,7 +59,8 @@ class ModelVersion:
     signature: ModelSignature
     state: State = State.LOADING
     reason: str = ""
-    batcher: DynamicBatcher | None = None
+    batcher: Scheduler | None = None
+    sequence: SequenceOptions | None = None  # a sequence model's sequence_batching
     devices: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
     checksum: str = ""  # of the version directory's files
@@ -264,6 +269,9 @@ class ModelRegistry:
             policy = RollbackPolicy.from_config(config)
             circuit_policy = CircuitPolicy.from_config(config)
             signature = ModelSignature(config)  # its limits can be malformed config too
+            sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
+            if sequence is not None:
+                signature.server_inputs = sequence.server_inputs()
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
                     n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
@@ -291,7 +299,11 @@ class ModelRegistry:
             if old is not None and old.is_ready and not config_changed and old.checksum == digest:
                 keep[v] = old
             else:
-                fresh.append(ModelVersion(model.name, v, config, signature, checksum=digest))
+                fresh.append(
+                    ModelVersion(
+                        model.name, v, config, signature, checksum=digest, sequence=sequence
+                    )
+                )
         await asyncio.gather(*(self._load_version(mv, backend, model_dir) for mv in fresh))
 
         for mv in fresh:
@@ -351,8 +363,11 @@ class ModelRegistry:
             return
         loaded = time.monotonic()
         try:
-            samples = await asyncio.to_thread(warmup_samples, mv.config, model_dir)
-            await asyncio.to_thread(run_warmup, instances, samples, mv.config.max_batch_size > 0)
+            samples = await asyncio.to_thread(warmup_samples, mv.config, model_dir, mv.sequence)
+            flags = SEQUENCE_START | SEQUENCE_END if mv.sequence is not None else 0
+            await asyncio.to_thread(
+                run_warmup, instances, samples, mv.config.max_batch_size > 0, flags
+            )
         except Exception as exc:
             for inst in instances:
                 inst.close()
@@ -360,9 +375,14 @@ class ModelRegistry:
             mv.reason = f"load failed: {exc}"
             log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, exc)
             return
-        mv.batcher = DynamicBatcher(
-            mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
-        )
+        if mv.sequence is not None:
+            mv.batcher = SequenceBatcher(
+                mv.name, instances, mv.sequence, mv.version, self.telemetry
+            )
+        else:
+            mv.batcher = DynamicBatcher(
+                mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
+            )
         mv.devices = [inst.device for inst in instances]
         mv.providers = [inst.provider for inst in instances]
         mv.load_duration_s = loaded - started
@@ -378,7 +398,7 @@ class ModelRegistry:
             "" if count == 1 else "s",
             ",".join(sorted(set(mv.devices))),
             mv.config.max_batch_size,
-            batching_options(mv.config).policy if mv.config.max_batch_size else "off",
+            _batching(mv),
             mv.load_duration_s,
             mv.warmup_duration_s,
             len(samples),
@@ -441,6 +461,12 @@ def _write_files(model_dir: Path, files: dict[str, bytes]) -> None:
             raise invalid(f"file parameter '{relative}' points outside the model directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
+
+
+def _batching(mv: ModelVersion) -> str:
+    if mv.sequence is not None:
+        return f"sequence ({mv.sequence.strategy})"
+    return batching_options(mv.config).policy if mv.config.max_batch_size else "off"
 
 
 def _first_reason(model: Model) -> str:

@@ -14,29 +14,49 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends.base import AnyInstance, RequestListInstance
+from inferd.backends.base import AnyInstance, RequestInfoInstance, RequestListInstance
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.protocol.codec import decode_bytes_elements
+from inferd.python_model import SEQUENCE_END, SEQUENCE_START, RequestInfo
 from inferd.repository.config import ConfigError, parameter
+from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
 
 
-def warmup_samples(config: mc.ModelConfig, model_dir: Path) -> list[Sample]:
+def warmup_samples(
+    config: mc.ModelConfig, model_dir: Path, sequence: SequenceOptions | None = None
+) -> list[Sample]:
+    """The samples; a sequence model's also carry the server's inputs (controls: a one-step
+    sequence with correlation id 0; implicit state: the initial state)."""
     where = f"{config.name}/config.pbtxt"
     if config.model_warmup:
-        return [_configured(w, config, model_dir, where) for w in config.model_warmup]
-    if parameter(config, "auto_warmup", "true").lower() in ("0", "false", "no"):
+        samples = [_configured(w, config, model_dir, where) for w in config.model_warmup]
+    elif parameter(config, "auto_warmup", "true").lower() in ("0", "false", "no"):
         return []
-    sizes = [1]
-    if config.max_batch_size > 0:
-        sizes += sorted({int(s) for s in config.dynamic_batching.preferred_batch_size} - {1})
-    return [
-        (f"auto batch {size}", {t.name: _zeros(t, size, config) for t in config.input}, 1)
-        for size in sizes
-    ]
+    else:
+        sizes = [1]
+        if config.max_batch_size > 0:
+            sizes += sorted({int(s) for s in config.dynamic_batching.preferred_batch_size} - {1})
+        samples = [
+            (f"auto batch {size}", {t.name: _zeros(t, size, config) for t in config.input}, 1)
+            for size in sizes
+        ]
+    if sequence is not None:
+        for _, inputs, _ in samples:
+            inputs.update(_sequence_inputs(sequence, inputs))
+    return samples
+
+
+def _sequence_inputs(sequence: SequenceOptions, inputs: dict[str, Array]) -> dict[str, Array]:
+    extra = sequence.control_tensors(0, SEQUENCE_START | SEQUENCE_END)
+    extra.update(sequence.initial_states())
+    rows = next(iter(inputs.values())).shape[0] if sequence.batched and inputs else 1
+    if rows == 1:
+        return extra
+    return {name: np.repeat(array, rows, axis=0) for name, array in extra.items()}
 
 
 def _zeros(t: mc.ModelInput, batch: int, config: mc.ModelConfig) -> Array:
@@ -91,18 +111,24 @@ def _configured(w: mc.ModelWarmup, config: mc.ModelConfig, model_dir: Path, wher
     return (w.name or "warmup", inputs, max(1, int(w.count)))
 
 
-def run_warmup(instances: Sequence[AnyInstance], samples: list[Sample], batched: bool) -> None:
-    """Execute every sample `count` times on every instance; raises on the first failure."""
+def run_warmup(
+    instances: Sequence[AnyInstance], samples: list[Sample], batched: bool, flags: int = 0
+) -> None:
+    """Execute every sample `count` times on every instance; raises on the first failure.
+    `flags`: what the requests' flags() say (a sequence model's samples are one-step
+    sequences, SEQUENCE_START | SEQUENCE_END)."""
     for name, inputs, count in samples:
         rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
+        request = BoundRequest(inputs, rows, (), [], "warmup", flags=flags)
         for instance in instances:
             for _ in range(count):
                 try:
                     if isinstance(instance, RequestListInstance):
-                        request = BoundRequest(inputs, rows, (), [], "warmup")
                         (result,) = instance.execute_requests([request])
                         if isinstance(result, Exception):
                             raise result
+                    elif isinstance(instance, RequestInfoInstance) and instance.wants_request_info:
+                        instance.execute_with_info(inputs, [RequestInfo.of(request)])
                     else:
                         instance.execute(inputs)
                 except Exception as exc:
