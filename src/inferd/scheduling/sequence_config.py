@@ -135,11 +135,6 @@ def read_sequence_options(config: mc.ModelConfig, model_dir: Path) -> SequenceOp
         return None
     where = f"{model_dir.name}/{CONFIG_FILE}: sequence_batching"
     sb = config.sequence_batching
-    if config.HasField("dynamic_batching"):
-        raise ConfigError(
-            f"{where}: a model has either dynamic_batching or sequence_batching, not both "
-            "(the sequence batcher batches sequences itself, see its oldest strategy)"
-        )
     if sb.iterative_sequence:
         raise ConfigError(f"{where}.iterative_sequence: not supported by inferd")
     backend = backend_name(config)
