@@ -238,6 +238,14 @@ def build_sequence_repository(repo: Path, idle_us: int = 60_000_000) -> None:
     _write(repo / "plain" / "1" / "model.py", PLAIN_PY)
 
 
+def write_process_accumulator(repo: Path, name: str = "acc_process") -> None:
+    """`acc` in a worker process of its own (isolation: process)."""
+    config = ACC_CONFIG.format(name=name, idle_us=60_000_000)
+    config += 'parameters { key: "isolation" value: { string_value: "process" } }\n'
+    _write(repo / name / "config.pbtxt", config)
+    _write(repo / name / "1" / "model.py", ACC_PY)
+
+
 def write_short_idle(repo: Path, name: str, idle_us: int) -> None:
     """An `acc` model whose sequences are released after `idle_us` without a request."""
     _write(repo / name / "config.pbtxt", ACC_CONFIG.format(name=name, idle_us=idle_us))

@@ -21,7 +21,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.test_metrics import scrape, value
-from tests.sequence_models import build_sequence_repository, write_short_idle
+from tests.sequence_models import (
+    build_sequence_repository,
+    write_process_accumulator,
+    write_short_idle,
+)
 from tests.servers import RunningServer, run_server, sequence_batcher_of, wait_for
 
 PROTOCOLS = ["http", "grpc"]
@@ -33,6 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("sequences")
     build_sequence_repository(repo)
     write_short_idle(repo, "acc_idle", IDLE_US)
+    write_process_accumulator(repo)
     bad = repo / "bad_sequence"
     (bad / "1").mkdir(parents=True)
     (bad / "1" / "model.py").write_text("class Model:\n    pass\n", encoding="utf-8")
@@ -148,6 +153,15 @@ def test_interleaved_sequences_each_accumulate_only_their_own_values(
     assert 0 < executions <= total
     assert batcher.released()["end"] - ended_before == 8
     assert batcher.active_sequences() == 0 and batcher.backlog() == 0
+
+
+def test_a_process_isolated_model_gets_each_requests_sequence(server: RunningServer) -> None:
+    # predict(inputs, requests) in a worker process: the infos cross the pipe with the batch.
+    steps: dict[int | str, list[int]] = {cid: [cid, 1, 2] for cid in (71, 72, 73)}
+    results = run_sequences(server, "grpc", "acc_process", steps)
+    for cid, values in steps.items():
+        got = [float(r.as_numpy("OUT").ravel()[0]) for r in results[cid]]
+        assert got == np.cumsum(values).astype(float).tolist()
 
 
 def test_a_sequence_keeps_its_instance_and_batch_slot(server: RunningServer) -> None:
