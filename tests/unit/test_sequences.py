@@ -11,8 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from tests.models import builders
+from tests.sequence_models import accumulator_onnx
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.backends.onnx import OnnxBackend
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START
 from inferd.repository.config import ConfigError
@@ -355,3 +358,29 @@ def test_initial_state_comes_from_its_data_file(tmp_path: Path) -> None:
     opts = read_sequence_options(config("oldest { }", body), model)
     assert opts is not None and opts.initial_states()["S"].tolist() == [[3.0, 4.0]]
     assert opts.idle_s == 1.0  # Triton's default max_sequence_idle_microseconds
+
+
+def test_onnx_auto_completion_leaves_control_and_state_tensors_to_the_server(
+    tmp_path: Path,
+) -> None:
+    version = tmp_path / "acc" / "1"
+    builders._save(accumulator_onnx(), version / "model.onnx")
+    cfg = text_format.Parse(
+        """
+        name: "acc"
+        platform: "onnxruntime_onnx"
+        max_batch_size: 4
+        sequence_batching {
+          control_input [ { name: "START", control [
+            { kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] } ] } ]
+          state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32
+                    dims: [ 1 ] } ]
+        }
+        """,
+        mc.ModelConfig(),
+    )
+    OnnxBackend().complete_config(cfg, version)
+    assert [i.name for i in cfg.input] == ["IN"] and [o.name for o in cfg.output] == ["OUT"]
+    cfg.sequence_batching.control_input[0].name = "BEGIN"
+    with pytest.raises(ConfigError, match="sequence_batching names input 'BEGIN'"):
+        OnnxBackend().complete_config(cfg, version)

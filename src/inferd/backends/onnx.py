@@ -93,7 +93,9 @@ class OnnxBackend:
                     f"{where}: max_batch_size is {config.max_batch_size} but the model's "
                     "tensors have no variable leading (batch) dimension"
                 )
-            if config.max_batch_size > 1 and not config.HasField("dynamic_batching"):
+            # (Setting dynamic_batching would clear sequence_batching: they are a oneof.)
+            scheduled = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
+            if config.max_batch_size > 1 and not scheduled:
                 config.dynamic_batching.SetInParent()
         skip = 1 if config.max_batch_size > 0 else 0
         for kind, declared, actual in (
