@@ -176,6 +176,40 @@ sequence_batching {
 }
 """
 
+# A model that does not batch (max_batch_size 0): control inputs of shape [1], the state
+# without a batch dimension, one request per execution.
+UNBATCHED_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            state = pb_utils.get_input_tensor_by_name(request, "S_IN").as_numpy()
+            corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()
+            assert corrid.shape == (1,) and corrid[0] == request.correlation_id(), corrid
+            total = x + state
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", total), pb_utils.Tensor("S_OUT", total)]
+            ))
+        return responses
+"""
+
+UNBATCHED_CONFIG = """
+name: "acc_unbatched"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 2 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 2 ] } ]
+sequence_batching {
+  control_input [
+    { name: "CORRID", control [ { kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_INT64 } ] }
+  ]
+  state [ { input_name: "S_IN", output_name: "S_OUT", data_type: TYPE_FP32, dims: [ 2 ] } ]
+}
+"""
+
 # A plain (not sequence) model, for the parameter checks.
 PLAIN_CONFIG = """
 name: "plain"
@@ -225,7 +259,8 @@ def accumulator_onnx() -> onnx.ModelProto:
 
 def build_sequence_repository(repo: Path, idle_us: int = 60_000_000) -> None:
     """acc (inferd Python API, oldest), acc_triton (Triton Python, direct, string ids),
-    acc_onnx (ONNX, implicit state, direct), slots (Python, implicit state), plain."""
+    acc_onnx (ONNX, implicit state, direct), slots (Python, implicit state), acc_unbatched
+    (Triton Python, implicit state, max_batch_size 0), plain."""
     _write(repo / "acc" / "config.pbtxt", ACC_CONFIG.format(name="acc", idle_us=idle_us))
     _write(repo / "acc" / "1" / "model.py", ACC_PY)
     _write(repo / "acc_triton" / "config.pbtxt", ACC_TRITON_CONFIG)
@@ -234,6 +269,8 @@ def build_sequence_repository(repo: Path, idle_us: int = 60_000_000) -> None:
     builders._save(accumulator_onnx(), repo / "acc_onnx" / "1" / "model.onnx")
     _write(repo / "slots" / "config.pbtxt", SLOTS_CONFIG)
     _write(repo / "slots" / "1" / "model.py", SLOTS_PY)
+    _write(repo / "acc_unbatched" / "config.pbtxt", UNBATCHED_CONFIG)
+    _write(repo / "acc_unbatched" / "1" / "model.py", UNBATCHED_PY)
     _write(repo / "plain" / "config.pbtxt", PLAIN_CONFIG)
     _write(repo / "plain" / "1" / "model.py", PLAIN_PY)
 

@@ -204,6 +204,40 @@ def test_a_sequence_keeps_its_instance_and_batch_slot(server: RunningServer) -> 
         assert sums[cid] == np.cumsum(values[cid]).tolist()  # implicit state, per sequence
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_model_that_does_not_batch_keeps_each_sequences_state(
+    server: RunningServer, protocol: str
+) -> None:
+    # max_batch_size 0: one slot, so two of the three sequences wait in the backlog.
+    def one(cid: int, base: float) -> list[list[float]]:
+        client = Client(protocol, server)
+        try:
+            got = []
+            for i in range(4):
+                inp = client.mod.InferInput("IN", [2], "FP32")
+                inp.set_data_from_numpy(np.array([base, 1.0], dtype=np.float32))
+                r = client.raw.infer(
+                    "acc_unbatched", [inp], sequence_id=cid, sequence_start=i == 0,
+                    sequence_end=i == 3,
+                )  # fmt: skip
+                got.append(r.as_numpy("OUT").tolist())
+            return got
+        finally:
+            client.close()
+
+    results: dict[int, list[list[float]]] = {}
+    threads = [
+        threading.Thread(target=lambda c=c: results.__setitem__(c, one(c, float(c))))
+        for c in (2**62, 3, 4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for cid in (2**62, 3, 4):
+        assert results[cid] == [[cid * k, float(k)] for k in (1, 2, 3, 4)], cid
+
+
 def test_a_grpc_stream_keeps_each_sequences_order(server: RunningServer) -> None:
     # Every step of three interleaved sequences is sent before any answer comes back.
     client = grpcclient.InferenceServerClient(server.grpc_address)
@@ -355,16 +389,23 @@ def test_an_ended_sequence_takes_no_more_requests(server: RunningServer, protoco
         ({"sequence_id": 1.5}, ["'sequence_id'", "1.5"]),
         ({"sequence_id": 3, "sequence_start": "yes"}, ["'sequence_start' must be a boolean"]),
         ({"sequence_id": 3, "sequence_end": 1}, ["'sequence_end' must be a boolean"]),
+        (
+            {"sequence_id": 2**63, "sequence_start": True, "model": "acc_unbatched"},
+            ["'sequence_id'", "up to 9223372036854775807", "INT64"],
+        ),
     ],
 )
 def test_malformed_sequence_parameters_are_refused(
     server: RunningServer, parameters: dict[str, Any], words: list[str]
 ) -> None:
+    parameters = dict(parameters)
+    model = parameters.pop("model", "acc")
+    tensor = {"shape": [1, 1], "data": [1]} if model == "acc" else {"shape": [2], "data": [1, 1]}
     body = {
-        "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [1]}],
+        "inputs": [{"name": "IN", "datatype": "FP32", **tensor}],
         "parameters": parameters,
     }
-    r = httpx.post(f"{server.url}/v2/models/acc/infer", json=body)
+    r = httpx.post(f"{server.url}/v2/models/{model}/infer", json=body)
     assert r.status_code == 400, r.text
     for word in words:
         assert word in r.json()["error"]

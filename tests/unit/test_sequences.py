@@ -20,7 +20,7 @@ from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START
 from inferd.repository.config import ConfigError
 from inferd.scheduling.execution import BatchClose, Pending
-from inferd.scheduling.sequence_batches import form_batch, keep_states
+from inferd.scheduling.sequence_batches import attach_controls, form_batch, keep_states
 from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
 from inferd.scheduling.sequences import END, IDLE, SequenceTable
 from inferd.signature import BoundRequest
@@ -89,7 +89,9 @@ class Harness:
         self.filler.cancel()
         self.enqueued = 0
 
-    def send(self, req: BoundRequest) -> Pending:
+    def send(self, req: BoundRequest, opts: SequenceOptions | None = None) -> Pending:
+        if opts is not None:
+            attach_controls(opts, req)  # as SequenceBatcher.submit does
         entry = self.table.admit(req)
         self.enqueued += 1  # distinct arrival times, in order
         pending = Pending(req, self.loop.create_future(), enqueued_ns=self.enqueued)
@@ -201,7 +203,7 @@ def test_direct_fills_empty_slots_below_a_ready_one_with_not_ready_rows(
     opts = options()
     h = Harness(loop, lanes=1, slots=4)
     for cid in (11, 12, 13):
-        h.send(request(cid, START, value=cid))
+        h.send(request(cid, START, value=cid), opts)
     h.table.by_id[11].queue.clear()  # slot 0 has nothing ready; slots 1 and 2 do
     batch = form_batch(opts, h.table.lanes[0], h.filler)
     assert batch is not None
@@ -292,6 +294,17 @@ def test_state_outputs_become_the_next_steps_state_and_start_resets_it(
     h.send(request(1, START))  # a new sequence of id 1: the initial state again
     batch = form_batch(opts, h.table.lanes[0], h.filler)
     assert batch is not None and batch.pendings[0].request.inputs["S_IN"].tolist() == [[0.0, 0.0]]
+
+
+def test_a_sequence_id_must_fit_the_corrid_control() -> None:
+    int32 = CONTROLS.replace("TYPE_UINT64", "TYPE_INT32")
+    opts = options(body=int32)
+    assert opts.id_problem(2**31 - 1) == ""
+    assert "takes sequence ids up to 2147483647" in opts.id_problem(2**31)
+    assert "takes integer sequence ids" in opts.id_problem("abc")
+    text = options(body=CONTROLS.replace("TYPE_UINT64", "TYPE_STRING"))
+    assert text.id_problem("abc") == "" and text.id_problem(2**64 - 1) == ""
+    assert text.control_tensors(42, 0)["CORRID"].tolist() == [[b"42"]]
 
 
 # -- the config ---------------------------------------------------------------------------

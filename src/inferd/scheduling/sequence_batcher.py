@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferd.backends.base import AnyInstance
-from inferd.errors import deadline_exceeded, invalid, unavailable
+from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, unavailable
 from inferd.events import Telemetry
 from inferd.scheduling.execution import (
     BatchRunner,
@@ -27,10 +28,18 @@ from inferd.scheduling.execution import (
     Pending,
     Result,
 )
-from inferd.scheduling.sequence_batches import FormedBatch, form_batch, keep_states, ready_heads
+from inferd.scheduling.sequence_batches import (
+    FormedBatch,
+    attach_controls,
+    form_batch,
+    keep_states,
+    ready_heads,
+)
 from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.scheduling.sequences import UNLOAD, SequenceEntry, SequenceTable
 from inferd.signature import BoundRequest
+
+log = logging.getLogger("inferd.scheduling")
 
 
 @dataclass(eq=False)
@@ -136,19 +145,15 @@ class SequenceBatcher:
                 f"inference request to model '{self.name}' must specify batch-size 1 due "
                 f"to requirements of sequence batcher (got {request.rows})"
             )
-        corrid = self.options.corrid
-        if corrid is not None and corrid.datatype != "BYTES" and isinstance(cid, str):
-            raise invalid(
-                f"request parameter 'sequence_id': model '{self.name}' takes integer sequence "
-                f"ids (its CONTROL_SEQUENCE_CORRID input '{corrid.name}' is "
-                f"{corrid.datatype}), got the string '{cid}'"
-            )
+        if problem := self.options.id_problem(cid):
+            raise invalid(f"request parameter 'sequence_id': model '{self.name}' {problem}")
         now = time.perf_counter_ns()
         remaining_s = None
         if deadline_ns is not None:
             remaining_s = (deadline_ns - now) / 1e9
             if remaining_s <= 0:
                 raise deadline_exceeded(f"model '{self.name}': the request's deadline passed")
+        attach_controls(self.options, request)
         entry = self.table.admit(request)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         pending = Pending(request, future, now)
@@ -181,22 +186,49 @@ class SequenceBatcher:
         slots = self.table.lanes[lane.index]
         opts = self.options
         while True:
-            if not ready_heads(slots):
-                lane.wake.clear()
-                await lane.wake.wait()
-                continue
-            waited = False
-            if opts.max_delay_s > 0 and (opts.strategy == "oldest" or opts.min_slot_utilization):
-                waited = await self._wait_window(lane, slots)
-            batch = form_batch(opts, slots, self._filler_future, waited)
-            if batch is None:
-                continue
-            lane.busy = True
+            batch = None
             try:
-                await self._execute(lane, batch)
-            finally:
-                lane.busy = False
-                self._progress.set()
+                if not ready_heads(slots):
+                    lane.wake.clear()
+                    await lane.wake.wait()
+                    continue
+                waited = False
+                if opts.max_delay_s > 0 and (
+                    opts.strategy == "oldest" or opts.min_slot_utilization
+                ):
+                    waited = await self._wait_window(lane, slots)
+                batch = form_batch(opts, slots, self._filler_future, waited)
+                if batch is None:
+                    continue
+                lane.busy = True
+                try:
+                    await self._execute(lane, batch)
+                finally:
+                    lane.busy = False
+                    self._progress.set()
+            except Exception:
+                # A bug here must not leave requests waiting forever: answer them.
+                log.exception("model %s: the sequence batcher failed", self.name)
+                self._fail_lane(slots, batch)
+
+    def _fail_lane(self, slots: list[SequenceEntry | None], batch: FormedBatch | None) -> None:
+        error = InferdError(
+            ErrorKind.INTERNAL, f"model '{self.name}': the sequence batcher failed; see the log"
+        )
+        pendings = list(batch.pendings) if batch is not None else []
+        for entry in slots:
+            if entry is not None:
+                pendings.extend(entry.queue)
+                entry.queue.clear()
+                entry.executing = False
+        for p in pendings:
+            if not p.future.done():
+                p.future.set_exception(error)
+        now = time.monotonic()
+        for entry in list(slots):
+            if entry is not None:
+                self._wake_taker(self.table.step_done(entry, now))
+        self._progress.set()
 
     async def _wait_window(self, lane: _Lane, slots: list[SequenceEntry | None]) -> bool:
         """Wait for more sequences to be ready, until the batch is worth leaving or the

@@ -82,8 +82,9 @@ def form_batch(
     waited: bool = False,
 ) -> FormedBatch | None:
     """Take the next batch off the lane's slots, or None when no sequence has a request
-    ready. The requests taken leave their queues, carrying the control inputs and state the
-    model gets with them; their sequences are marked executing."""
+    ready. The requests taken leave their queues, carrying the state the model gets with
+    them (their control inputs were attached on arrival); their sequences are marked
+    executing."""
     ready = ready_heads(slots)
     if not ready:
         return None
@@ -127,15 +128,21 @@ def form_batch(
     return FormedBatch(pendings, entries, reason)
 
 
+def attach_controls(opts: SequenceOptions, request: BoundRequest) -> None:
+    """Add the request's control inputs (known when it arrives, unlike its state)."""
+    if opts.has_controls:
+        request.inputs = {
+            **request.inputs,
+            **opts.control_tensors(request.correlation_id, request.flags),
+        }
+
+
 def _take(opts: SequenceOptions, entry: SequenceEntry, head: Pending) -> Pending:
     entry.queue.popleft()
     entry.executing = True
-    request = head.request
-    inputs = dict(request.inputs)
-    inputs.update(opts.control_tensors(request.correlation_id, request.flags))
     if opts.states:
-        inputs.update(_state_in(opts, entry, request))
-    request.inputs = inputs
+        request = head.request
+        request.inputs = {**request.inputs, **_state_in(opts, entry, request)}
     return head
 
 

@@ -25,6 +25,7 @@ from inferd.types import Array
 Control = mc.ModelSequenceBatching.Control
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds (0 = default)
 CORRID_TYPES = {mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32, mc.TYPE_STRING}
+CORRID_MAX = {"UINT64": 2**64 - 1, "INT64": 2**63 - 1, "UINT32": 2**32 - 1, "INT32": 2**31 - 1}
 # Backends whose instances take inputs by name, so control and state tensors reach the model.
 NAMED_INPUT_BACKENDS = ("onnxruntime", "python")
 INITIAL_STATE_DIR = "initial_state"
@@ -78,6 +79,23 @@ class SequenceOptions:
     @property
     def batched(self) -> bool:
         return self.max_batch_size > 0
+
+    @property
+    def has_controls(self) -> bool:
+        return any(c is not None for c in (self.start, self.end, self.ready, self.corrid))
+
+    def id_problem(self, correlation_id: int | str) -> str:
+        """Why the CORRID control cannot carry this sequence id, or ""."""
+        corrid = self.corrid
+        if corrid is None or corrid.datatype == "BYTES":
+            return ""
+        control = f"its CONTROL_SEQUENCE_CORRID input '{corrid.name}' is {corrid.datatype}"
+        if isinstance(correlation_id, str):
+            return f"takes integer sequence ids ({control}), got the string '{correlation_id}'"
+        most = CORRID_MAX[corrid.datatype]
+        if correlation_id > most:
+            return f"takes sequence ids up to {most} ({control}), got {correlation_id}"
+        return ""
 
     @property
     def batch_rows(self) -> int:
