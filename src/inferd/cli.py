@@ -8,6 +8,7 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.bench.options import add_request_options
+from inferd.help_format import DefaultsOnceFormatter
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
 
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a model repository over HTTP and gRPC",
         description="Serve a Triton-layout model repository over the KServe v2 protocol "
         "(HTTP/REST and gRPC).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     defaults = Settings()
     serve.add_argument(
@@ -159,7 +160,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         description="A load generator for any KServe v2 / Triton-protocol server, "
         "perf_analyzer's kind: closed loop (--concurrency) or open loop (--request-rate), "
         "over HTTP (JSON or binary tensors) or gRPC. See docs/bench.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     bench.add_argument("-m", "--model", required=True, help="model to load")
     bench.add_argument(
@@ -171,7 +172,9 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         default=None,
         help="server address host:port (default 127.0.0.1:8000, or :8001 with -i grpc)",
     )
-    bench.add_argument("-i", "--protocol", choices=["http", "grpc"], default="http")
+    bench.add_argument(
+        "-i", "--protocol", choices=["http", "grpc"], default="http", help="protocol to load over"
+    )
     add_request_options(bench)
     load = bench.add_mutually_exclusive_group()
     load.add_argument(

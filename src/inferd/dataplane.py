@@ -11,20 +11,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__
-from inferd.datatypes import V2_TO_NUMPY
+from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START
-from inferd.repository.config import ConfigError, parameter
+from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
-from inferd.types import Array, InferRequest, InferResponse, Tensor
+from inferd.types import InferRequest, InferResponse
 from inferd.workers import peers
 
 EXTENSIONS = [
@@ -115,10 +114,12 @@ class DataPlane:
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         """The served version's config, with its files' checksum as parameter
-        `model_checksum` (to check what is deployed, field lesson 16)."""
+        `model_checksum` (to check what is deployed, field lesson 16), and each instance
+        group's kind as actually used (KIND_GPU without a GPU reads KIND_CPU)."""
         mv = self.registry.get(name, version)
         config = mc.ModelConfig()
         config.CopyFrom(mv.config)
+        with_kinds_used(config, mv.devices)
         config.parameters["model_checksum"].string_value = mv.checksum
         return config
 
@@ -340,10 +341,14 @@ class DataPlane:
         outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
         record.times = times
         t0 = time.perf_counter_ns()
-        tensors = [
-            _conform_output(mv, mv.signature.outputs[name], outputs, bound.rows)
-            for name in bound.output_names
-        ]
+        signature = mv.signature
+        try:
+            tensors = [
+                conform_output(signature, signature.outputs[name], outputs, bound.rows)
+                for name in bound.output_names
+            ]
+        except OutputMismatchError as exc:
+            raise _model_error(mv, exc.message) from None
         times.compute_output_ns += time.perf_counter_ns() - t0
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
@@ -412,39 +417,3 @@ def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:
 
 def _model_error(mv: ModelVersion, message: str) -> InferdError:
     return InferdError(ErrorKind.MODEL_ERROR, f"model '{mv.name}' version {mv.version}: {message}")
-
-
-def _conform_output(
-    mv: ModelVersion, spec: TensorSpec, outputs: dict[str, Array], rows: int
-) -> Tensor:
-    """Check one output against the config: dtype (cast when safe), shape, reshape."""
-    array = outputs.get(spec.name)
-    if array is None:
-        raise _model_error(mv, f"produced no output '{spec.name}'")
-    if spec.datatype == "BYTES":
-        if array.dtype.kind not in "OSU":
-            raise _model_error(
-                mv, f"output '{spec.name}' is {array.dtype}, but the config declares BYTES"
-            )
-    else:
-        want = V2_TO_NUMPY[spec.datatype]
-        if array.dtype != want:
-            if not np.can_cast(array.dtype, want, casting="same_kind"):
-                raise _model_error(
-                    mv,
-                    f"output '{spec.name}' is {array.dtype}, which does not convert to the "
-                    f"config's {spec.datatype}",
-                )
-            array = array.astype(want)
-    batched = mv.signature.is_batched
-    if spec.reshape is not None and -1 not in spec.dims:
-        lead = (rows,) if batched else ()
-        array = array.reshape(lead + spec.dims)
-    inner = array.shape[1:] if batched else array.shape
-    if not spec.matches(inner):
-        raise _model_error(
-            mv,
-            f"output '{spec.name}' has shape {list(array.shape)}, but the config declares "
-            f"{mv.signature.metadata_shape(spec)}",
-        )
-    return Tensor(spec.name, spec.datatype, tuple(array.shape), array)

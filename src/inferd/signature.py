@@ -150,6 +150,7 @@ class ModelSignature:
         # Inputs the server feeds the model itself (sequence control inputs, implicit state):
         # name -> what it is, for the error a client sending one gets.
         self.server_inputs: dict[str, str] = {}
+        self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
         self.max_batch_size = int(config.max_batch_size)

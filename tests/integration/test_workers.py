@@ -7,6 +7,7 @@ ports through SO_REUSEPORT, statistics summed across workers, one metrics endpoi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -154,7 +155,23 @@ def test_a_killed_worker_is_restarted_and_the_others_keep_serving(
         time.sleep(0.1)
     assert restarted, server.output()
     assert victim not in _worker_pids(server.proc.pid)
-    assert "exited with -9; restarting it" in server.output()
+    # Said as what happened to it, not as multiprocessing's exit code (-9).
+    assert re.search(
+        rf"worker [01] \(pid {victim}\) killed by SIGKILL; restarting it", server.output()
+    )
+    assert "exited with -9" not in server.output()
+
+
+def test_every_worker_line_names_its_worker(two_workers: tuple[CliServer, int, int]) -> None:
+    """N processes write to one log: each worker's lines carry worker=<index>; the
+    supervisor's own lines carry none."""
+    server, _, _ = two_workers
+    lines = server.output().splitlines()
+    for index in (0, 1):
+        loaded = [line for line in lines if "loaded model identity version 1" in line]
+        assert any(line.endswith(f" worker={index}") for line in loaded), loaded
+    supervisor = [line for line in lines if "inferd.workers:" in line]
+    assert supervisor and not any("worker=" in line for line in supervisor), supervisor
 
 
 def _exited(pid: int) -> bool:

@@ -313,7 +313,6 @@ def test_a_sequence_id_must_fit_the_corrid_control() -> None:
 @pytest.mark.parametrize(
     ("sequence", "extra", "message"),
     [
-        ("oldest { preserve_ordering: true }", "", "oldest.preserve_ordering: not supported"),
         ("direct { minimum_slot_utilization: 2 }", "", "minimum_slot_utilization: must be"),
         (
             'control_input [ { name: "S", control [ { kind: CONTROL_SEQUENCE_START } ] } ]',
@@ -343,15 +342,9 @@ def test_a_sequence_id_must_fit_the_corrid_control() -> None:
             "",
             "state 'S'.initial_state: data_file m/initial_state/nope not found",
         ),
-        (
-            'state [ { input_name: "S" output_name: "T" data_type: TYPE_FP32 dims: [ 2 ] '
-            "use_growable_memory: true } ]",
-            "",
-            "use_growable_memory is not supported",
-        ),
     ],
 )
-def test_a_sequence_batching_field_inferd_cannot_honour_fails_the_load_naming_it(
+def test_an_inconsistent_sequence_batching_fails_the_load_naming_the_field(
     sequence: str, extra: str, message: str
 ) -> None:
     with pytest.raises(ConfigError) as err:

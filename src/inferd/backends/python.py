@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import itertools
+import logging
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -18,10 +19,15 @@ from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
 from inferd.backends.triton_python import TritonPythonInstance
 from inferd.backends.worker_process import ProcessInstance
+from inferd.conformance import OutputMismatchError
 from inferd.model_output import running_model
 from inferd.python_model import ModelContext, RequestInfo
-from inferd.repository.config import ConfigError, parameter
+from inferd.repository.config import ConfigError, instance_group_of, parameter
 from inferd.types import Array
+
+log = logging.getLogger("inferd.backends.python")
+
+KIND_GPU = mc.ModelInstanceGroup.KIND_GPU
 
 _module_ids = itertools.count()
 
@@ -46,6 +52,15 @@ class PythonBackend:
             )
 
     def load(self, ctx: LoadContext) -> PythonInstance | TritonPythonInstance | ProcessInstance:
+        if instance_group_of(ctx.config, ctx.instance_index).group.kind == KIND_GPU:
+            # Field lesson 5: the wish for a GPU is visible, and what was done instead.
+            log.warning(
+                "model %s v%s instance %d asked for KIND_GPU but Python models run as CPU "
+                "instances (model_instance_kind CPU); the config API reports KIND_CPU",
+                ctx.model_name,
+                ctx.version,
+                ctx.instance_index,
+            )
         isolation = parameter(ctx.config, "isolation", "thread")
         if isolation == "process":
             # model.py is imported in the worker process only: its import may crash too.
@@ -160,7 +175,7 @@ def _takes_requests(predict: Any) -> bool:
 
 def _checked(outputs: Any) -> dict[str, Array]:
     if not isinstance(outputs, dict):
-        raise TypeError(
+        raise OutputMismatchError(
             f"predict() must return a dict of output name to array, got {type(outputs).__name__}"
         )
     return {name: np.asarray(value) for name, value in outputs.items()}

@@ -24,7 +24,6 @@ from inferd.backends.base import Backend
 from inferd.circuit import CircuitBreaker, CircuitPolicy
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
-from inferd.python_model import SEQUENCE_END, SEQUENCE_START
 from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
 from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name, instance_count
 from inferd.repository.loader import (
@@ -33,7 +32,7 @@ from inferd.repository.loader import (
     model_file,
     prepare,
 )
-from inferd.repository.warmup import run_warmup, warmup_samples
+from inferd.repository.warmup import warm_up
 from inferd.routing import RollbackPolicy, Router, parse_weights
 from inferd.scheduling.batcher import DynamicBatcher
 from inferd.scheduling.scheduler import Scheduler
@@ -58,7 +57,8 @@ class ModelVersion:
     config: mc.ModelConfig
     signature: ModelSignature
     state: State = State.LOADING
-    reason: str = ""
+    reason: str = ""  # why it is not serving, or why the latest attempt to replace it failed
+    warning: str = ""  # a problem that does not stop it serving (a failed automatic warm-up)
     batcher: Scheduler | None = None
     sequence: SequenceOptions | None = None  # a sequence model's sequence_batching
     devices: list[str] = field(default_factory=list)
@@ -123,9 +123,10 @@ class ModelRegistry:
         if mv is None:
             raise not_found(f"unknown version '{version}' of model '{name}'")
         if not mv.is_ready:
+            reason = _latest_reason(model, mv)
             raise unavailable(
                 f"model '{name}' version {version} is {mv.state.value}"
-                + (f": {mv.reason}" if mv.reason else "")
+                + (f": {reason}" if reason else "")
             )
         return mv
 
@@ -150,8 +151,7 @@ class ModelRegistry:
                 if ready_only and not v.is_ready:
                     continue
                 row = {"name": name, "version": v.version, "state": v.state.value}
-                # A failed reload of the whole model shows on the versions still serving.
-                reason = v.reason or (model.reason if v.is_ready else "")
+                reason = _latest_reason(model, v) or v.warning
                 if reason:
                     row["reason"] = reason
                 rows.append(row)
@@ -297,6 +297,7 @@ class ModelRegistry:
         for v, digest in sums.items():
             old = model.versions.get(v)
             if old is not None and old.is_ready and not config_changed and old.checksum == digest:
+                old.reason = ""  # this attempt found it fine: an earlier failure is history
                 keep[v] = old
             else:
                 fresh.append(
@@ -329,7 +330,7 @@ class ModelRegistry:
         )
         model.config_checksum = config_sum if not failed else model.config_checksum
         model.seen = seen
-        model.reason = "" if not failed else model.reason
+        model.reason = ""  # the config passed this time; version failures are on their rows
         model.router.policy = policy
         if model.circuit.policy != circuit_policy or model.circuit.model != model.name:
             model.circuit = CircuitBreaker(model.name, circuit_policy)
@@ -363,10 +364,8 @@ class ModelRegistry:
             return
         loaded = time.monotonic()
         try:
-            samples = await asyncio.to_thread(warmup_samples, mv.config, model_dir, mv.sequence)
-            flags = SEQUENCE_START | SEQUENCE_END if mv.sequence is not None else 0
-            await asyncio.to_thread(
-                run_warmup, instances, samples, mv.config.max_batch_size > 0, flags
+            warmed = await asyncio.to_thread(
+                warm_up, instances, mv.config, model_dir, mv.signature, mv.sequence
             )
         except Exception as exc:
             for inst in instances:
@@ -375,6 +374,9 @@ class ModelRegistry:
             mv.reason = f"load failed: {exc}"
             log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, exc)
             return
+        if warmed.warning:
+            mv.warning = warmed.warning
+            log.warning("model %s version %s: %s", mv.name, mv.version, warmed.warning)
         if mv.sequence is not None:
             mv.batcher = SequenceBatcher(
                 mv.name, instances, mv.sequence, mv.version, self.telemetry
@@ -401,8 +403,8 @@ class ModelRegistry:
             _batching(mv),
             mv.load_duration_s,
             mv.warmup_duration_s,
-            len(samples),
-            "" if len(samples) == 1 else "s",
+            warmed.samples,
+            "" if warmed.samples == 1 else "s",
         )
 
     async def _retire(self, versions: list[ModelVersion]) -> None:
@@ -467,6 +469,13 @@ def _batching(mv: ModelVersion) -> str:
     if mv.sequence is not None:
         return f"sequence ({mv.sequence.strategy})"
     return batching_options(mv.config).policy if mv.config.max_batch_size else "off"
+
+
+def _latest_reason(model: Model, mv: ModelVersion) -> str:
+    """Why `mv` is not serving, or why the latest attempt to replace it failed. The model's
+    own reason (its config failed) is set by the latest attempt and cleared by the next one
+    that gets past the config, so it is never older than a version's."""
+    return model.reason or mv.reason
 
 
 def _first_reason(model: Model) -> str:

@@ -2,25 +2,28 @@
 
 Samples come from Triton's `model_warmup` entries (zero, random or file data, a batch size,
 a count) or, when the config gives none, from zeros at batch size 1 and at each preferred
-batch size. A version becomes READY only after its warm-up succeeded; a failing warm-up
-fails the load, so a version that cannot answer never takes traffic.
+batch size. A version becomes READY only after its warm-up ran. A configured warm-up that
+fails, or outputs that contradict the config, fail the load, so a version that cannot answer
+never takes traffic; an automatic warm-up the model refuses is only a warning (`warm_up`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import AnyInstance, RequestInfoInstance, RequestListInstance
+from inferd.conformance import OutputMismatchError, conform_output
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.protocol.codec import decode_bytes_elements
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START, RequestInfo
 from inferd.repository.config import ConfigError, parameter
 from inferd.scheduling.sequence_config import SequenceOptions
-from inferd.signature import BoundRequest
+from inferd.signature import BoundRequest, ModelSignature
 from inferd.types import Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
@@ -111,15 +114,72 @@ def _configured(w: mc.ModelWarmup, config: mc.ModelConfig, model_dir: Path, wher
     return (w.name or "warmup", inputs, max(1, int(w.count)))
 
 
+@dataclass(frozen=True, slots=True)
+class WarmupResult:
+    samples: int
+    warning: str = ""  # why an automatic warm-up did not finish; the version serves anyway
+
+
+class WarmupError(Exception):
+    """A warm-up failure that fails the load: a configured sample failed, or the model's
+    outputs contradict its config."""
+
+
+class _SampleFailedError(Exception):
+    """A sample's execution raised (the model refused the input, or crashed on it)."""
+
+
+def warm_up(
+    instances: Sequence[AnyInstance],
+    config: mc.ModelConfig,
+    model_dir: Path,
+    signature: ModelSignature,
+    sequence: SequenceOptions | None = None,
+) -> WarmupResult:
+    """Warm every instance up before the version takes traffic.
+
+    Triton's rule for a configured `model_warmup`: its failure fails the load. An automatic
+    warm-up (zeros the config never asked for) that raises only means the model does not
+    take zeros; that is a request-time limitation, so it is a warning and the version serves.
+    Outputs that contradict the config fail the load either way: every request would fail.
+    Raises `WarmupError`, or `ConfigError` for a malformed `model_warmup` section. A
+    sequence model's samples are one-step sequences (flags SEQUENCE_START | SEQUENCE_END).
+    """
+    where = f"{config.name}/config.pbtxt"
+    samples = warmup_samples(config, model_dir, sequence)
+    flags = SEQUENCE_START | SEQUENCE_END if sequence is not None else 0
+    try:
+        run_warmup(instances, samples, signature, flags)
+    except _SampleFailedError as exc:
+        if config.model_warmup:
+            raise WarmupError(
+                f"{exc}; the model_warmup section of {where} must send inputs the model "
+                "accepts (or fix the model)"
+            ) from None
+        return WarmupResult(
+            len(samples),
+            f"automatic warm-up failed, serving without it: {exc}; give {where} a "
+            "model_warmup section with inputs the model accepts, or turn it off with "
+            'parameters { key: "auto_warmup" value: { string_value: "false" } }',
+        )
+    return WarmupResult(len(samples))
+
+
 def run_warmup(
-    instances: Sequence[AnyInstance], samples: list[Sample], batched: bool, flags: int = 0
+    instances: Sequence[AnyInstance],
+    samples: list[Sample],
+    signature: ModelSignature,
+    flags: int = 0,
 ) -> None:
-    """Execute every sample `count` times on every instance; raises on the first failure.
-    `flags`: what the requests' flags() say (a sequence model's samples are one-step
-    sequences, SEQUENCE_START | SEQUENCE_END)."""
+    """Execute every sample `count` times on every instance and check each answer's outputs
+    against the config. Raises `_SampleFailedError` when an execution raises, `WarmupError` when
+    an answer does not conform; both at the first failure."""
+    outputs = list(signature.outputs.values())
     for name, inputs, count in samples:
-        rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
-        request = BoundRequest(inputs, rows, (), [], "warmup", flags=flags)
+        rows = next(iter(inputs.values())).shape[0] if signature.is_batched and inputs else 1
+        request = BoundRequest(
+            inputs, rows, (), list(signature.outputs), "warmup", flags=flags
+        )
         for instance in instances:
             for _ in range(count):
                 try:
@@ -128,8 +188,12 @@ def run_warmup(
                         if isinstance(result, Exception):
                             raise result
                     elif isinstance(instance, RequestInfoInstance) and instance.wants_request_info:
-                        instance.execute_with_info(inputs, [RequestInfo.of(request)])
+                        result = instance.execute_with_info(inputs, [RequestInfo.of(request)])
                     else:
-                        instance.execute(inputs)
+                        result = instance.execute(inputs)
+                    for spec in outputs:
+                        conform_output(signature, spec, result, rows)
+                except OutputMismatchError as exc:
+                    raise WarmupError(f"warm-up '{name}': {exc.message}") from None
                 except Exception as exc:
-                    raise RuntimeError(f"warm-up '{name}' failed: {exc}") from None
+                    raise _SampleFailedError(f"warm-up '{name}' failed: {exc}") from None

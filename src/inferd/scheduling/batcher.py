@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from inferd.backends.base import AnyInstance
 from inferd.errors import deadline_exceeded, invalid, shed, unavailable
 from inferd.events import ExecutionTimes, Telemetry
+from inferd.scheduling.admission import refuse_unmeetable_deadline
 from inferd.scheduling.execution import BatchClose, BatchRunner, ExecutionRecord, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
@@ -125,8 +126,9 @@ class DynamicBatcher:
         request's own queue timeout (used if the level's policy allows an override);
         `deadline_ns` (perf_counter_ns) the client's own deadline. Refuses at once, with
         RESOURCE_EXHAUSTED, when the level's queue is full or when the queued work ahead
-        cannot finish before the deadline; fails with DEADLINE_EXCEEDED when the deadline
-        passes first. A request removed this way never executes.
+        cannot finish before the deadline, and with INVALID_ARGUMENT when the deadline is
+        shorter than one execution; fails with DEADLINE_EXCEEDED when the deadline passes
+        first. A request removed this way never executes.
         """
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
@@ -151,14 +153,9 @@ class DynamicBatcher:
             remaining_s = (deadline_ns - now) / 1e9
             if remaining_s <= 0:
                 raise deadline_exceeded(f"model '{self.name}': the request's deadline passed")
-            estimate = self.estimated_wait_s(request.rows)
-            if estimate is not None and estimate > remaining_s:
-                # Deadline-aware admission: say no now rather than time out later.
-                raise shed(
-                    f"model '{self.name}' cannot meet the request's deadline: about "
-                    f"{estimate * 1000:.1f} ms of queued work and execution ahead, "
-                    f"{remaining_s * 1000:.1f} ms left; retry later"
-                )
+            refuse_unmeetable_deadline(
+                self.name, self._runner.exec_s, self.estimated_wait_s(request.rows), remaining_s
+            )
         future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]] = (
             asyncio.get_running_loop().create_future()
         )

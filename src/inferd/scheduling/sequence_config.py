@@ -6,7 +6,9 @@ sequence (its correlation id); the controls tell the model, per batch row, wheth
 starts or ends its sequence, whether the row holds a request at all (READY) and which
 sequence it belongs to (CORRID); implicit state is a tensor the server keeps per sequence,
 fed to the model as `input_name` and replaced after each step by its `output_name` output.
-Every field is checked here, and a field inferd does not honour fails the load naming it.
+Fields inferd refuses outright (preserve_ordering, iterative_sequence, the state's GPU
+memory settings, controls and state on other backends) are refused by
+`repository.config_fields` before this runs; here the values are checked for consistency.
 """
 
 from __future__ import annotations
@@ -19,15 +21,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START
-from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name
+from inferd.repository.config import CONFIG_FILE, ConfigError
 from inferd.types import Array
 
 Control = mc.ModelSequenceBatching.Control
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds (0 = default)
 CORRID_TYPES = {mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32, mc.TYPE_STRING}
 CORRID_MAX = {"UINT64": 2**64 - 1, "INT64": 2**63 - 1, "UINT32": 2**32 - 1, "INT32": 2**31 - 1}
-# Backends whose instances take inputs by name, so control and state tensors reach the model.
-NAMED_INPUT_BACKENDS = ("onnxruntime", "python")
 INITIAL_STATE_DIR = "initial_state"
 
 
@@ -153,14 +153,6 @@ def read_sequence_options(config: mc.ModelConfig, model_dir: Path) -> SequenceOp
         return None
     where = f"{model_dir.name}/{CONFIG_FILE}: sequence_batching"
     sb = config.sequence_batching
-    if sb.iterative_sequence:
-        raise ConfigError(f"{where}.iterative_sequence: not supported by inferd")
-    backend = backend_name(config)
-    if (sb.control_input or sb.state) and backend not in NAMED_INPUT_BACKENDS:
-        raise ConfigError(
-            f"{where}: control_input and state are supported for the "
-            f"{' and '.join(NAMED_INPUT_BACKENDS)} backends only, not '{backend}'"
-        )
     batched = config.max_batch_size > 0
     slots = max(1, int(config.max_batch_size))
     max_delay_us = 0
@@ -176,8 +168,6 @@ def read_sequence_options(config: mc.ModelConfig, model_dir: Path) -> SequenceOp
             )
     else:
         oldest = sb.oldest
-        if oldest.preserve_ordering:
-            raise ConfigError(f"{where}.oldest.preserve_ordering: not supported by inferd")
         if oldest.max_candidate_sequences < 0:
             raise ConfigError(
                 f"{where}.oldest.max_candidate_sequences: must be >= 0, got "
@@ -315,12 +305,6 @@ def _states(
         dims = tuple(int(d) for d in st.dims)
         if not dims or any(d < -1 or d == 0 for d in dims):
             raise ConfigError(f"{field}: dims {list(dims)} must list positive sizes or -1")
-        for flag, name in (
-            (st.use_same_buffer_for_input_output, "use_same_buffer_for_input_output"),
-            (st.use_growable_memory, "use_growable_memory"),
-        ):
-            if flag:
-                raise ConfigError(f"{field}: {name} is not supported by inferd")
         listed = declared_outputs.get(st.output_name)
         if listed is not None and (
             listed.data_type != st.data_type or len(listed.dims) != len(dims)
