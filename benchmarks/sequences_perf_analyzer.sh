@@ -14,7 +14,10 @@ PROTOCOL="${1:-grpc}"; shift || true
 LEVELS=("${@:-1 8 32}"); LEVELS=(${LEVELS[@]})
 MODEL="${MODEL:-acc_onnx}"
 LENGTH="${SEQUENCE_LENGTH:-10}"
-PORT_HTTP=18140; PORT_GRPC=18141
+# Its own server on ports free at run time, checked to be the one answering there (and
+# still alive at the end): tests/server_process.py.
+SERVER_CHECK=(.venv/bin/python tests/server_process.py)
+PORT_HTTP="$("${SERVER_CHECK[@]}" free-port)"; PORT_GRPC="$("${SERVER_CHECK[@]}" free-port)"
 mkdir -p benchmarks/results
 REPO="$(mktemp -d)"
 
@@ -28,10 +31,8 @@ build_sequence_repository(Path(sys.argv[1]))
   --grpc-port "$PORT_GRPC" --metrics-port 0 --log-level WARNING &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true; rm -rf "$REPO"' EXIT
-for _ in $(seq 150); do
-  curl -sf "127.0.0.1:$PORT_HTTP/v2/health/ready" >/dev/null && break
-  sleep 0.2
-done
+"${SERVER_CHECK[@]}" wait "$SERVER" "$PORT_HTTP" /v2/health/ready
+"${SERVER_CHECK[@]}" owns "$SERVER" "$PORT_GRPC"
 
 URL="127.0.0.1:$PORT_HTTP"; [[ "$PROTOCOL" == grpc ]] && URL="127.0.0.1:$PORT_GRPC"
 for c in "${LEVELS[@]}"; do
@@ -42,6 +43,7 @@ for c in "${LEVELS[@]}"; do
     -f "benchmarks/results/seq-$MODEL-$PROTOCOL-c$c.csv" \
     | grep -E "Concurrency:|p50 latency|p90 latency|p99 latency|Throughput|Execution count|Inference count" || true
 done
+"${SERVER_CHECK[@]}" owns "$SERVER" "$PORT_HTTP"  # the figures above are of our server
 echo "== failures counted by the server"
 curl -s "127.0.0.1:$PORT_HTTP/v2/models/$MODEL/stats" | .venv/bin/python -c "
 import json, sys

@@ -177,9 +177,7 @@ def run_warmup(
     outputs = list(signature.outputs.values())
     for name, inputs, count in samples:
         rows = next(iter(inputs.values())).shape[0] if signature.is_batched and inputs else 1
-        request = BoundRequest(
-            inputs, rows, (), list(signature.outputs), "warmup", flags=flags
-        )
+        request = BoundRequest(inputs, rows, (), list(signature.outputs), "warmup", flags=flags)
         for instance in instances:
             for _ in range(count):
                 try:
