@@ -18,6 +18,7 @@ from inferd.access import AccessPolicy
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
+from inferd.python_model import SEQUENCE_END, SEQUENCE_START
 from inferd.repository import uploads
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
@@ -32,6 +33,7 @@ EXTENSIONS = [
     "model_configuration",
     "model_repository",
     "parameters",
+    "sequence",
     "statistics",
 ]
 
@@ -350,6 +352,8 @@ class DataPlane:
         bound = mv.signature.bind(request)
         record.rows = bound.rows
         priority, timeout_us = _scheduling_parameters(request)
+        if request.parameters or mv.sequence is not None:
+            bound.correlation_id, bound.flags = _sequence_parameters(request, mv)
         assert mv.batcher is not None  # a READY version always has one
         outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
         record.times = times
@@ -386,6 +390,42 @@ def _scheduling_parameters(request: InferRequest) -> tuple[int, int]:
             raise invalid(f"request parameter '{key}' must be an integer >= 0, got {value!r}")
         values.append(value)
     return values[0], values[1]
+
+
+_SEQUENCE_FLAGS = (("sequence_start", SEQUENCE_START), ("sequence_end", SEQUENCE_END))
+_UINT64_MAX = 2**64 - 1
+
+
+def _sequence_parameters(request: InferRequest, mv: ModelVersion) -> tuple[int | str, int]:
+    """Triton's sequence extension: `sequence_id` (uint64 or string; 0 / "" for none),
+    `sequence_start`, `sequence_end` (bools) -> (correlation id, flags)."""
+    params = request.parameters
+    cid = params.get("sequence_id", 0)
+    if isinstance(cid, bool) or not (
+        isinstance(cid, str) or (isinstance(cid, int) and 0 <= cid <= _UINT64_MAX)
+    ):
+        raise invalid(
+            f"request parameter 'sequence_id' must be an unsigned 64-bit integer or a string, "
+            f"got {cid!r}"
+        )
+    flags = 0
+    for key, bit in _SEQUENCE_FLAGS:
+        value = params.get(key, False)
+        if not isinstance(value, bool):
+            raise invalid(f"request parameter '{key}' must be a boolean, got {value!r}")
+        if value:
+            flags |= bit
+    if mv.sequence is None and (cid not in (0, "") or flags):
+        used = (
+            "sequence_id"
+            if cid not in (0, "")
+            else next(k for k, b in _SEQUENCE_FLAGS if flags & b)
+        )
+        raise invalid(
+            f"request parameter '{used}': model '{mv.name}' is not a sequence model (its "
+            "config has no sequence_batching)"
+        )
+    return cid, flags
 
 
 def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from inferd.host_metrics import GpuCollector, register_host_metrics
 from inferd.metrics_triton import TritonCollector
 from inferd.repository.config import backend_name, parameter
 from inferd.repository.registry import ModelRegistry, State
+from inferd.scheduling.sequence_batcher import SequenceBatcher
 from inferd.snapshots import items
 from inferd.statistics import StatisticsSink
 
@@ -332,6 +333,22 @@ class _StateCollector(Collector):
             "0..1 health of a model version over the last 60 s (see docs/metrics.md).",
             labels=MV,
         )
+        sequences = GaugeMetricFamily(
+            "inferd_sequences_active",
+            "Sequences holding a batch slot of a sequence model.",
+            labels=MV,
+        )
+        backlog = GaugeMetricFamily(
+            "inferd_sequences_backlog",
+            "Sequences started but waiting for a free batch slot.",
+            labels=MV,
+        )
+        released = CounterMetricFamily(
+            "inferd_sequences_released",
+            "Sequences released, by reason: end (their END request executed), idle "
+            "(max_sequence_idle_microseconds without a request), unload.",
+            labels=(*MV, "reason"),
+        )
         for name, model in sorted(items(self._registry.models)):
             load_failures.add_metric([name], model.load_failures)
             if model.circuit.policy.enabled:
@@ -354,9 +371,15 @@ class _StateCollector(Collector):
                 if mv.batcher is not None:
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())
+                if isinstance(mv.batcher, SequenceBatcher):
+                    sequences.add_metric(labels, mv.batcher.active_sequences())
+                    backlog.add_metric(labels, mv.batcher.backlog())
+                    for reason, count in sorted(mv.batcher.released().items()):
+                        released.add_metric([*labels, reason], count)
                 if mv.is_ready:
                     raw = parameter(mv.config, "health_p99_baseline_ms", "")
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         yield from (depth, inflight, state, load, warmup, info, health)
+        yield from (sequences, backlog, released)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
