@@ -8,6 +8,7 @@ import enum
 class ErrorKind(enum.Enum):
     INVALID_ARGUMENT = "invalid_argument"  # the request is wrong: fix it, don't retry
     NOT_FOUND = "not_found"  # no such model or version
+    ALREADY_EXISTS = "already_exists"  # a name registered twice (a shared-memory region)
     PERMISSION_DENIED = "permission_denied"  # an admin call while the admin API is off
     UNAVAILABLE = "unavailable"  # the model cannot serve right now (not ready, unloading)
     RESOURCE_EXHAUSTED = "resource_exhausted"  # shed: retry later

@@ -131,6 +131,7 @@ class InferenceServer:
                     await self.registry.unload_all()
             except TimeoutError:
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
+            self.dataplane.shared_memory.unregister()  # unmap the clients' regions
             # 4. flush traces, then stop the metrics endpoint last, so the drain stays visible.
             if self.trace_sink is not None:
                 await asyncio.to_thread(self.trace_sink.shutdown)
