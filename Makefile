@@ -29,9 +29,12 @@ models: $(VENV)/.serve-deps
 serve: models
 	$(BIN)/inferd serve --model-repository examples/models $(ARGS)
 
-# promtool and prometheus, for tests/integration/test_deploy.py (a no-op once installed).
+# promtool and prometheus, for tests/integration/test_deploy.py, and perf_analyzer (its own
+# venv under benchmarks/, about a minute the first time) for test_perf_analyzer.py; a no-op
+# once installed.
 test-tools:
 	sh scripts/install-test-tools.sh
+	bash benchmarks/perf_analyzer.sh --install
 
 test: $(VENV)/.test-deps test-tools
 	$(BIN)/python -m pytest $(ARGS)
