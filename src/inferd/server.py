@@ -49,6 +49,7 @@ class InferenceServer:
             admin = settings.model_control_mode == "explicit"
         self.dataplane = DataPlane(self.registry, self.telemetry, admin_api=admin)
         self.dataplane.max_inflight = settings.max_inflight_requests
+        self.dataplane.shared_memory.max_copy_bytes = settings.max_request_bytes
         self.dataplane.workers = worker
         self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))

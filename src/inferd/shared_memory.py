@@ -186,8 +186,11 @@ class Lease:
 class SharedMemoryRegistry:
     """The system shared-memory regions of one server, by name."""
 
-    def __init__(self, max_regions: int = MAX_REGIONS) -> None:
+    def __init__(self, max_regions: int = MAX_REGIONS, max_copy_bytes: int = 64 * 2**20) -> None:
         self.max_regions = max_regions
+        # BYTES inputs are decoded into objects (a copy), unlike the in-place views of the
+        # other types: bounded as a request body is (the server sets --max-request-mib).
+        self.max_copy_bytes = max_copy_bytes
         self.regions: dict[str, Region] = {}
 
     def register(self, name: str, key: object, offset: object, byte_size: object) -> None:
@@ -263,6 +266,12 @@ class SharedMemoryRegistry:
                     where = f"input '{tensor.name}'"
                     region = self._region(ref, where)
                     lease.hold(region)
+                    if tensor.datatype == "BYTES" and ref.byte_size > self.max_copy_bytes:
+                        raise invalid(
+                            f"{where}: a BYTES input in shared memory is copied, and its "
+                            f"{ref.byte_size} bytes exceed the limit of {self.max_copy_bytes} "
+                            "(--max-request-mib)"
+                        )
                     tensor.data = _input_array(region, ref, tensor, where)
             for out in request.outputs or ():
                 ref = out.shared_memory

@@ -183,3 +183,17 @@ def test_register_checks_the_object(shm: mpshm.SharedMemory, tmp_path: Path) -> 
     with pytest.raises(InferdError, match="2 system shared memory regions are registered"):
         table.register("c", key, 16, 8)
     assert [r["name"] for r in table.status()] == ["a", "b"]
+
+
+def test_bytes_inputs_are_copied_so_their_size_is_bounded(shm: mpshm.SharedMemory) -> None:
+    table = SharedMemoryRegistry(max_copy_bytes=16)
+    table.register("r", key_of(shm), 0, 64)
+    shm.buf[:12] = b"\x08\0\0\0abcdefgh"
+    small = Tensor("T", "BYTES", (1,), NO_DATA, shared_memory=SharedMemoryRef("r", 12))
+    lease = table.lease(shm_request([small]))
+    assert small.data.tolist() == [b"abcdefgh"]
+    lease.release()
+    large = Tensor("T", "BYTES", (1,), NO_DATA, shared_memory=SharedMemoryRef("r", 32))
+    with pytest.raises(InferdError, match="its 32 bytes exceed the limit of 16"):
+        table.lease(shm_request([large]))
+    assert table.regions["r"].users == 0
