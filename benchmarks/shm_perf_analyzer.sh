@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A 4 MiB input three ways, side by side: system shared memory against the binary HTTP
 # body and gRPC's raw contents, with Triton's perf_analyzer, modes alternating round by round.
-#   usage: benchmarks/shm_perf_analyzer.sh [rounds] [concurrency] [requests per run]
-#   (default: 3 rounds, concurrency 1, 300 requests; a fixed count rather than perf_analyzer's
-#   stability windows, which a busy shared machine may never satisfy)
+#   usage: benchmarks/shm_perf_analyzer.sh [rounds] [concurrency]   (default: 3 rounds, 1)
+# Each run is three 2-second windows, taken whatever their spread (a busy shared machine may
+# never meet perf_analyzer's stability criterion); the rounds and the medians are what
+# smooth the noise.
 # The model takes the mean of each row (INPUT0 FP32 [1, 1048576] -> OUTPUT0 [1, 1]), so what
 # differs between modes is how the 4 MiB reach the model. In the shared-memory modes
 # perf_analyzer writes the input into its region once, as a producer that builds its tensors
@@ -15,7 +16,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ROUNDS="${1:-3}"
 CONCURRENCY="${2:-1}"
-REQUESTS="${3:-300}"
 PORT_HTTP=18100; PORT_GRPC=18101
 ELEMENTS=1048576  # 4 MiB of FP32
 mkdir -p benchmarks/results
@@ -59,7 +59,7 @@ for round in $(seq "$ROUNDS"); do
     csv="benchmarks/results/shm-$mode-r$round.csv"
     benchmarks/perf_analyzer.sh -m row_mean -u "$url" -i "$protocol" "${extra[@]}" \
       --shape "INPUT0:$ELEMENTS" --input-data random --concurrency-range "$CONCURRENCY" \
-      --request-count "$REQUESTS" \
+      --measurement-interval 2000 --stability-percentage 1000 --max-trials 3 \
       -f "$csv" >/dev/null
     # CSV columns: Inferences/Second is 2nd; p50, p90, p99 latency (µs) by name.
     .venv/bin/python - "$mode" "$round" "$csv" <<'PY'
