@@ -197,3 +197,23 @@ def test_bytes_inputs_are_copied_so_their_size_is_bounded(shm: mpshm.SharedMemor
     with pytest.raises(InferdError, match="its 32 bytes exceed the limit of 16"):
         table.lease(shm_request([large]))
     assert table.regions["r"].users == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "offset", "byte_size", "words"),
+    [
+        ("", "/k", 0, 8, "needs a non-empty name"),
+        ("r", None, 0, 8, "'key' must be a string, got None"),
+        ("r", "/k", "8", 8, "'offset' must be an integer >= 0, got '8'"),
+        ("r", "/k", -1, 8, "'offset' must be an integer >= 0"),
+        ("r", "/k", 0, 0, "'byte_size' must be an integer >= 1, got 0"),
+        ("r", "/k", 0, True, "'byte_size' must be an integer >= 1, got True"),
+    ],
+)
+def test_register_names_the_bad_field(
+    name: str, key: object, offset: object, byte_size: object, words: str
+) -> None:
+    with pytest.raises(InferdError) as info:
+        SharedMemoryRegistry().register(name, key, offset, byte_size)
+    assert info.value.kind is ErrorKind.INVALID_ARGUMENT
+    assert words in info.value.message
