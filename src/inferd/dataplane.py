@@ -267,7 +267,7 @@ class DataPlane:
     def _shared_memory_gate(self) -> None:
         """Every change to the shared-memory table passes here, and only here. Registering
         makes the server map (and read and write) an object of the client's choosing; the
-        adapters check its credential first (the `shared-memory` API group, src/inferd/access.py)."""
+        adapters check its credential first (the `shared-memory` API group, see access.py)."""
         if self.workers is not None:
             raise invalid(
                 "system shared memory needs a server of one process: with --workers N a "
