@@ -4,6 +4,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from inferd.python_model import ModelContext, PythonModel  # noqa: E402
+from inferd.python_model import ModelContext, PythonModel, ResponseSender  # noqa: E402
 
-__all__ = ["ModelContext", "PythonModel", "__version__"]
+__all__ = ["ModelContext", "PythonModel", "ResponseSender", "__version__"]

@@ -9,6 +9,7 @@ class ErrorKind(enum.Enum):
     INVALID_ARGUMENT = "invalid_argument"  # the request is wrong: fix it, don't retry
     NOT_FOUND = "not_found"  # no such model or version
     PERMISSION_DENIED = "permission_denied"  # an admin call while the admin API is off
+    UNSUPPORTED = "unsupported"  # this endpoint cannot serve this model (a decoupled one)
     UNAVAILABLE = "unavailable"  # the model cannot serve right now (not ready, unloading)
     RESOURCE_EXHAUSTED = "resource_exhausted"  # shed: retry later
     PAYLOAD_TOO_LARGE = "payload_too_large"  # body over the configured limit

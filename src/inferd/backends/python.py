@@ -19,9 +19,12 @@ from inferd.backends.base import LoadContext
 from inferd.backends.triton_python import TritonPythonInstance
 from inferd.backends.worker_process import ProcessInstance
 from inferd.conformance import OutputMismatchError
+from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
-from inferd.python_model import ModelContext
+from inferd.python_model import ModelContext, ResponseSender
 from inferd.repository.config import ConfigError, instance_group_of, parameter
+from inferd.signature import BoundRequest
+from inferd.streams import CollectingSink, guard_release
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.python")
@@ -49,6 +52,12 @@ class PythonBackend:
                 f"{config.name}/config.pbtxt: parameters: isolation '{isolation}' is not "
                 'supported; use "process" (a worker process of its own) or "thread" (default)'
             )
+        if isolation == "process" and config.model_transaction_policy.decoupled:
+            raise ConfigError(
+                f'{config.name}/config.pbtxt: parameters: isolation "process" does not run '
+                "decoupled models (model_transaction_policy decoupled): their responses and "
+                'cancellations would have to cross the worker\'s pipe; use isolation "thread"'
+            )
 
     def load(self, ctx: LoadContext) -> PythonInstance | TritonPythonInstance | ProcessInstance:
         if instance_group_of(ctx.config, ctx.instance_index).group.kind == KIND_GPU:
@@ -72,6 +81,8 @@ class PythonBackend:
         module = import_model_module(ctx)
         try:
             if hasattr(module, "Model"):
+                if ctx.config.model_transaction_policy.decoupled:
+                    return StreamingPythonInstance(ctx, module)
                 return PythonInstance(ctx, module)
             if hasattr(module, "TritonPythonModel"):
                 return TritonPythonInstance(ctx, module)
@@ -147,3 +158,44 @@ class PythonInstance:
         finally:
             sys.modules.pop(self._module_name, None)
             del self._model
+
+
+class StreamingPythonInstance(PythonInstance):
+    """A decoupled `Model`: `predict_stream(inputs, responses)` once per request, each
+    request's responses going to its own stream (a `RequestListInstance`)."""
+
+    def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
+        if not callable(getattr(module.Model, "predict_stream", None)):
+            raise RuntimeError(
+                "a decoupled model (model_transaction_policy decoupled) must define "
+                "Model.predict_stream(inputs, responses)"
+            )
+        super().__init__(ctx, module)
+
+    def execute_requests(
+        self, requests: list[BoundRequest]
+    ) -> list[dict[str, Array] | InferdError]:
+        results: list[dict[str, Array] | InferdError] = []
+        for request in requests:
+            sink = request.responses if request.responses is not None else CollectingSink()
+            sender = ResponseSender(sink, self._name, request.request_id, request.parameters)
+            guard_release(sender, sink, self._name)
+            sink.started()
+            try:
+                with running_model(self._name):
+                    returned = self._model.predict_stream(request.inputs, sender)
+                if returned is not None:
+                    raise RuntimeError(
+                        f"predict_stream() returned {type(returned).__name__}; it must return "
+                        "None and send its responses through `responses`"
+                    )
+            except Exception as exc:
+                # This request fails alone: the others of the batch still run.
+                error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self._name}': {exc}")
+                if not sink.fail(error):  # its stream had ended: no client hears of it
+                    log.warning("%s (after the request's final flag)", error.message)
+                results.append(error)
+            else:
+                results.append({})
+            del sender  # released now: a model that kept no reference and sent no final flag
+        return results

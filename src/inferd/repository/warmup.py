@@ -22,6 +22,7 @@ from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.protocol.codec import decode_bytes_elements
 from inferd.repository.config import ConfigError, parameter
 from inferd.signature import BoundRequest, ModelSignature
+from inferd.streams import CollectingSink
 from inferd.types import Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
@@ -126,7 +127,7 @@ def warm_up(
     where = f"{config.name}/config.pbtxt"
     samples = warmup_samples(config, model_dir)
     try:
-        run_warmup(instances, samples, signature)
+        run_warmup(instances, samples, signature, config.model_transaction_policy.decoupled)
     except _SampleFailedError as exc:
         if config.model_warmup:
             raise WarmupError(
@@ -143,11 +144,15 @@ def warm_up(
 
 
 def run_warmup(
-    instances: Sequence[AnyInstance], samples: list[Sample], signature: ModelSignature
+    instances: Sequence[AnyInstance],
+    samples: list[Sample],
+    signature: ModelSignature,
+    decoupled: bool = False,
 ) -> None:
     """Execute every sample `count` times on every instance and check each answer's outputs
     against the config. Raises `_SampleFailedError` when an execution raises, `WarmupError` when
-    an answer does not conform; both at the first failure."""
+    an answer does not conform; both at the first failure. A decoupled model's answer is the
+    responses it sent before its execution returned, each checked for the outputs it holds."""
     outputs = list(signature.outputs.values())
     for name, inputs, count in samples:
         rows = next(iter(inputs.values())).shape[0] if signature.is_batched and inputs else 1
@@ -155,10 +160,16 @@ def run_warmup(
             for _ in range(count):
                 try:
                     if isinstance(instance, RequestListInstance):
-                        request = BoundRequest(inputs, rows, (), list(signature.outputs), "warmup")
+                        sink = CollectingSink()
+                        request = BoundRequest(
+                            inputs, rows, (), list(signature.outputs), "warmup", responses=sink
+                        )
                         (result,) = instance.execute_requests([request])
                         if isinstance(result, Exception):
                             raise result
+                        if decoupled:
+                            _check_responses(signature, sink, rows)
+                            continue
                     else:
                         result = instance.execute(inputs)
                     for spec in outputs:
@@ -167,3 +178,12 @@ def run_warmup(
                     raise WarmupError(f"warm-up '{name}': {exc.message}") from None
                 except Exception as exc:
                     raise _SampleFailedError(f"warm-up '{name}' failed: {exc}") from None
+
+
+def _check_responses(signature: ModelSignature, sink: CollectingSink, rows: int) -> None:
+    for item in sink.items:
+        if item.error is not None:
+            raise item.error  # the model refused the sample (an error response)
+        for spec in signature.outputs.values():
+            if item.outputs is not None and spec.name in item.outputs:
+                conform_output(signature, spec, item.outputs, rows)
