@@ -24,6 +24,7 @@ from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.protocol.codec import decode_request, encode_response
+from inferd.protocol.generate import GenerateEndpoint
 from inferd.repository.config import to_json
 from inferd.types import InferRequest
 
@@ -32,6 +33,7 @@ log = logging.getLogger("inferd.http")
 STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_ARGUMENT: 400,
     ErrorKind.PERMISSION_DENIED: 403,
+    ErrorKind.UNSUPPORTED: 400,  # Triton's mapping of UNSUPPORTED
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
     ErrorKind.RESOURCE_EXHAUSTED: 429,
@@ -113,7 +115,15 @@ class HttpAdapter:
             (m + "/routing/promote", self.promote, ["POST"]),
             (m + "/routing/rollback", self.rollback, ["POST"]),
         ]
-        return [Route(path, errors_mapped(fn), methods=methods) for path, fn, methods in table]
+        routes = [Route(path, errors_mapped(fn), methods=methods) for path, fn, methods in table]
+        # Triton's generate extension: ASGI apps of their own, since they stream.
+        for suffix, streaming in (("/generate", False), ("/generate_stream", True)):
+            endpoint = GenerateEndpoint(
+                self.dp, self.max_request_bytes, streaming, read_body, _deadline_ns, STATUS
+            )
+            routes += [Route(m + suffix, endpoint, methods=["POST"])]
+            routes += [Route(mv + suffix, endpoint, methods=["POST"])]
+        return routes
 
     async def _infer_is_elsewhere(self, request: Request) -> Response:
         raise AssertionError("POST .../infer is served by InferEndpoint")
