@@ -302,8 +302,12 @@ class DecoupledCall:
             record.failure = FAILURE_REASON[error.kind]
             record.message = error.message
         if circuit is not None:
-            counts = error is not None and error.kind in MODEL_FAILURES and not cancelled
-            circuit.record(record.failure is None, counts=counts)
+            # As `infer`: a success counts, a failure only when it says something about the
+            # model (not a bad request, not a client that left).
+            failed_model = error is not None and error.kind in MODEL_FAILURES
+            circuit.record(
+                record.failure is None, counts=not cancelled and (error is None or failed_model)
+            )
         self._telemetry.request(record)
 
 

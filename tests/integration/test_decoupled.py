@@ -718,3 +718,32 @@ def test_a_request_whose_client_leaves_the_queue_never_executes(batched: Batched
     batched.stream(6, 1, later)
     assert [e["OUT"] for e in later[6]] == [6000]
     assert batched.executions() == [[1], [6]]
+
+
+def test_a_failing_decoupled_model_opens_its_circuit_and_a_good_probe_closes_it(
+    tmp_path: Path,
+) -> None:
+    config = REPEAT_CONFIG.format(name="fragile", marker_dir=tmp_path) + (
+        'parameters { key: "circuit_breaker_failures" value: { string_value: "2" } }\n'
+        'parameters { key: "circuit_breaker_open_s" value: { string_value: "0.2" } }\n'
+    )
+    write_model(tmp_path, "fragile", REPEAT_INFERD_PY, config)
+    with run_server(tmp_path) as running, running.client() as client:
+        circuit = running.server.registry.models["fragile"].circuit
+        url = "/v2/models/fragile/generate_stream"
+        for failures in (1, 2):
+            r = client.post(url, json={"N": 2, "TAG": 1, "RAISE_AT": 0})
+            assert r.status_code == 500
+            wait_for_count(running, "fragile", "fail", failures)  # the outcome is counted
+        assert circuit.is_open
+        refused = client.post(url, json={"N": 1, "TAG": 1})
+        assert refused.status_code == 503 and "circuit is open" in refused.json()["error"]
+        deadline = time.monotonic() + STATE_DEADLINE_S
+        while circuit.retry_in_s() > 0:  # the breaker's own clock: a probe is due
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        probe = client.post(url, json={"N": 2, "TAG": 1})
+        assert probe.status_code == 200
+        assert [e["OUT"] for e in sse_events(iter(probe.text.splitlines()))] == [1000, 1001]
+        wait_for_count(running, "fragile", "success", 1)
+        assert not circuit.is_open  # a successful stream closed it
