@@ -1,12 +1,14 @@
-"""Decoupled Python models for the streaming tests: one in Triton's style, one in inferd's.
+"""Decoupled Python models for the streaming tests: one in Triton's style, one in inferd's, and
+inferd's again in a worker process of its own (`isolation: "process"`).
 
-Both behave the same. Inputs: `N` responses to send (each `OUT` = TAG * 1000 + i and `IDX` =
+All behave the same. Inputs: `N` responses to send (each `OUT` = TAG * 1000 + i and `IDX` =
 i, the last one carrying the final flag; N = 0: the final flag alone), `TAG`, and optionally
 `FAIL_AT` (that response is an error response instead) and `RAISE_AT` (the model raises
 after sending that many). N = -1 sends one response, then waits until the client has gone:
 it writes `<marker_dir>/cancelled-<TAG>`, sends three more responses (to be dropped) and the
 final flag. A wait that sees no cancellation gives up after a minute, so that a failing test
-cannot hang the server's shutdown.
+cannot hang the server's shutdown. The worker-process model also takes `CRASH_AT`: its process
+exits after sending that many responses.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ import numpy as np
 class Model:
     def load(self, context):
         self.marker_dir = context.parameters["marker_dir"]
+        self.may_crash = context.parameters.get("may_crash") == "true"
 
     def predict_stream(self, inputs, responses):
         def get(name, default):
@@ -89,6 +92,7 @@ class Model:
 
         n, tag = get("N", 0), get("TAG", 0)
         fail_at, raise_at = get("FAIL_AT", -1), get("RAISE_AT", -1)
+        crash_at = get("CRASH_AT", -1) if self.may_crash else -1
 
         def response(i):
             return {"OUT": np.array([tag * 1000 + i], np.int32), "IDX": np.array([i], np.int32)}
@@ -106,6 +110,8 @@ class Model:
             responses.close()
             return
         for i in range(n):
+            if i == crash_at:
+                os._exit(1)
             if i == raise_at:
                 raise RuntimeError(f"raised at {i}")
             if i == fail_at:
@@ -125,7 +131,8 @@ input [
   {{ name: "N", data_type: TYPE_INT32, dims: [ 1 ] }},
   {{ name: "TAG", data_type: TYPE_INT32, dims: [ 1 ] }},
   {{ name: "FAIL_AT", data_type: TYPE_INT32, dims: [ 1 ], optional: true }},
-  {{ name: "RAISE_AT", data_type: TYPE_INT32, dims: [ 1 ], optional: true }}
+  {{ name: "RAISE_AT", data_type: TYPE_INT32, dims: [ 1 ], optional: true }},
+  {{ name: "CRASH_AT", data_type: TYPE_INT32, dims: [ 1 ], optional: true }}
 ]
 output [
   {{ name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] }},
@@ -133,6 +140,11 @@ output [
 ]
 instance_group [ {{ count: 3 }} ]
 parameters {{ key: "marker_dir" value: {{ string_value: "{marker_dir}" }} }}
+"""
+
+ISOLATED = """\
+parameters { key: "isolation" value: { string_value: "process" } }
+parameters { key: "may_crash" value: { string_value: "true" } }
 """
 
 # Not decoupled: generate and generate_stream answer it once.
@@ -155,7 +167,11 @@ input [ { name: "text_input", data_type: TYPE_STRING, dims: [ 1 ] } ]
 output [ { name: "text_output", data_type: TYPE_STRING, dims: [ 1 ] } ]
 """
 
-REPEAT_MODELS = {"repeat_triton": REPEAT_TRITON_PY, "repeat_inferd": REPEAT_INFERD_PY}
+REPEAT_MODELS = {
+    "repeat_triton": REPEAT_TRITON_PY,
+    "repeat_inferd": REPEAT_INFERD_PY,
+    "repeat_isolated": REPEAT_INFERD_PY,
+}
 
 
 def write_model(repo: Path, name: str, code: str, config: str) -> None:
@@ -166,5 +182,8 @@ def write_model(repo: Path, name: str, code: str, config: str) -> None:
 
 def write_stream_models(repo: Path, marker_dir: Path) -> None:
     for name, code in REPEAT_MODELS.items():
-        write_model(repo, name, code, REPEAT_CONFIG.format(name=name, marker_dir=marker_dir))
+        config = REPEAT_CONFIG.format(name=name, marker_dir=marker_dir)
+        if name == "repeat_isolated":  # two worker processes are enough
+            config = config.replace("count: 3", "count: 2") + ISOLATED
+        write_model(repo, name, code, config)
     write_model(repo, "upper", UPPER_PY, UPPER_CONFIG)

@@ -141,6 +141,17 @@ def test_a_model_raising_mid_stream_ends_it_with_the_error(
     assert one_stream(protocol, server, model, N=1, TAG=6).items == [(6000, 0)]
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_worker_process_dying_mid_stream_ends_it_and_is_restarted(
+    server: RunningServer, protocol: str
+) -> None:
+    s = one_stream(protocol, server, "repeat_isolated", True, N=5, TAG=8, CRASH_AT=2)
+    assert [out for out, _ in s.items] == [8000, 8001, "error"]
+    assert "worker process died (exit code 1) while streaming this request" in s.items[2][1]
+    # The next request waits for the restarted worker, and is served.
+    assert one_stream(protocol, server, "repeat_isolated", N=2, TAG=8).outs == [8000, 8001]
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_an_error_before_any_response_is_the_requests_error(
     server: RunningServer, model: str

@@ -15,7 +15,7 @@ import pytest
 
 from tests.servers import STATE_DEADLINE_S, RunningServer, run_server
 from tests.stream_clients import sse_events, wait_for_count
-from tests.stream_models import REPEAT_CONFIG, REPEAT_INFERD_PY, write_model
+from tests.stream_models import ISOLATED, REPEAT_CONFIG, REPEAT_INFERD_PY, write_model
 
 # -- what a decoupled model must do -----------------------------------------------------------
 
@@ -118,23 +118,18 @@ def assert_warned(records: list[logging.LogRecord], words: str) -> None:
         time.sleep(0.005)
 
 
-def test_what_cannot_run_decoupled_fails_the_load(tmp_path: Path) -> None:
-    isolated = REPEAT_CONFIG.format(name="isolated", marker_dir=tmp_path) + (
-        'parameters { key: "isolation" value: { string_value: "process" } }\n'
-    )
-    write_model(tmp_path, "isolated", REPEAT_INFERD_PY, isolated)
-    no_stream = REPEAT_CONFIG.format(name="no_stream", marker_dir=tmp_path)
-    write_model(
-        tmp_path, "no_stream", "class Model:\n    def predict(self, inputs): ...\n", no_stream
-    )
+def test_a_decoupled_model_without_predict_stream_fails_the_load(tmp_path: Path) -> None:
+    code = "class Model:\n    def predict(self, inputs): ...\n"
+    for name, extra in (("no_stream", ""), ("no_stream_isolated", ISOLATED)):
+        write_model(tmp_path, name, code, REPEAT_CONFIG.format(name=name, marker_dir=tmp_path))
+        (tmp_path / name / "config.pbtxt").write_text(
+            (tmp_path / name / "config.pbtxt").read_text() + extra
+        )
     with run_server(tmp_path) as running, running.client() as client:
         index = {row["name"]: row for row in client.post("/v2/repository/index").json()}
-    assert index["isolated"]["state"] == "UNAVAILABLE"
-    reason = index["isolated"]["reason"]
-    assert "isolated/config.pbtxt" in reason and 'isolation "process"' in reason
-    assert "decoupled" in reason
-    assert index["no_stream"]["state"] == "UNAVAILABLE"
-    assert "must define Model.predict_stream(inputs, responses)" in index["no_stream"]["reason"]
+    for name in ("no_stream", "no_stream_isolated"):  # in the server, and in a worker process
+        assert index[name]["state"] == "UNAVAILABLE"
+        assert "must define Model.predict_stream(inputs, responses)" in index[name]["reason"]
 
 
 def test_a_failing_decoupled_model_opens_its_circuit_and_a_good_probe_closes_it(

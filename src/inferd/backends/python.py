@@ -18,6 +18,7 @@ from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
 from inferd.backends.triton_python import TritonPythonInstance
 from inferd.backends.worker_process import ProcessInstance
+from inferd.backends.worker_stream import StreamingProcessInstance
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
@@ -52,12 +53,6 @@ class PythonBackend:
                 f"{config.name}/config.pbtxt: parameters: isolation '{isolation}' is not "
                 'supported; use "process" (a worker process of its own) or "thread" (default)'
             )
-        if isolation == "process" and config.model_transaction_policy.decoupled:
-            raise ConfigError(
-                f'{config.name}/config.pbtxt: parameters: isolation "process" does not run '
-                "decoupled models (model_transaction_policy decoupled): their responses and "
-                'cancellations would have to cross the worker\'s pipe; use isolation "thread"'
-            )
 
     def load(self, ctx: LoadContext) -> PythonInstance | TritonPythonInstance | ProcessInstance:
         if instance_group_of(ctx.config, ctx.instance_index).group.kind == KIND_GPU:
@@ -72,6 +67,8 @@ class PythonBackend:
         isolation = parameter(ctx.config, "isolation", "thread")
         if isolation == "process":
             # model.py is imported in the worker process only: its import may crash too.
+            if ctx.config.model_transaction_policy.decoupled:
+                return StreamingProcessInstance(ctx)
             return ProcessInstance(ctx)
         if isolation not in ("", "thread"):
             raise ConfigError(
