@@ -170,6 +170,8 @@ class StreamingEntry:
 
 
 class DecoupledCall:
+    """One admitted, bound request to a decoupled model version, until its record is told."""
+
     def __init__(
         self,
         mv: ModelVersion,
