@@ -19,14 +19,18 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
-import httpx
 import numpy as np
 import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.servers import free_port  # noqa: E402
+from tests.server_process import (  # noqa: E402
+    check_still_serving,
+    free_port,
+    wait_until_serving,
+)
 from tests.stream_models import write_stream_models  # noqa: E402
 
 
@@ -63,12 +67,15 @@ def http_run(url: str, model: str, streams: int, responses: int) -> float:
     counts = [0] * streams
 
     def one(tag: int) -> None:
-        body = {"N": responses, "TAG": tag}
-        with (
-            httpx.Client(base_url=url, timeout=120) as client,
-            client.stream("POST", f"/v2/models/{model}/generate_stream", json=body) as r,
-        ):
-            for line in r.iter_lines():
+        body = json.dumps({"N": responses, "TAG": tag}).encode()
+        request = urllib.request.Request(
+            f"{url}/v2/models/{model}/generate_stream",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as r:  # noqa: S310 (loopback)
+            for raw in r:
+                line = raw.decode()
                 if line.startswith("data: "):
                     json.loads(line[6:])
                     counts[tag] += 1
@@ -107,16 +114,8 @@ def main() -> None:
         )  # fmt: skip
         url = f"http://127.0.0.1:{http_port}"
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("inferd did not become ready")
-                time.sleep(0.1)
+            # Our own process, on the port chosen now (never a stranger that took it).
+            wait_until_serving(server.pid, http_port, exit_code=server.poll, timeout_s=60)
             before = rss_mib(server.pid)
             print(f"{'model':<14} {'protocol':<8} {'streams':>7} {'responses/s':>12}")
             for model in ("repeat_triton", "repeat_inferd"):
@@ -129,6 +128,7 @@ def main() -> None:
                         else:
                             rate = http_run(url, model, streams, args.responses)
                         print(f"{model:<14} {protocol:<8} {streams:>7} {rate:>12,.0f}")
+            check_still_serving(server.pid, http_port, server.poll)
             print(f"server RSS: {before:.0f} MiB before, {rss_mib(server.pid):.0f} MiB after")
         finally:
             server.terminate()

@@ -138,7 +138,8 @@ class PythonInstance:
             )
             if hasattr(self._model, "load"):
                 self._model.load(context)
-        self.wants_request_info = _takes_requests(self._model.predict)
+        predict = getattr(self._model, "predict", None)  # a decoupled model has predict_stream
+        self.wants_request_info = predict is not None and _takes_requests(predict)
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
         if self.wants_request_info:  # called without them (warm-up): one request per row
