@@ -8,6 +8,7 @@ computed from the requests' shapes (Triton's rules: docs/batching.md).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -54,21 +55,23 @@ def merged_inputs(requests: Sequence[BoundRequest], plan: RaggedPlan) -> dict[st
 
 def batch_input(spec: BatchInputSpec, shapes: Sequence[tuple[int, ...]]) -> Array:
     """The batch input `spec` for requests whose `spec.source` inputs have `shapes` (batch
-    dimension first). Element counts include the batch dimension, as Triton's do."""
+    dimension first). Element counts include the batch dimension, as Triton's do.
+
+    A batch holds at most max_batch_size requests: plain Python over their shapes, then one
+    array, costs less here than a chain of numpy calls on a handful of numbers."""
     kind = spec.kind
     if kind in (ITEM_SHAPE, ITEM_SHAPE_FLATTEN):
-        # BATCH_ITEM_SHAPE(_FLATTEN): each batch item's shape without the batch dimension,
-        # a request of n rows giving n items.
-        items = np.array([s[1:] for s in shapes], dtype=spec.dtype)
-        per_item = np.repeat(items, [s[0] for s in shapes], axis=0)
-        return per_item if kind == ITEM_SHAPE else per_item.reshape(-1)
-    counts = np.fromiter((math.prod(s) for s in shapes), dtype=np.int64, count=len(shapes))
-    if kind == ELEMENT_COUNT:
-        return counts.astype(spec.dtype)
+        # Each batch item's shape without the batch dimension; a request of n rows is n items.
+        items = [s[1:] for s in shapes for _ in range(s[0])]
+        value = np.array(items, dtype=spec.dtype)
+        return value if kind == ITEM_SHAPE else value.reshape(-1)
+    counts = [math.prod(s) for s in shapes]
     if kind == MAX_ELEMENT_COUNT_AS_SHAPE:
         # Only the shape carries information (Triton leaves the data uninitialised).
-        return np.zeros(int(counts.max()), dtype=spec.dtype)
-    ends = np.cumsum(counts)  # BATCH_ACCUMULATED_ELEMENT_COUNT(_WITH_ZERO)
+        return np.zeros(max(counts), dtype=spec.dtype)
+    if kind == ELEMENT_COUNT:
+        return np.array(counts, dtype=spec.dtype)
+    ends = list(itertools.accumulate(counts))  # BATCH_ACCUMULATED_ELEMENT_COUNT(_WITH_ZERO)
     if kind == ACCUMULATED_ELEMENT_COUNT_WITH_ZERO:
-        ends = np.concatenate([np.zeros(1, dtype=np.int64), ends])
-    return ends.astype(spec.dtype)
+        ends.insert(0, 0)
+    return np.array(ends, dtype=spec.dtype)
