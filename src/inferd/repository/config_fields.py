@@ -173,7 +173,8 @@ FIELDS: dict[str, FieldRule] = {
     "output.is_non_linear_format_io": _refused(TENSORRT),
     "batch_input": _honoured(
         "extra model inputs the server computes per batch (element counts, their running "
-        "sums, item shapes), mostly to find the requests in a ragged input",
+        "sums, item shapes), mostly to find the requests in a ragged input; a "
+        "TritonPythonModel, which gets the requests unmerged, refuses it",
         backends=RAGGED_BACKENDS,
     ),
     "batch_input.kind": _honoured(
