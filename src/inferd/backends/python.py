@@ -83,6 +83,16 @@ class PythonBackend:
                     return StreamingPythonInstance(ctx, module)
                 return PythonInstance(ctx, module)
             if hasattr(module, "TritonPythonModel"):
+                if ctx.config.batch_input:
+                    # Its execute(requests) gets each request's own tensors, not one
+                    # merged batch: there is no batch to describe (Triton's Python
+                    # backend does not create batch inputs either).
+                    raise ConfigError(
+                        f"{ctx.model_name}/config.pbtxt: batch_input: a TritonPythonModel "
+                        "receives each request's own tensors, so batch inputs are not "
+                        "supported; read each request's shape instead, or define class "
+                        "'Model' (inferd's API), which receives the merged batch"
+                    )
                 return TritonPythonInstance(ctx, module)
             raise RuntimeError(
                 "model.py defines no class 'Model' (inferd) or 'TritonPythonModel' "
