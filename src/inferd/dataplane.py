@@ -13,7 +13,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd import __version__
+from inferd import __version__, classification
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
@@ -26,6 +26,7 @@ from inferd.types import InferRequest, InferResponse
 from inferd.workers import peers
 
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
@@ -331,6 +332,7 @@ class DataPlane:
         mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
         record.model, record.version = mv.name, mv.version
         bound = mv.signature.bind(request)
+        classes = classification.requested_classes(request, mv.signature)
         record.rows = bound.rows
         priority, timeout_us = _scheduling_parameters(request)
         assert mv.batcher is not None  # a READY version always has one
@@ -345,6 +347,15 @@ class DataPlane:
             ]
         except OutputMismatchError as exc:
             raise _model_error(mv, exc.message) from None
+        if classes:
+            tensors = [
+                classification.top_classes(
+                    t, classes[t.name], signature.labels.get(t.name, ()), signature.is_batched
+                )
+                if t.name in classes
+                else t
+                for t in tensors
+            ]
         times.compute_output_ns += time.perf_counter_ns() - t0
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id

@@ -146,6 +146,8 @@ class ModelSignature:
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
+        # Output name -> its classification labels (label_filename), set when it loads.
+        self.labels: dict[str, tuple[str, ...]] = {}
         self.max_batch_size = int(config.max_batch_size)
         self.is_batched = self.max_batch_size > 0  # read on every request: not a property
         self.inputs = {

@@ -82,10 +82,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
     if msg.outputs:
         outputs = []
         for o in msg.outputs:
-            params = parameters_to_dict(o.parameters)
-            if "classification" in params:
-                raise invalid(f"output '{o.name}': the classification extension is not supported")
-            outputs.append(RequestedOutput(o.name, params))
+            outputs.append(RequestedOutput(o.name, parameters_to_dict(o.parameters)))
     return InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,

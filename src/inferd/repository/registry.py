@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import Backend
 from inferd.circuit import CircuitBreaker, CircuitPolicy
+from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
@@ -265,6 +266,7 @@ class ModelRegistry:
             policy = RollbackPolicy.from_config(config)
             circuit_policy = CircuitPolicy.from_config(config)
             signature = ModelSignature(config)  # its limits can be malformed config too
+            signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
                     n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
