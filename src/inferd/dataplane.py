@@ -20,6 +20,7 @@ from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord,
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
+from inferd.runtime_settings import RuntimeSettings
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
 from inferd.types import InferRequest, InferResponse
@@ -32,6 +33,8 @@ EXTENSIONS = [
     "model_repository",
     "parameters",
     "statistics",
+    "trace",
+    "logging",
 ]
 
 
@@ -49,6 +52,8 @@ class DataPlane:
         self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
         self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
         self._inflight = 0
+        # The trace and log settings APIs, changed through the same gate as the repository.
+        self.runtime = RuntimeSettings(self._admin, lambda name: name in self.registry.models)
 
     # -- health and metadata ------------------------------------------------------------
 

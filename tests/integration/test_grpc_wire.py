@@ -131,8 +131,6 @@ def test_malformed_messages_are_invalid_argument(stub, datatype, shape, fill, wo
 UNIMPLEMENTED = {
     "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest(),
     "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest(name="x"),
-    "TraceSetting": pb.TraceSettingRequest(),
-    "LogSettings": pb.LogSettingsRequest(),
 }
 
 

@@ -112,6 +112,9 @@ class HttpAdapter:
             (m + "/routing", self.routing, ["GET", "POST"]),
             (m + "/routing/promote", self.promote, ["POST"]),
             (m + "/routing/rollback", self.rollback, ["POST"]),
+            ("/v2/trace/setting", self.trace_settings, ["GET", "POST"]),
+            (m + "/trace/setting", self.trace_settings, ["GET", "POST"]),
+            ("/v2/logging", self.log_settings, ["GET", "POST"]),
         ]
         return [Route(path, errors_mapped(fn), methods=methods) for path, fn, methods in table]
 
@@ -190,6 +193,15 @@ class HttpAdapter:
         return json_response(
             self.dp.rollback(request.path_params["model"], str(doc.get("version", "")))
         )
+
+    async def trace_settings(self, request: Request) -> Response:
+        changes = await self._json_body(request) if request.method == "POST" else None
+        model = request.path_params.get("model", "")
+        return json_response(self.dp.runtime.trace_settings(model, changes))
+
+    async def log_settings(self, request: Request) -> Response:
+        changes = await self._json_body(request) if request.method == "POST" else None
+        return json_response(self.dp.runtime.log_settings(changes))
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
         body = await self._read_body(request)
