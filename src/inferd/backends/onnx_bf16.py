@@ -34,6 +34,9 @@ def _bits(array: Array) -> Array:
 
 def _bf16_from(value: Any) -> Array:
     """A copy of a CPU OrtValue holding bfloat16 elements, as an ml_dtypes array."""
+    if value.device_name().lower() != "cpu":
+        # Never read a device pointer as host memory: fail the request, saying why.
+        raise RuntimeError(f"a BF16 output came back on {value.device_name()}, not the CPU")
     shape = tuple(value.shape())
     count = math.prod(shape)
     if count == 0:
