@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.errors import invalid
 from inferd.repository.config import ConfigError
+from inferd.repository.paths import confined
 from inferd.signature import ModelSignature
 from inferd.types import InferRequest, Tensor
 
@@ -91,13 +92,15 @@ def top_classes(tensor: Tensor, k: int, labels: Sequence[str], batched: bool) ->
 def read_labels(config: mc.ModelConfig, model_dir: Path) -> dict[str, tuple[str, ...]]:
     """Each output's labels from its `label_filename` (one label per line), read when the
     model loads. Raises ConfigError naming the field when the file is missing, unreadable,
-    or outside the model directory (a config must not read files elsewhere)."""
+    or outside the model directory (a config must not read files elsewhere: the check is
+    repository.paths', which the load has already applied; applied again here, where the
+    file is read)."""
     labels: dict[str, tuple[str, ...]] = {}
     for out in config.output:
         if not out.label_filename:
             continue
         field = f"{config.name}/config.pbtxt: output '{out.name}': label_filename"
-        path = _inside(model_dir, out.label_filename, field)
+        path = confined(model_dir, out.label_filename, "", field)
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -111,14 +114,3 @@ def read_labels(config: mc.ModelConfig, model_dir: Path) -> dict[str, tuple[str,
             ) from None
         labels[out.name] = tuple(text.splitlines())
     return labels
-
-
-def _inside(model_dir: Path, relative: str, field: str) -> Path:
-    """`relative` within `model_dir`, after following `..` and symbolic links."""
-    if Path(relative).is_absolute():
-        raise ConfigError(f"{field}: '{relative}' must be a path inside the model directory")
-    root = model_dir.resolve()
-    path = (root / relative).resolve()
-    if root not in path.parents:
-        raise ConfigError(f"{field}: '{relative}' points outside the model directory")
-    return path

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.bench.options import add_request_options
+from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
@@ -88,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-triton-names",
         action="store_true",
-        help="also export Triton's metric names (nv_inference_*), for existing dashboards",
+        help="also export Triton's metric names, for existing dashboards and perf_analyzer "
+        "--collect-metrics: nv_inference_* per model, nv_cpu_* and (with the gpu extra) nv_gpu_*",
     )
     serve.add_argument(
         "--trace-otlp-endpoint",
@@ -148,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.exit_timeout_s,
         help="on shutdown, how long queued and running requests may take to finish",
     )
+    add_security_options(serve)
     add_bench_parser(commands)
     add_tune_parser(commands)
     return parser
@@ -276,10 +279,18 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        from inferd.access import AccessError
+        from inferd.tls import TlsError
         from inferd.workers.supervisor import WorkersError
 
         try:
-            server.run(settings_from(args))
+            settings = settings_from(args)
+            server.access_policy(settings)  # the security options, checked before anything runs
+        except (SecurityOptionError, AccessError, TlsError) as exc:
+            print(f"inferd: {exc}", file=sys.stderr)
+            return 2
+        try:
+            server.run(settings)
         except WorkersError as exc:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
@@ -307,6 +318,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         exit_timeout_s=args.exit_timeout_secs,
         max_inflight_requests=args.max_inflight_requests,
         workers=args.workers,
+        **security_settings(args),
     )
 
 

@@ -14,13 +14,17 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__, classification
+from inferd.access import AccessPolicy
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
+from inferd.python_model import SEQUENCE_END, SEQUENCE_START
+from inferd.repository import uploads
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.runtime_settings import RuntimeSettings
+from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
 from inferd.types import InferRequest, InferResponse
@@ -32,7 +36,9 @@ EXTENSIONS = [
     "model_configuration",
     "model_repository",
     "parameters",
+    "sequence",
     "statistics",
+    "system_shared_memory",
     "trace",
     "logging",
 ]
@@ -40,10 +46,18 @@ EXTENSIONS = [
 
 class DataPlane:
     def __init__(
-        self, registry: ModelRegistry, telemetry: Telemetry, admin_api: bool = False
+        self,
+        registry: ModelRegistry,
+        telemetry: Telemetry,
+        admin_api: bool = False,
+        access: AccessPolicy | None = None,
+        model_upload: str = "off",
     ) -> None:
         self.registry = registry
         self.admin_api = admin_api
+        # Who may call which API group: the adapters consult it with each call's headers.
+        self.access = access or AccessPolicy()
+        self.model_upload = model_upload  # load's `file:` parameters: off, files or code
         self.telemetry = telemetry
         self.statistics = StatisticsSink()
         telemetry.add(self.statistics)
@@ -52,6 +66,7 @@ class DataPlane:
         self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
         self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
         self._inflight = 0
+        self.shared_memory = SharedMemoryRegistry()
         # The trace and log settings APIs, changed through the same gate as the repository.
         self.runtime = RuntimeSettings(self._admin, lambda name: name in self.registry.models)
 
@@ -88,7 +103,10 @@ class DataPlane:
         return ""
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "inferd", "version": __version__, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS
+        if self.workers is not None:  # see _shared_memory_gate
+            extensions = [e for e in EXTENSIONS if e != "system_shared_memory"]
+        return {"name": "inferd", "version": __version__, "extensions": extensions}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -209,6 +227,7 @@ class DataPlane:
                 files[key.removeprefix("file:")] = value
             else:
                 raise invalid(f"unknown load parameter '{key}'; expected 'config' or 'file:<path>'")
+        uploads.check_allowed(files, self.model_upload)
         try:
             await self.registry.load_model(name, override, files)
         except ConfigError as exc:
@@ -248,6 +267,40 @@ class DataPlane:
         self._admin("routing changes")
         self.registry.rollback(name, version)
         return self.routing(name)
+
+    # -- system shared memory (Triton's extension; the table: inferd/shared_memory.py) -----
+
+    def _shared_memory_gate(self) -> None:
+        """Every change to the shared-memory table passes here, and only here. Registering
+        makes the server map (and read and write) an object of the client's choosing; the
+        adapters check its credential first (the `shared-memory` API group, see access.py)."""
+        if self.workers is not None:
+            raise invalid(
+                "system shared memory needs a server of one process: with --workers N a "
+                "region registered with one worker would be unknown to the worker that "
+                "takes the request"
+            )
+
+    def register_shared_memory(self, name: str, key: object, offset: object, size: object) -> None:
+        self._shared_memory_gate()
+        self.shared_memory.register(name, key, offset, size)
+
+    def unregister_shared_memory(self, name: str = "") -> None:
+        """Region `name`, or every region when "" (an unknown name is no error, as Triton)."""
+        self._shared_memory_gate()
+        self.shared_memory.unregister(name)
+
+    def shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self.shared_memory.status(name)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        """No CUDA region can exist here: none listed, and a named one is unknown."""
+        if name:
+            raise not_found(f"unknown CUDA shared memory region '{name}'")
+        return []
+
+    def register_cuda_shared_memory(self) -> None:
+        raise invalid(CUDA_UNSUPPORTED)
 
     # -- inference ----------------------------------------------------------------------
 
@@ -310,8 +363,14 @@ class DataPlane:
             record.message = exc.message
             raise
         except asyncio.CancelledError:
-            record.failure = CANCELLED
-            record.message = "the client cancelled the request"
+            # gRPC cancels the call when the client's deadline passes, racing the server's
+            # own deadline timer: past the deadline it is a timeout, whichever came first.
+            if ctx.deadline_ns is not None and time.perf_counter_ns() >= ctx.deadline_ns:
+                record.failure = FAILURE_REASON[ErrorKind.DEADLINE_EXCEEDED]
+                record.message = "the request's deadline passed"
+            else:
+                record.failure = CANCELLED
+                record.message = "the client cancelled the request"
             raise
         except Exception as exc:
             record.failure = FAILURE_REASON[ErrorKind.INTERNAL]
@@ -336,32 +395,43 @@ class DataPlane:
         # sticky canary routing.
         mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
         record.model, record.version = mv.name, mv.version
-        bound = mv.signature.bind(request)
-        classes = classification.requested_classes(request, mv.signature)
-        record.rows = bound.rows
-        priority, timeout_us = _scheduling_parameters(request)
-        assert mv.batcher is not None  # a READY version always has one
-        outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
-        record.times = times
-        t0 = time.perf_counter_ns()
-        signature = mv.signature
+        # Inputs in shared memory become views of their regions before anything reads them;
+        # the lease keeps those regions mapped until the answer is built.
+        lease = self.shared_memory.lease(request) if request.uses_shared_memory else None
         try:
-            tensors = [
-                conform_output(signature, signature.outputs[name], outputs, bound.rows)
-                for name in bound.output_names
-            ]
-        except OutputMismatchError as exc:
-            raise _model_error(mv, exc.message) from None
-        if classes:
-            tensors = [
-                classification.top_classes(
-                    t, classes[t.name], signature.labels.get(t.name, ()), signature.is_batched
-                )
-                if t.name in classes
-                else t
-                for t in tensors
-            ]
-        times.compute_output_ns += time.perf_counter_ns() - t0
+            bound = mv.signature.bind(request)
+            classes = classification.requested_classes(request, mv.signature)
+            record.rows = bound.rows
+            priority, timeout_us = _scheduling_parameters(request)
+            if request.parameters or mv.sequence is not None:
+                bound.correlation_id, bound.flags = _sequence_parameters(request, mv)
+            assert mv.batcher is not None  # a READY version always has one
+            outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+            record.times = times
+            t0 = time.perf_counter_ns()
+            signature = mv.signature
+            try:
+                tensors = [
+                    conform_output(signature, signature.outputs[name], outputs, bound.rows)
+                    for name in bound.output_names
+                ]
+            except OutputMismatchError as exc:
+                raise _model_error(mv, exc.message) from None
+            if classes:
+                tensors = [
+                    classification.top_classes(
+                        t, classes[t.name], signature.labels.get(t.name, ()), signature.is_batched
+                    )
+                    if t.name in classes
+                    else t
+                    for t in tensors
+                ]
+            if lease is not None:
+                tensors = lease.write_outputs(tensors)
+            times.compute_output_ns += time.perf_counter_ns() - t0
+        finally:
+            if lease is not None:
+                lease.release()
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
         )
@@ -385,6 +455,42 @@ def _scheduling_parameters(request: InferRequest) -> tuple[int, int]:
             raise invalid(f"request parameter '{key}' must be an integer >= 0, got {value!r}")
         values.append(value)
     return values[0], values[1]
+
+
+_SEQUENCE_FLAGS = (("sequence_start", SEQUENCE_START), ("sequence_end", SEQUENCE_END))
+_UINT64_MAX = 2**64 - 1
+
+
+def _sequence_parameters(request: InferRequest, mv: ModelVersion) -> tuple[int | str, int]:
+    """Triton's sequence extension: `sequence_id` (uint64 or string; 0 / "" for none),
+    `sequence_start`, `sequence_end` (bools) -> (correlation id, flags)."""
+    params = request.parameters
+    cid = params.get("sequence_id", 0)
+    if isinstance(cid, bool) or not (
+        isinstance(cid, str) or (isinstance(cid, int) and 0 <= cid <= _UINT64_MAX)
+    ):
+        raise invalid(
+            f"request parameter 'sequence_id' must be an unsigned 64-bit integer or a string, "
+            f"got {cid!r}"
+        )
+    flags = 0
+    for key, bit in _SEQUENCE_FLAGS:
+        value = params.get(key, False)
+        if not isinstance(value, bool):
+            raise invalid(f"request parameter '{key}' must be a boolean, got {value!r}")
+        if value:
+            flags |= bit
+    if mv.sequence is None and (cid not in (0, "") or flags):
+        used = (
+            "sequence_id"
+            if cid not in (0, "")
+            else next(k for k, b in _SEQUENCE_FLAGS if flags & b)
+        )
+        raise invalid(
+            f"request parameter '{used}': model '{mv.name}' is not a sequence model (its "
+            "config has no sequence_batching)"
+        )
+    return cid, flags
 
 
 def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:

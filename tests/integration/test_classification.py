@@ -66,8 +66,8 @@ output [
 """
 
 BAD_LABELS = {
-    "labels_outside": ("../outside.txt", "points outside the model directory"),
-    "labels_absolute": ("/etc/hostname", "must be a path inside the model directory"),
+    "labels_outside": ("../outside.txt", "must name a file inside the model's directory"),
+    "labels_absolute": ("/etc/hostname", "must name a file inside the model's directory"),
     "labels_missing": ("nope.txt", "labels_missing/nope.txt does not exist"),
 }
 

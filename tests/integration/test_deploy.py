@@ -370,6 +370,15 @@ def test_prometheus_scrapes_a_live_server_end_to_end(live: RunningServer, tmp_pa
         (up,) = query(client, url, 'up{job="inferd"}')
         assert up["value"][1] == "1", logs()
 
+        # Triton's names as Triton's Prometheus has them: bare-named counters, typed counter.
+        assert query(client, url, 'nv_inference_count{model="mlp"}')
+        assert query(client, url, 'nv_inference_request_failure{reason="OTHER"}')
+        assert query(client, url, "nv_cpu_utilization")
+        metadata = client.get(f"{url}/api/v1/metadata").json()["data"]
+        assert metadata["nv_inference_count"][0]["type"] == "counter", metadata
+        assert metadata["nv_inference_request_success"][0]["type"] == "counter"
+        assert metadata["nv_cpu_memory_used_bytes"][0]["type"] == "gauge"
+
         # Every dashboard query is valid PromQL that Prometheus evaluates without error.
         for expr in dashboard_exprs():
             concrete = (

@@ -67,6 +67,23 @@ class OnnxBackend:
         for name, typ, _ in ins + outs:
             if typ not in ORT_TO_CONFIG:
                 raise ConfigError(f"{where}: tensor '{name}' has unsupported ONNX type {typ}")
+        # Tensors the server feeds or keeps itself (sequence control inputs, implicit
+        # state) are not the client's: auto-completion leaves them out of input/output.
+        fed, kept = _sequence_tensors(config)
+        model_inputs = {name for name, _, _ in ins}
+        if missing := sorted(fed - model_inputs):
+            raise ConfigError(
+                f"{where}: sequence_batching names input '{missing[0]}' (a control or state "
+                f"input), which the model file does not have; it has "
+                f"{', '.join(sorted(model_inputs))}"
+            )
+        model_outputs = {name for name, _, _ in outs}
+        if missing := sorted(kept - model_outputs):
+            raise ConfigError(
+                f"{where}: sequence_batching.state output_name '{missing[0]}' is not an output "
+                f"of the model file; it has {', '.join(sorted(model_outputs))}"
+            )
+        ins = [t for t in ins if t[0] not in fed]
 
         if not config.input and not config.output:
             # Batching is possible only if every tensor has a variable leading dimension.
@@ -78,7 +95,9 @@ class OnnxBackend:
                     f"{where}: max_batch_size is {config.max_batch_size} but the model's "
                     "tensors have no variable leading (batch) dimension"
                 )
-            if config.max_batch_size > 1 and not config.HasField("dynamic_batching"):
+            # (Setting dynamic_batching would clear sequence_batching: they are a oneof.)
+            scheduled = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
+            if config.max_batch_size > 1 and not scheduled:
                 config.dynamic_batching.SetInParent()
         skip = 1 if config.max_batch_size > 0 else 0
         for kind, declared, actual in (
@@ -88,6 +107,8 @@ class OnnxBackend:
             by_name = {name: (typ, shape) for name, typ, shape in actual}
             if not declared:
                 for name, typ, shape in actual:
+                    if kind == "output" and name in kept:
+                        continue  # a state output: the server keeps it
                     t = declared.add()
                     t.name = name
                     t.data_type = ORT_TO_CONFIG[typ]
@@ -224,6 +245,15 @@ class OnnxInstance:
 
     def close(self) -> None:
         self.__dict__.pop("_session", None)  # idempotent: closing twice is harmless
+
+
+def _sequence_tensors(config: mc.ModelConfig) -> tuple[set[str], set[str]]:
+    """(inputs the server feeds, outputs it keeps) of a sequence model's config."""
+    if not config.HasField("sequence_batching"):
+        return set(), set()
+    sb = config.sequence_batching
+    fed = {c.name for c in sb.control_input} | {s.input_name for s in sb.state}
+    return fed, {s.output_name for s in sb.state}
 
 
 def _to_str(value: Any) -> str:

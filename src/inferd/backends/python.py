@@ -4,6 +4,7 @@ or class `TritonPythonModel` (Triton's Python-backend contract, see `triton_pyth
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
 import logging
 import sys
@@ -20,7 +21,7 @@ from inferd.backends.triton_python import TritonPythonInstance
 from inferd.backends.worker_process import ProcessInstance
 from inferd.conformance import OutputMismatchError
 from inferd.model_output import running_model
-from inferd.python_model import ModelContext
+from inferd.python_model import ModelContext, RequestInfo
 from inferd.repository.config import ConfigError, instance_group_of, parameter
 from inferd.types import Array
 
@@ -115,6 +116,7 @@ class PythonInstance:
     def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
         self._name = ctx.model_name
         self._module_name = module.__name__
+        self._batched = ctx.config.max_batch_size > 0
         with running_model(self._name):
             self._model: Any = module.Model()
             context = ModelContext(
@@ -128,16 +130,26 @@ class PythonInstance:
             )
             if hasattr(self._model, "load"):
                 self._model.load(context)
+        self.wants_request_info = _takes_requests(self._model.predict)
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        if self.wants_request_info:  # called without them (warm-up): one request per row
+            rows = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
+            return self.execute_with_info(inputs, [RequestInfo("warmup")] * rows)
         with running_model(self._name):
             outputs = self._model.predict(inputs)
-        if not isinstance(outputs, dict):
-            raise OutputMismatchError(
-                f"predict() must return a dict of output name to array, got "
-                f"{type(outputs).__name__}"
+        return _checked(outputs)
+
+    def execute_with_info(
+        self, inputs: dict[str, Array], requests: list[RequestInfo]
+    ) -> dict[str, Array]:
+        with running_model(self._name):
+            outputs = (
+                self._model.predict(inputs, requests)
+                if self.wants_request_info
+                else self._model.predict(inputs)
             )
-        return {name: np.asarray(value) for name, value in outputs.items()}
+        return _checked(outputs)
 
     def close(self) -> None:
         try:
@@ -147,3 +159,23 @@ class PythonInstance:
         finally:
             sys.modules.pop(self._module_name, None)
             del self._model
+
+
+def _takes_requests(predict: Any) -> bool:
+    """Whether `predict` (bound) accepts a second positional argument: the requests."""
+    try:
+        params = list(inspect.signature(predict).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2
+
+
+def _checked(outputs: Any) -> dict[str, Array]:
+    if not isinstance(outputs, dict):
+        raise OutputMismatchError(
+            f"predict() must return a dict of output name to array, got {type(outputs).__name__}"
+        )
+    return {name: np.asarray(value) for name, value in outputs.items()}

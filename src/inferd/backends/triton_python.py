@@ -67,6 +67,8 @@ class TritonPythonInstance:
             pb_utils.InferenceRequest(
                 inputs=[pb_utils.Tensor(name, array) for name, array in r.inputs.items()],
                 request_id=r.request_id,
+                correlation_id=r.correlation_id,
+                flags=r.flags,
                 requested_output_names=r.output_names,
                 model_name=self._name,
             )

@@ -29,7 +29,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.protocol.http import _JSON, InferEndpoint, Reply, pick_headers
+from inferd.protocol.http import _JSON, InferEndpoint, Reply
 
 log = logging.getLogger("inferd.http")
 
@@ -93,7 +93,7 @@ class InferdHttpProtocol(HttpToolsProtocol):
             target = None if b"%" in path else InferEndpoint.match(path.decode("ascii"))
             if target is not None:
                 keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-                call = _InferCall(*target, pick_headers(self.headers), keep_alive)
+                call = _InferCall(*target, self.endpoint.pick_headers(self.headers), keep_alive)
                 self.cycle = call  # type: ignore[assignment]
                 declared = call.headers.get("length", "")
                 if declared.isdigit() and int(declared) > self.endpoint.max_request_bytes:

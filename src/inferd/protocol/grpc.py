@@ -21,14 +21,18 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from inferd import tracing
+from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
+from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
 from inferd.protocol.pb_codec import (
     decode_infer_request,
     encode_infer_response,
     parameters_to_dict,
 )
+from inferd.settings import TlsFiles
+from inferd.tls import grpc_credentials
 from inferd.types import InferRequest, InferResponse
 
 log = logging.getLogger("inferd.grpc")
@@ -36,6 +40,8 @@ log = logging.getLogger("inferd.grpc")
 STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -189,9 +195,49 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         await self.dp.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    # Features that land with later releases answer UNIMPLEMENTED until then.
-    async def _unimplemented(self, context: Any, what: str) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented yet")
+    @errors_mapped
+    async def SystemSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        regions = self.dp.shared_memory_status(request.name)
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={r["name"]: status(**r) for r in regions}
+        )
+
+    @errors_mapped
+    async def SystemSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.dp.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @errors_mapped
+    async def SystemSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.dp.unregister_shared_memory(request.name)  # "" unregisters every region
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @errors_mapped
+    async def CudaSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self.dp.cuda_shared_memory_status(request.name)  # empty, or NOT_FOUND for a name
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @errors_mapped
+    async def CudaSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self.dp.register_cuda_shared_memory()
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @errors_mapped
+    async def CudaSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # nothing can be registered
 
     @errors_mapped
     async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
@@ -216,25 +262,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             else:
                 setting.string_param = value
         return response
-
-    # Not planned yet: shared-memory tensors.
-    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "system shared memory")
-
-    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "system shared memory")
-
-    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "system shared memory")
-
-    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "CUDA shared memory")
-
-    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "CUDA shared memory")
-
-    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "CUDA shared memory")
 
 
 def _call_context(context: Any) -> CallContext:
@@ -324,6 +351,17 @@ def _str(doc: dict[str, Any], key: str) -> str:
     return str(value)
 
 
+# Triton's API group of each method (what --grpc-restricted-protocol names); the routing
+# service counts as model-repository.
+METHOD_GROUPS: dict[str, ApiGroup] = {
+    **TRITON_METHOD_GROUPS,
+    **{
+        f"/{ADMIN_SERVICE}/{m}": ApiGroup.MODEL_REPOSITORY
+        for m in ("GetRouting", "SetRouting", "Promote", "Rollback")
+    },
+}
+
+
 def build_server(
     dataplane: DataPlane,
     host: str,
@@ -331,22 +369,33 @@ def build_server(
     max_receive_bytes: int,
     max_send_bytes: int,
     reuse_port: bool = False,
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server on the running loop; returns it with the port actually bound.
 
     Messages past the limits fail with RESOURCE_EXHAUSTED, raised by gRPC itself.
     `reuse_port`: share the port with sibling workers (the kernel spreads connections).
+    `tls`: serve TLS (mTLS when it names a client CA) instead of plaintext.
     """
+    guarded = any(dataplane.access.guards("grpc", g) for g in set(METHOD_GROUPS.values()))
     server = grpc.aio.server(
+        # No interceptor when nothing is restricted: unrestricted calls pay nothing.
+        interceptors=[AccessInterceptor(dataplane.access, METHOD_GROUPS, STATUS)]
+        if guarded
+        else None,
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ]
+        ],
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         InferenceServicer(dataplane), server
     )
     server.add_generic_rpc_handlers((AdminService(dataplane).handler(),))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, grpc_credentials(tls))
     return server, bound

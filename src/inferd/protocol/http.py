@@ -20,6 +20,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from inferd import tracing
+from inferd.access import AccessPolicy, ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
@@ -31,8 +32,10 @@ log = logging.getLogger("inferd.http")
 
 STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.UNAUTHENTICATED: 401,
     ErrorKind.PERMISSION_DENIED: 403,
     ErrorKind.NOT_FOUND: 404,
+    ErrorKind.ALREADY_EXISTS: 400,  # as Triton's HTTP server answers ALREADY_EXISTS
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
     ErrorKind.RESOURCE_EXHAUSTED: 429,
     ErrorKind.MODEL_ERROR: 500,
@@ -45,6 +48,8 @@ HEADER_LENGTH = "inference-header-content-length"
 ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
 TIMEOUT_MS = "inferd-timeout-ms"  # the client's deadline for this request
 RETRY_AFTER_S = "1"
+SYSTEM_SHM = "/v2/systemsharedmemory"
+CUDA_SHM = "/v2/cudasharedmemory"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -62,15 +67,25 @@ def inferd_error_response(exc: InferdError, headers: dict[str, str] | None = Non
     if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
         # Shed load: "retry later", which load balancers and clients act on.
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
+    elif exc.kind is ErrorKind.UNAUTHENTICATED:
+        headers = {**(headers or {}), **_CHALLENGE}
     return error_response(STATUS[exc.kind], exc.message, headers)
 
 
-def errors_mapped(endpoint: Endpoint) -> Endpoint:
-    """Every route answers failures as `{"error": ...}` with the status from one table."""
+# A 401 names the scheme that would be accepted (RFC 9110); the message says which header.
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="inferd"'}
+
+
+def errors_mapped(endpoint: Endpoint, access: AccessPolicy, group: ApiGroup) -> Endpoint:
+    """Every route answers failures as `{"error": ...}` with the status from one table,
+    after the call's credential is checked for its API group."""
+    guarded = access.guards("http", group)
 
     @functools.wraps(endpoint)
     async def wrapper(request: Request) -> Response:
         try:
+            if guarded:
+                access.check("http", group, request.headers.get)
             return await endpoint(request)
         except InferdError as exc:
             return inferd_error_response(exc)
@@ -89,34 +104,52 @@ class HttpAdapter:
     def routes(self) -> list[Route]:
         m = "/v2/models/{model}"
         mv = "/v2/models/{model}/versions/{version}"
-        table: list[tuple[str, Endpoint, list[str]]] = [
-            ("/v2/models/stats", self.statistics, ["GET"]),  # before /v2/models/{model}
-            ("/v2/health/live", self.live, ["GET"]),
-            ("/v2/health/ready", self.ready, ["GET"]),
-            ("/v2", self.server_metadata, ["GET"]),
-            (m, self.model_metadata, ["GET"]),
-            (mv, self.model_metadata, ["GET"]),
-            (m + "/ready", self.model_ready, ["GET"]),
-            (mv + "/ready", self.model_ready, ["GET"]),
-            (m + "/config", self.model_config, ["GET"]),
-            (mv + "/config", self.model_config, ["GET"]),
-            (m + "/stats", self.statistics, ["GET"]),
-            (mv + "/stats", self.statistics, ["GET"]),
+        health, meta, stats = ApiGroup.HEALTH, ApiGroup.METADATA, ApiGroup.STATISTICS
+        config, repo, infer = ApiGroup.MODEL_CONFIG, ApiGroup.MODEL_REPOSITORY, ApiGroup.INFERENCE
+        shm = ApiGroup.SHARED_MEMORY
+        # (path, endpoint, methods, Triton's API group: what --http-restricted-api names)
+        table: list[tuple[str, Endpoint, list[str], ApiGroup]] = [
+            ("/v2/models/stats", self.statistics, ["GET"], stats),  # before /v2/models/{model}
+            ("/v2/health/live", self.live, ["GET"], health),
+            ("/v2/health/ready", self.ready, ["GET"], health),
+            ("/v2", self.server_metadata, ["GET"], meta),
+            (m, self.model_metadata, ["GET"], meta),
+            (mv, self.model_metadata, ["GET"], meta),
+            (m + "/ready", self.model_ready, ["GET"], health),
+            (mv + "/ready", self.model_ready, ["GET"], health),
+            (m + "/config", self.model_config, ["GET"], config),
+            (mv + "/config", self.model_config, ["GET"], config),
+            (m + "/stats", self.statistics, ["GET"], stats),
+            (mv + "/stats", self.statistics, ["GET"], stats),
             # POSTs never get here (InferEndpoint takes them first): these routes only make
             # other methods answer 405 rather than 404.
-            (m + "/infer", self._infer_is_elsewhere, ["POST"]),
-            (mv + "/infer", self._infer_is_elsewhere, ["POST"]),
-            ("/v2/repository/index", self.repository_index, ["POST"]),
-            ("/v2/repository/models/{model}/load", self.load_model, ["POST"]),
-            ("/v2/repository/models/{model}/unload", self.unload_model, ["POST"]),
-            (m + "/routing", self.routing, ["GET", "POST"]),
-            (m + "/routing/promote", self.promote, ["POST"]),
-            (m + "/routing/rollback", self.rollback, ["POST"]),
-            ("/v2/trace/setting", self.trace_settings, ["GET", "POST"]),
-            (m + "/trace/setting", self.trace_settings, ["GET", "POST"]),
-            ("/v2/logging", self.log_settings, ["GET", "POST"]),
+            (m + "/infer", self._infer_is_elsewhere, ["POST"], infer),
+            (mv + "/infer", self._infer_is_elsewhere, ["POST"], infer),
+            ("/v2/repository/index", self.repository_index, ["POST"], repo),
+            ("/v2/repository/models/{model}/load", self.load_model, ["POST"], repo),
+            ("/v2/repository/models/{model}/unload", self.unload_model, ["POST"], repo),
+            (m + "/routing", self.routing, ["GET", "POST"], repo),
+            (m + "/routing/promote", self.promote, ["POST"], repo),
+            (m + "/routing/rollback", self.rollback, ["POST"], repo),
+            (f"{SYSTEM_SHM}/status", self.shm_status, ["GET"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/status", self.shm_status, ["GET"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/register", self.shm_register, ["POST"], shm),
+            (f"{SYSTEM_SHM}/unregister", self.shm_unregister, ["POST"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/unregister", self.shm_unregister, ["POST"], shm),
+            (f"{CUDA_SHM}/status", self.cuda_shm_status, ["GET"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/status", self.cuda_shm_status, ["GET"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/register", self.cuda_shm_register, ["POST"], shm),
+            (f"{CUDA_SHM}/unregister", self.cuda_shm_unregister, ["POST"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/unregister", self.cuda_shm_unregister, ["POST"], shm),
+            ("/v2/trace/setting", self.trace_settings, ["GET", "POST"], ApiGroup.TRACE),
+            (m + "/trace/setting", self.trace_settings, ["GET", "POST"], ApiGroup.TRACE),
+            ("/v2/logging", self.log_settings, ["GET", "POST"], ApiGroup.LOGGING),
         ]
-        return [Route(path, errors_mapped(fn), methods=methods) for path, fn, methods in table]
+        access = self.dp.access
+        return [
+            Route(path, errors_mapped(fn, access, group), methods=methods)
+            for path, fn, methods, group in table
+        ]
 
     async def _infer_is_elsewhere(self, request: Request) -> Response:
         raise AssertionError("POST .../infer is served by InferEndpoint")
@@ -194,6 +227,37 @@ class HttpAdapter:
             self.dp.rollback(request.path_params["model"], str(doc.get("version", "")))
         )
 
+    async def shm_status(self, request: Request) -> Response:
+        return json_response(self.dp.shared_memory_status(request.path_params.get("region", "")))
+
+    async def shm_register(self, request: Request) -> Response:
+        doc = await self._json_body(request)
+        self.dp.register_shared_memory(
+            request.path_params["region"],
+            doc.get("key"),
+            doc.get("offset", 0),
+            doc.get("byte_size"),
+        )
+        return Response(status_code=200)
+
+    async def shm_unregister(self, request: Request) -> Response:
+        await self._json_body(request)  # Triton's clients send an empty body
+        self.dp.unregister_shared_memory(request.path_params.get("region", ""))
+        return Response(status_code=200)
+
+    async def cuda_shm_status(self, request: Request) -> Response:
+        region = request.path_params.get("region", "")
+        return json_response(self.dp.cuda_shared_memory_status(region))
+
+    async def cuda_shm_register(self, request: Request) -> Response:
+        await self._json_body(request)
+        self.dp.register_cuda_shared_memory()
+        return Response(status_code=200)
+
+    async def cuda_shm_unregister(self, request: Request) -> Response:
+        await self._json_body(request)  # nothing can be registered: nothing to do
+        return Response(status_code=200)
+
     async def trace_settings(self, request: Request) -> Response:
         changes = await self._json_body(request) if request.method == "POST" else None
         model = request.path_params.get("model", "")
@@ -238,13 +302,16 @@ _HEADERS = {
 
 
 Reply = tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]  # status, type, body, headers
+_CREDENTIAL = "credential:"  # field-name prefix of the headers a restricted infer reads
 
 
-def pick_headers(pairs: list[tuple[bytes, bytes]]) -> dict[str, str]:
+def pick_headers(
+    pairs: list[tuple[bytes, bytes]], fields: dict[bytes, str] = _HEADERS
+) -> dict[str, str]:
     """The headers the infer route reads, by field name, from (lower-case name, value)."""
     headers: dict[str, str] = {}
     for name, value in pairs:
-        field = _HEADERS.get(name)
+        field = fields.get(name)
         if field is not None:
             headers[field] = value.decode("latin-1")
     return headers
@@ -263,6 +330,16 @@ class InferEndpoint:
     def __init__(self, dataplane: DataPlane, max_request_bytes: int) -> None:
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
+        access = dataplane.access
+        self.guarded = access.guards("http", ApiGroup.INFERENCE)
+        # The headers to pick: the route's own, and those a restricted infer's credential
+        # arrives in (only when `--http-restricted-api inference:...` is set).
+        self.header_fields = dict(_HEADERS)
+        for name in access.headers("http", ApiGroup.INFERENCE):
+            self.header_fields[name.encode()] = _CREDENTIAL + name
+
+    def pick_headers(self, pairs: list[tuple[bytes, bytes]]) -> dict[str, str]:
+        return pick_headers(pairs, self.header_fields)
 
     @staticmethod
     def match(path: str) -> tuple[str, str] | None:
@@ -313,10 +390,16 @@ class InferEndpoint:
             return decoded[0]
 
         try:
+            if self.guarded:
+                self.dp.access.check(
+                    "http", ApiGroup.INFERENCE, lambda name: headers.get(_CREDENTIAL + name)
+                )
             response = await self.dp.infer(model, version, decode, ctx)
         except InferdError as exc:
             if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
                 extra.append((b"retry-after", RETRY_AFTER_S.encode()))
+            elif exc.kind is ErrorKind.UNAUTHENTICATED:
+                extra += [(k.lower().encode(), v.encode()) for k, v in _CHALLENGE.items()]
             return STATUS[exc.kind], _JSON, orjson.dumps({"error": exc.message}), extra
         infer_request = decoded[0]
         binary_default = bool(infer_request.parameters.get("binary_data_output", False))
@@ -329,7 +412,7 @@ class InferEndpoint:
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str
     ) -> None:
-        headers = pick_headers(scope["headers"])
+        headers = self.pick_headers(scope["headers"])
         client = scope.get("client")
         handler = asyncio.current_task()
         watcher: list[asyncio.Task[None]] = []

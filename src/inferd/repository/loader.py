@@ -24,6 +24,7 @@ from inferd.repository.config import (
     read_config,
     validate,
 )
+from inferd.repository.paths import check_config_paths
 from inferd.scheduling.batcher import BatchingOptions
 from inferd.scheduling.queues import QueuePolicy
 
@@ -173,6 +174,7 @@ def prepare(
         group.count = 1
         group.kind = mc.ModelInstanceGroup.KIND_CPU
     validate(config, model_dir)
+    check_config_paths(config, model_dir)
     return config, backend, versions
 
 

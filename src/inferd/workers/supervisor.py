@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inferd import log as inferd_log
+from inferd.host_metrics import GpuCollector, register_host_metrics
+from inferd.metrics_http import MetricsServer
 from inferd.settings import Settings
 from inferd.workers import peers
 from inferd.workers.peers import WorkerSlot
@@ -166,15 +168,16 @@ class Supervisor:
 
     def run(self) -> int:
         n = self.settings.workers
-        metrics = None
+        metrics: MetricsServer | None = None
+        gpus: GpuCollector | None = None
         try:
             if self.settings.metrics_port is not None:
                 # Before the workers: a port in use fails here, with no worker to stop.
                 registry = CollectorRegistry(auto_describe=False)
                 registry.register(_WorkersCollector(self))
-                metrics, _ = start_http_server(
-                    self.settings.metrics_port, self.settings.host, registry
-                )
+                if self.settings.metrics_triton_names:  # the host once, not once per worker
+                    gpus = register_host_metrics(registry)
+                metrics = MetricsServer(registry, self.settings.host, self.settings.metrics_port)
                 log.info(
                     "metrics of %d workers at http://%s:%d/metrics",
                     n,
@@ -196,7 +199,9 @@ class Supervisor:
             return self._stop_all()
         finally:
             if metrics is not None:
-                metrics.shutdown()
+                metrics.close()
+            if gpus is not None:
+                gpus.close()
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _watch(self) -> None:
