@@ -14,7 +14,7 @@ an output must hold one dimension of scores per row (a 400 naming the output oth
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +31,14 @@ PARAMETER = "classification"
 _NOT_NUMERIC = frozenset({"BYTES", "BOOL"})
 
 
-def requested_classes(request: InferRequest, signature: ModelSignature) -> dict[str, int]:
+def requested_classes(request: InferRequest, signature: ModelSignature) -> dict[str, int] | None:
     """Output name -> k, for each requested output that asks for its top k classes;
     raises a 400 naming the output when it cannot. Call it after `signature.bind` (which
-    names unknown outputs). {} at once for requests that ask for no output by name."""
+    names unknown outputs). None, at once for requests that ask for no output by name, when
+    no output asks for classes."""
     requested = request.outputs
     if not requested:
-        return {}
+        return None
     counts: dict[str, int] = {}
     for out in requested:
         k = out.parameters.get(PARAMETER)
@@ -61,7 +62,20 @@ def requested_classes(request: InferRequest, signature: ModelSignature) -> dict[
                 f"output's shape is {signature.metadata_shape(spec)}"
             )
         counts[out.name] = k
-    return counts
+    return counts or None
+
+
+def apply(
+    tensors: list[Tensor], classes: Mapping[str, int], signature: ModelSignature
+) -> list[Tensor]:
+    """The response's outputs, those in `classes` (from `requested_classes`) as their
+    top classes."""
+    return [
+        top_classes(t, classes[t.name], signature.labels.get(t.name, ()), signature.is_batched)
+        if t.name in classes
+        else t
+        for t in tensors
+    ]
 
 
 def top_classes(tensor: Tensor, k: int, labels: Sequence[str], batched: bool) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -18,7 +18,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.datatypes import CONFIG_TO_V2
 from inferd.errors import invalid
 from inferd.repository.config import ConfigError
-from inferd.types import Array, InferRequest, RequestedOutput
+from inferd.types import Array, InferRequest, Parameters, RequestedOutput
+
+if TYPE_CHECKING:
+    from inferd.streams import ResponseSink
 
 # Per-input limits a model config may set as `parameters` (docs/limits.md). They are checked
 # in `bind`, so HTTP and gRPC share them, on the declared shape: nothing is allocated from it.
@@ -58,6 +61,11 @@ class BoundRequest:
     # SEQUENCE_END (2) flags, set by the data plane from the request parameters.
     correlation_id: int | str = 0
     flags: int = 0
+    parameters: Parameters = field(default_factory=dict)  # the request's (Python models read them)
+    responses: ResponseSink | None = None  # a decoupled model's response stream for it
+    # Output name -> k: outputs the client asked for as their top k classes (set by the
+    # data plane from the requested outputs' `classification` parameters); None: none.
+    classes: dict[str, int] | None = None
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
@@ -254,6 +262,7 @@ class ModelSignature:
             shape_key=tuple(a.shape[1:] for a in inputs.values()),
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
+            parameters=request.parameters,
         )
 
     def _check_limits(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import queue
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +66,26 @@ output [
 ]
 """
 
+# A decoupled model: two responses per request, classified one by one.
+STREAM_PY = """
+import numpy as np
+
+
+class Model:
+    def predict_stream(self, inputs, responses):
+        for i in range(2):
+            scores = np.array([10.0 * i, 3.0, 1.0], np.float32)
+            responses.send({"SCORES": scores}, final=i == 1)
+"""
+STREAM_CONFIG = """
+name: "stream_scores"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "SCORES", data_type: TYPE_FP32, dims: [ 3 ], label_filename: "labels.txt" } ]
+"""
+
 BAD_LABELS = {
     "labels_outside": ("../outside.txt", "must name a file inside the model's directory"),
     "labels_absolute": ("/etc/hostname", "must name a file inside the model's directory"),
@@ -87,6 +108,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     builders._save(
         builders.identity(TensorProto.INT32, [6]), repo / "int_scores" / "1" / "model.onnx"
     )
+    _write(repo / "stream_scores" / "config.pbtxt", STREAM_CONFIG)
+    _write(repo / "stream_scores" / "1" / "model.py", STREAM_PY)
+    _write(repo / "stream_scores" / "labels.txt", "zero\none\n")
     (repo / "outside.txt").write_text("secret\n")
     for name, (label_file, _) in BAD_LABELS.items():
         builders._save(
@@ -250,3 +274,26 @@ def test_label_files_stay_inside_the_model_directory(server: RunningServer, mode
 def test_server_metadata_lists_classification(server: RunningServer) -> None:
     with server.client() as c:
         assert "classification" in c.get("/v2").json()["extensions"]
+
+
+def test_each_response_of_a_decoupled_model_is_classified(server: RunningServer) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        inp = grpcclient.InferInput("N", [1], "INT32")
+        inp.set_data_from_numpy(np.array([2], np.int32))
+        client.async_stream_infer(
+            "stream_scores",
+            [inp],
+            outputs=[grpcclient.InferRequestedOutput("SCORES", class_count=1)],
+        )
+        got = []
+        for _ in range(2):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            got.append(texts(result.as_numpy("SCORES")))
+    finally:
+        client.stop_stream()
+        client.close()
+    assert got == [["3.000000:1:one"], ["10.000000:0:zero"]]

@@ -379,8 +379,10 @@ FIELDS: dict[str, FieldRule] = {
         "model_operations.op_library_filename",
     ),
     "model_transaction_policy": _honoured(GROUP),
-    "model_transaction_policy.decoupled": _refused(
-        "decoupled (streaming) models are not implemented: one request, one response"
+    "model_transaction_policy.decoupled": _honoured(
+        "zero or more responses per request, then the final flag, over gRPC ModelStreamInfer "
+        "and HTTP generate_stream (docs/python-models.md#decoupled-models)",
+        backends=("python",),
     ),
     **_each(
         _refused("repository agents are not implemented (checksums: see model_checksum)"),

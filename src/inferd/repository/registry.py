@@ -68,6 +68,11 @@ class ModelVersion:
     checksum: str = ""  # of the version directory's files
     load_duration_s: float = 0.0
     warmup_duration_s: float = 0.0
+    # model_transaction_policy { decoupled: true }: answers through a response stream.
+    decoupled: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
     @property
     def is_ready(self) -> bool:

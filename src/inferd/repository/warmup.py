@@ -26,6 +26,7 @@ from inferd.repository.config import ConfigError, parameter
 from inferd.repository.paths import confined
 from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import BoundRequest, ModelSignature
+from inferd.streams import CollectingSink
 from inferd.types import Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
@@ -143,7 +144,7 @@ def warm_up(
     samples = warmup_samples(config, model_dir, sequence)
     flags = SEQUENCE_START | SEQUENCE_END if sequence is not None else 0
     try:
-        run_warmup(instances, samples, signature, flags)
+        run_warmup(instances, samples, signature, flags, config.model_transaction_policy.decoupled)
     except _SampleFailedError as exc:
         if config.model_warmup:
             raise WarmupError(
@@ -192,10 +193,12 @@ def run_warmup(
     samples: list[Sample],
     signature: ModelSignature,
     flags: int = 0,
+    decoupled: bool = False,
 ) -> None:
     """Execute every sample `count` times on every instance and check each answer's outputs
     against the config. Raises `_SampleFailedError` when an execution raises, `WarmupError` when
-    an answer does not conform; both at the first failure."""
+    an answer does not conform; both at the first failure. A decoupled model's answer is the
+    responses it sent before its execution returned, each checked for the outputs it holds."""
     outputs = list(signature.outputs.values())
     for name, inputs, count in samples:
         rows = next(iter(inputs.values())).shape[0] if signature.is_batched and inputs else 1
@@ -204,9 +207,22 @@ def run_warmup(
             for _ in range(count):
                 try:
                     if isinstance(instance, RequestListInstance):
+                        sink = CollectingSink()
+                        request = BoundRequest(
+                            inputs,
+                            rows,
+                            (),
+                            list(signature.outputs),
+                            "warmup",
+                            flags=flags,
+                            responses=sink,
+                        )
                         (result,) = instance.execute_requests([request])
                         if isinstance(result, Exception):
                             raise result
+                        if decoupled:
+                            _check_responses(signature, sink, rows)
+                            continue
                     elif isinstance(instance, RequestInfoInstance) and instance.wants_request_info:
                         result = instance.execute_with_info(inputs, [RequestInfo.of(request)])
                     else:
@@ -217,3 +233,12 @@ def run_warmup(
                     raise WarmupError(f"warm-up '{name}': {exc.message}") from None
                 except Exception as exc:
                     raise _SampleFailedError(f"warm-up '{name}' failed: {exc}") from None
+
+
+def _check_responses(signature: ModelSignature, sink: CollectingSink, rows: int) -> None:
+    for item in sink.items:
+        if item.error is not None:
+            raise item.error  # the model refused the sample (an error response)
+        for spec in signature.outputs.values():
+            if item.outputs is not None and spec.name in item.outputs:
+                conform_output(signature, spec, item.outputs, rows)
