@@ -297,3 +297,23 @@ def test_each_response_of_a_decoupled_model_is_classified(server: RunningServer)
         client.stop_stream()
         client.close()
     assert got == [["3.000000:1:one"], ["10.000000:0:zero"]]
+
+
+def test_a_changed_label_file_is_served_after_the_next_load(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    repo = tmp_path_factory.mktemp("relabel_repo")
+    builders._save(_scores_model(), repo / "scores" / "1" / "model.onnx")
+    _write(repo / "scores" / "config.pbtxt", SCORES_CONFIG)
+    _write(repo / "scores" / "labels.txt", LABELS)
+    with run_server(repo, admin_api=True) as running:
+        client = Client("grpc", running)
+        try:
+            first = texts(client.classify("scores", ROWS[1:], {"SCORES": 1}).as_numpy("SCORES"))
+            _write(repo / "scores" / "labels.txt", "a\nb\nc\nd\ne\n")
+            client.raw.load_model("scores")
+            second = texts(client.classify("scores", ROWS[1:], {"SCORES": 1}).as_numpy("SCORES"))
+        finally:
+            client.raw.close()
+    assert first == [["10.000000:4"]]  # LABELS has no line 4
+    assert second == [["10.000000:4:e"]]

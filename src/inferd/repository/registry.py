@@ -309,6 +309,8 @@ class ModelRegistry:
         )
         config_sum = await asyncio.to_thread(file_checksum, model_dir / CONFIG_FILE)
         config_sum = config_sum + "|" + str(config)  # an override changes it too
+        # So do the classification labels: loaded versions hold the ones read with them.
+        config_sum += "|" + repr(sorted(signature.labels.items()))
         config_changed = config_sum != model.config_checksum
         keep: dict[str, ModelVersion] = {}
         fresh: list[ModelVersion] = []
