@@ -393,6 +393,11 @@ class _StateCollector(Collector):
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         yield from (depth, inflight, state, load, warmup, info, health)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
+        yield CounterMetricFamily(
+            "inferd_process_memory_returned_bytes",
+            "Resident memory given back to the OS after model versions were released.",
+            value=self._registry.memory.returned_bytes,
+        )
         if self._triton_names:
             yield pending
             yield from self._triton_counters()
