@@ -3,7 +3,7 @@
 Closing a version's instances frees its weights, but freeing is not returning: glibc's
 malloc keeps freed memory for reuse. Measured (docs/benchmarks.md, "Memory across hot
 swaps"), 20 swaps of a 64 MiB ONNX model and a 64 MiB Python model doubled the server's RSS.
-Two things bring it back to its baseline (within 1% in the same run):
+Two things bring it back to its baseline (within about 2% in the same runs):
 
 - after each release (a version swapped out or unloaded, a failed load, a reload pass that
   swapped nothing) the registry calls `MemoryReleaser.release` in a worker thread: a full
@@ -72,8 +72,8 @@ def configure_allocator() -> None:
     a version loads in worker threads, so its weights land in those arenas. `malloc_trim`
     returns the free pages inside every arena, but not the free space at the top of a
     thread's arena, which glibc keeps up to its trim threshold (32-64 MiB once large blocks
-    have been freed): measured, 20 swaps ended 15% over the baseline with the trim alone,
-    under 1% with one arena. Cost: threads that allocate blocks over tcache's 1 KiB at the
+    have been freed): measured, 20 swaps ended 15-18% over the baseline with the trim alone,
+    about 2% with one arena. Cost: threads that allocate blocks over tcache's 1 KiB at the
     same moment take turns on one lock (docs/benchmarks.md measures the request path).
     """
     if _mallopt is None:
