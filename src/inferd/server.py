@@ -14,7 +14,7 @@ import grpc
 import uvicorn
 from starlette.applications import Starlette
 
-from inferd import model_output, tls
+from inferd import memory, model_output, tls
 from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
@@ -111,6 +111,9 @@ class InferenceServer:
         # Field lesson 10: objects made while loading live forever; keep them out of GC scans.
         gc.collect()
         gc.freeze()
+        # And give back what loading used only for a while (file reads, config completion):
+        # the memory baseline a swap is measured against (docs/lifecycle.md).
+        await asyncio.to_thread(memory.malloc_trim)
         if self.settings.model_control_mode == "poll":
             self.poller = RepositoryPoller(self.registry, self.settings.repository_poll_s)
             self.poller.start()
@@ -271,6 +274,7 @@ def run(settings: Settings) -> None:
 
         supervisor.run(settings)
         return
+    memory.configure_allocator()
     server = InferenceServer(settings)
     _UvicornServer(server.uvicorn_config(), server.dataplane).run()
 
@@ -283,5 +287,6 @@ def run_worker(settings: Settings, worker: WorkerSlot) -> None:
     # Bound, not listening: the kernel hands this worker connections only once uvicorn
     # listens, after the models have loaded; until then its siblings take them all.
     sock.bind((settings.host, settings.http_port))
+    memory.configure_allocator()
     server = InferenceServer(settings, worker)
     _UvicornServer(server.uvicorn_config(), server.dataplane).run(sockets=[sock])
