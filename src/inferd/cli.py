@@ -8,6 +8,7 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.bench.options import add_request_options
+from inferd.limit_options import add_limit_options, limits_from
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
 
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-response-mib",
         type=float,
         default=defaults.max_response_bytes / MIB,
-        help="largest gRPC response sent, in MiB",
+        help="largest response sent, in MiB: past it the request fails with HTTP 413 / "
+        "gRPC RESOURCE_EXHAUSTED naming the limit",
     )
     serve.add_argument(
         "--log-level",
@@ -147,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.exit_timeout_s,
         help="on shutdown, how long queued and running requests may take to finish",
     )
+    add_limit_options(serve)
     add_bench_parser(commands)
     add_tune_parser(commands)
     return parser
@@ -304,6 +307,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         exit_timeout_s=args.exit_timeout_secs,
         max_inflight_requests=args.max_inflight_requests,
         workers=args.workers,
+        limits=limits_from(args),
     )
 
 

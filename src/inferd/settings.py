@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferd.limits import Limits
+
 MIB = 1024 * 1024
 
 
@@ -15,7 +17,7 @@ class Settings:
     http_port: int = 8000
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port (tests)
     max_request_bytes: int = 64 * MIB  # HTTP bodies and received gRPC messages
-    max_response_bytes: int = 64 * MIB  # sent gRPC messages
+    max_response_bytes: int = 64 * MIB  # HTTP response bodies and sent gRPC messages
     log_level: str = "INFO"
     log_format: str = "text"  # "text" or "json" (one JSON object per line)
     log_sample_rate: float = 0.01  # share of successful requests logged; errors always are
@@ -29,3 +31,4 @@ class Settings:
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*": all)
     workers: int = 1  # processes serving the repository, sharing the ports (SO_REUSEPORT)
     admin_api: bool | None = None  # repository load/unload and routing; None: explicit only
+    limits: Limits = Limits()  # headers, timeouts, connections, streams (inferd.limits)
