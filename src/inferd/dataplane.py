@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -18,13 +18,16 @@ from inferd import __version__
 from inferd.datatypes import V2_TO_NUMPY
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
+from inferd.limits import check_response_size
 from inferd.repository.config import ConfigError, parameter
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
-from inferd.types import Array, InferRequest, InferResponse, Tensor
+from inferd.types import Array, InferRequest, InferResponse, Tensor, min_wire_bytes
 from inferd.workers import peers
+
+Encoded = TypeVar("Encoded")
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -46,6 +49,7 @@ class DataPlane:
         telemetry.add(self.statistics)
         self.is_shutting_down = False
         self.max_inflight = 0  # server-wide limit of requests in flight (0: none)
+        self.max_response_bytes = 0  # responses past it fail with PAYLOAD_TOO_LARGE (0: none)
         self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
         self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
         self._inflight = 0
@@ -250,11 +254,14 @@ class DataPlane:
         version: str,
         decode: Callable[[], Awaitable[InferRequest]],
         ctx: CallContext,
-    ) -> InferResponse:
-        """Admit, decode, check, schedule and answer one request; tell telemetry how it went.
+        encode: Callable[[InferRequest, InferResponse], Awaitable[Encoded]],
+    ) -> Encoded:
+        """Admit, decode, check, schedule, answer and encode one request; tell telemetry how
+        it went.
 
-        `decode` reads and decodes the adapter's wire message: its failures (a malformed
-        body) are counted like every other failure, under the model they were sent to.
+        `decode` reads and decodes the adapter's wire message, `encode` makes the answer's:
+        their failures (a malformed body, a response past --max-response-mib) are counted
+        like every other failure, under the model they were sent to.
         """
         # Labels stay "" until resolved: a name or version no model has must not become a
         # label value (clients could otherwise grow the metrics without bound).
@@ -283,7 +290,8 @@ class DataPlane:
             if not circuit.allow():
                 fallback = circuit.policy.fallback_model
                 if fallback:
-                    return await self._serve(fallback, "", request, ctx, record, model_name)
+                    response = await self._serve(fallback, "", request, ctx, record, model_name)
+                    return await self._encode(encode, request, response)
                 raise unavailable(
                     f"model '{model_name}' is failing: its circuit is open, retry in "
                     f"{circuit.retry_in_s():.0f} s"
@@ -297,7 +305,7 @@ class DataPlane:
                 circuit.record(False, counts=False)
                 raise
             circuit.record(True)
-            return response
+            return await self._encode(encode, request, response)
         except InferdError as exc:
             record.failure = FAILURE_REASON[exc.kind]
             record.message = exc.message
@@ -314,6 +322,19 @@ class DataPlane:
             self._inflight -= 1
             record.duration_ns = time.perf_counter_ns() - ctx.start_ns
             self.telemetry.request(record)
+
+    async def _encode(
+        self,
+        encode: Callable[[InferRequest, InferResponse], Awaitable[Encoded]],
+        request: InferRequest,
+        response: InferResponse,
+    ) -> Encoded:
+        """The answer in the adapter's wire form, refused before it is built when its
+        tensors alone pass the response limit (the adapter checks the exact size too)."""
+        if self.max_response_bytes:
+            size = min_wire_bytes(response.outputs)
+            check_response_size(size, self.max_response_bytes, at_least=True)
+        return await encode(request, response)
 
     async def _serve(
         self,

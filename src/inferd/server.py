@@ -21,6 +21,7 @@ from inferd.metrics import MetricsServer, MetricsSink
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.fast_http import protocol_class
 from inferd.protocol.http import InferdApp, build_app
+from inferd.protocol.offload import Offload
 from inferd.repository.registry import ModelRegistry
 from inferd.repository.watcher import RepositoryPoller
 from inferd.request_log import RequestLogSink
@@ -49,6 +50,7 @@ class InferenceServer:
             admin = settings.model_control_mode == "explicit"
         self.dataplane = DataPlane(self.registry, self.telemetry, admin_api=admin)
         self.dataplane.max_inflight = settings.max_inflight_requests
+        self.dataplane.max_response_bytes = settings.max_response_bytes
         self.dataplane.workers = worker
         self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))
@@ -60,10 +62,18 @@ class InferenceServer:
                 self.registry, self.dataplane.statistics, settings.metrics_triton_names
             )
             self.telemetry.add(self.metrics)
+        # Large requests are decoded (and large responses encoded) off the event loop.
+        self.offload = Offload(settings.limits.offload_bytes)
         self.app: InferdApp = build_app(
-            self.dataplane, settings.max_request_bytes, lifespan=self._lifespan
+            self.dataplane,
+            settings.max_request_bytes,
+            lifespan=self._lifespan,
+            offload=self.offload,
+            max_response_bytes=settings.max_response_bytes,
+            max_bytes_elements=settings.limits.max_bytes_elements,
         )
         self.grpc_server: grpc.aio.Server | None = None
+        self.grpc_servicer: grpc_adapter.InferenceServicer | None = None
         self.grpc_port: int | None = None  # the port bound, once serving
 
     @contextlib.asynccontextmanager
@@ -140,16 +150,19 @@ class InferenceServer:
                 await self.peer_server.close()
             if self.metrics is not None:
                 self.metrics.close()
+            self.offload.close()
             log.info("shutdown complete")
 
     async def _start_grpc(self, port: int) -> None:
-        self.grpc_server, self.grpc_port = grpc_adapter.build_server(
+        self.grpc_server, self.grpc_port, self.grpc_servicer = grpc_adapter.build_server(
             self.dataplane,
             self.settings.host,
             port,
             self.settings.max_request_bytes,
             self.settings.max_response_bytes,
             reuse_port=self.worker is not None,
+            limits=self.settings.limits,
+            offload=self.offload,
         )
         if not self.grpc_port:
             raise OSError(f"cannot listen for gRPC on {self.settings.host}:{port}")

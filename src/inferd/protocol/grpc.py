@@ -24,8 +24,15 @@ from inferd import tracing
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
-from inferd.protocol.pb_codec import decode_infer_request, encode_infer_response
-from inferd.types import InferRequest, InferResponse
+from inferd.limits import DEFAULT_LIMITS, Limits
+from inferd.protocol.grpc_handlers import add_inference_servicer
+from inferd.protocol.offload import Offload
+from inferd.protocol.pb_codec import (
+    decode_infer_request,
+    parse_infer_request,
+    serialize_infer_response,
+)
+from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
 log = logging.getLogger("inferd.grpc")
 
@@ -62,8 +69,18 @@ def errors_mapped(method: Method[Req, Resp]) -> Method[Req, Resp]:
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        limits: Limits = DEFAULT_LIMITS,
+        offload: Offload | None = None,
+        max_response_bytes: int = 0,
+    ) -> None:
         self.dp = dataplane
+        self.limits = limits
+        self.offload = offload or Offload(limits.offload_bytes)
+        self.max_response_bytes = max_response_bytes
+        self.streams_held = 0  # ModelStreamInfer streams not read for want of room
 
     @errors_mapped
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
@@ -108,58 +125,87 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         doc = await self.dp.server_statistics(request.name, request.version)
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
 
+    # ModelInfer and ModelStreamInfer take and give wire bytes (grpc_handlers.py): parsing
+    # and serialising a large message happen here, off the event loop, not in gRPC on it.
+
     @errors_mapped
-    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: bytes, context: Any) -> bytes:
         ctx = _call_context(context)
         # Trailing metadata: sent with the response and with an error status alike.
         if traceparent := tracing.echo(ctx):  # "" unless a valid traceparent came in
             context.set_trailing_metadata((("traceparent", traceparent),))
-        return encode_infer_response(await self._infer(request, context, ctx))
+        msg = await self.offload.run(len(request), parse_infer_request, request)
+        return await self._infer(msg, len(request), ctx, stream=False)
 
-    async def _infer(
-        self, request: Any, context: Any, ctx: CallContext | None = None
-    ) -> InferResponse:
-        if ctx is None:
-            ctx = _call_context(context)
-
+    async def _infer(self, msg: Any, size: int, ctx: CallContext, stream: bool) -> bytes:
         async def decode() -> InferRequest:
-            return decode_infer_request(request)
+            return await self.offload.run(
+                size, decode_infer_request, msg, self.limits.max_bytes_elements
+            )
 
-        return await self.dp.infer(request.model_name, request.model_version, decode, ctx)
+        async def encode(_: InferRequest, response: InferResponse) -> bytes:
+            return await self.offload.run(
+                min_wire_bytes(response.outputs),
+                serialize_infer_response,
+                response,
+                self.max_response_bytes,
+                stream,
+            )
+
+        return await self.dp.infer(msg.model_name, msg.model_version, decode, ctx, encode)
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterator[Any], context: Any
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        self, requests: AsyncIterator[bytes], context: Any
+    ) -> AsyncIterator[bytes]:
         """Each request of the stream runs as soon as it arrives; responses (or errors, which
-        don't end the stream) come back as they complete, carrying the request's id."""
-        done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        tasks: set[asyncio.Task[None]] = set()
+        don't end the stream) come back as they complete, carrying the request's id.
 
-        async def one(request: Any) -> None:
+        At most `max_stream_pending` requests are unanswered (read, but their response not
+        yet sent) at once: past that the stream is not read until the client takes its
+        responses, so a client that never reads cannot make the server hold answers without
+        bound (gRPC's flow control then stops the client's sends)."""
+        done: asyncio.Queue[bytes | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+        room = asyncio.Semaphore(self.limits.max_stream_pending)
+
+        async def one(raw: bytes) -> None:
+            msg = None
             try:
-                response = await self._infer(request, context)
-                await done.put(
-                    pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
-                )
+                msg = await self.offload.run(len(raw), parse_infer_request, raw)
+                done.put_nowait(await self._infer(msg, len(raw), _call_context(context), True))
             except InferdError as exc:
-                await done.put(_stream_error(request, exc.message))
+                done.put_nowait(_stream_error(msg, exc.message))
             except Exception:
                 log.exception("unhandled error in ModelStreamInfer")
-                await done.put(_stream_error(request, "internal error; see the server log"))
+                done.put_nowait(_stream_error(msg, "internal error; see the server log"))
 
         async def read() -> None:
-            async for request in requests:
-                task = asyncio.create_task(one(request))
+            incoming = aiter(requests)
+            while True:
+                if room.locked():  # max_stream_pending unanswered: wait for the client
+                    self.streams_held += 1
+                    try:
+                        await room.acquire()
+                    finally:
+                        self.streams_held -= 1
+                else:
+                    await room.acquire()
+                try:
+                    raw = await anext(incoming)
+                except StopAsyncIteration:
+                    break
+                task = asyncio.create_task(one(raw))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             while tasks:
                 await asyncio.gather(*tasks)
-            await done.put(None)
+            done.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
             while (item := await done.get()) is not None:
-                yield item
+                yield item  # resumed once gRPC has sent it (or queued it within its window)
+                room.release()
         finally:
             reader.cancel()
             for task in list(tasks):
@@ -230,13 +276,14 @@ def _call_context(context: Any) -> CallContext:
     )
 
 
-def _stream_error(request: Any, message: str) -> pb.ModelStreamInferResponse:
-    return pb.ModelStreamInferResponse(
-        error_message=message,
-        infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
-        ),
-    )
+def _stream_error(request: Any, message: str) -> bytes:
+    """An error on the stream, naming the request (when it could be parsed at all)."""
+    response = pb.ModelStreamInferResponse(error_message=message)
+    if request is not None:
+        response.infer_response.model_name = request.model_name
+        response.infer_response.model_version = request.model_version
+        response.infer_response.id = request.id
+    return bytes(response.SerializeToString())
 
 
 ADMIN_SERVICE = "inferd.admin.v1.Admin"
@@ -309,10 +356,15 @@ def build_server(
     max_receive_bytes: int,
     max_send_bytes: int,
     reuse_port: bool = False,
-) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server on the running loop; returns it with the port actually bound.
+    limits: Limits = DEFAULT_LIMITS,
+    offload: Offload | None = None,
+) -> tuple[grpc.aio.Server, int, InferenceServicer]:
+    """A grpc.aio server on the running loop; returns it with the port actually bound and
+    its servicer.
 
-    Messages past the limits fail with RESOURCE_EXHAUSTED, raised by gRPC itself.
+    Received messages past the limit fail with RESOURCE_EXHAUSTED, raised by gRPC itself;
+    responses past it are refused by inferd before they are built (gRPC's own send limit
+    stays as a backstop).
     `reuse_port`: share the port with sibling workers (the kernel spreads connections).
     """
     server = grpc.aio.server(
@@ -322,9 +374,8 @@ def build_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(dataplane), server
-    )
+    servicer = InferenceServicer(dataplane, limits, offload, max_send_bytes)
+    add_inference_servicer(servicer, server)
     server.add_generic_rpc_handlers((AdminService(dataplane).handler(),))
     bound = server.add_insecure_port(f"{host}:{port}")
-    return server, bound
+    return server, bound, servicer

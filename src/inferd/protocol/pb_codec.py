@@ -10,11 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
-from inferd.protocol.codec import declared_count, decode_bytes_elements, to_binary
+from inferd.limits import check_response_size
+from inferd.protocol.codec import (
+    MAX_BYTES_ELEMENTS,
+    check_bytes_count,
+    declared_count,
+    decode_bytes_elements,
+    to_binary,
+)
 from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
 
 # Which typed `contents` field carries each datatype (Triton's mapping; FP16 travels raw only).
@@ -54,7 +62,9 @@ def set_parameter(target: Any, key: str, value: Any) -> None:
         param.string_param = str(value)
 
 
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
+def decode_infer_request(
+    msg: pb.ModelInferRequest, max_bytes_elements: int = MAX_BYTES_ELEMENTS
+) -> InferRequest:
     raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise invalid(
@@ -74,8 +84,10 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
         shape = tuple(int(d) for d in t.shape)
         count = declared_count(shape, where)
         if raw:
-            data = _from_raw(raw[index], t.datatype, shape, count, where)
+            data = _from_raw(raw[index], t.datatype, shape, count, where, max_bytes_elements)
         else:
+            if t.datatype == "BYTES":
+                check_bytes_count(count, max_bytes_elements, where)
             data = _from_contents(t, dtype, shape, count, where)
         inputs.append(Tensor(t.name, t.datatype, shape, data, parameters_to_dict(t.parameters)))
     outputs = None
@@ -96,9 +108,11 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-def _from_raw(buf: bytes, datatype: str, shape: tuple[int, ...], count: int, where: str) -> Array:
+def _from_raw(
+    buf: bytes, datatype: str, shape: tuple[int, ...], count: int, where: str, max_bytes: int
+) -> Array:
     if datatype == "BYTES":
-        return decode_bytes_elements(buf, count, where).reshape(shape)
+        return decode_bytes_elements(buf, count, where, max_bytes).reshape(shape)
     expected = count * ITEMSIZE[datatype]
     if len(buf) != expected:
         raise invalid(
@@ -133,13 +147,51 @@ def _from_contents(
     return np.array(values, dtype=dtype).reshape(shape)
 
 
-def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+def parse_infer_request(raw: bytes) -> pb.ModelInferRequest:
+    """A ModelInferRequest from its wire bytes (inferd parses it, not gRPC: off the loop
+    when it is large)."""
+    try:
+        return pb.ModelInferRequest.FromString(raw)
+    except DecodeError as exc:
+        raise invalid(f"malformed ModelInferRequest: {exc}") from None
+
+
+def encode_infer_response(response: InferResponse, max_bytes: int = 0) -> pb.ModelInferResponse:
+    """The response message; past `max_bytes` of tensor data (0: no limit) it stops with
+    PAYLOAD_TOO_LARGE before adding the output that passes it."""
     msg = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
     for key, value in response.parameters.items():
         set_parameter(msg.parameters, key, value)
+    produced = 0
     for tensor in response.outputs:
+        raw = to_binary(tensor)
+        produced += len(raw)
+        check_response_size(produced, max_bytes, at_least=True)
         msg.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        msg.raw_output_contents.append(bytes(to_binary(tensor)))
+        msg.raw_output_contents.append(bytes(raw))
     return msg
+
+
+def serialize_infer_response(response: InferResponse, max_bytes: int, stream: bool) -> bytes:
+    """A ModelInferResponse's wire bytes, or (`stream`) a ModelStreamInferResponse's holding
+    it: that is the same bytes behind field 2's tag and length, built without copying the
+    message into another."""
+    inner: bytes = encode_infer_response(response, max_bytes).SerializeToString()
+    if not stream:
+        return inner
+    return _STREAM_INFER_RESPONSE_TAG + _varint(len(inner)) + inner
+
+
+# ModelStreamInferResponse.infer_response: field 2, wire type 2 (length-delimited).
+_STREAM_INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
