@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from inferd import model_output
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
+from inferd.limits import ensure_file_descriptors
 from inferd.metrics import MetricsServer, MetricsSink
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.fast_http import protocol_class
@@ -174,7 +175,7 @@ class InferenceServer:
             self.app,
             host=self.settings.host,
             port=self.settings.http_port,
-            http=protocol_class(self.app.infer),
+            http=protocol_class(self.app.infer, self.settings.limits),
             log_level=self.settings.log_level.lower(),
             access_log=False,
             log_config=None,  # inferd's own handlers (text or JSON) format uvicorn's lines too
@@ -207,6 +208,7 @@ class _UvicornServer(uvicorn.Server):
 
 
 def run(settings: Settings) -> None:
+    ensure_file_descriptors(settings.limits)
     if settings.workers > 1:
         from inferd.workers import supervisor
 
@@ -218,6 +220,7 @@ def run(settings: Settings) -> None:
 
 def run_worker(settings: Settings, worker: WorkerSlot) -> None:
     """One of `--workers N`: the same server on a port it shares with its siblings."""
+    ensure_file_descriptors(settings.limits)
     sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -11,6 +11,7 @@ a request pipelined behind another is not watched while reading is paused for it
 over the size limit is refused (413, then the connection closes) as soon as its declared
 length or the bytes received pass the limit.
 
+Below it, http_guard.py bounds what a client controls (head size, timeouts, connections).
 Everything else stays uvicorn's: the listening socket, keep-alive, graceful shutdown
 (the task is in `server_state.tasks`, which uvicorn waits for), every other route through
 ASGI, and pipelined requests (an infer request arriving while another response is pending
@@ -26,10 +27,11 @@ import http
 import logging
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from inferd.errors import ErrorKind, InferdError
+from inferd.limits import Limits
 from inferd.protocol.http import _JSON, InferEndpoint, Reply, pick_headers
+from inferd.protocol.http_guard import GuardedHttpProtocol
 
 log = logging.getLogger("inferd.http")
 
@@ -69,19 +71,23 @@ class _InferCall:
         self.disconnected = False
         self.task: asyncio.Task[None] | None = None
 
+    @property
+    def response_started(self) -> bool:
+        return self.task is not None  # (uvicorn's cycle has it too: the guard reads either)
 
-class InferdHttpProtocol(HttpToolsProtocol):
+
+class InferdHttpProtocol(GuardedHttpProtocol):
     endpoint: InferEndpoint  # set on the subclass `protocol_class` makes
 
     peer = ""  # the client's host:port, for logs
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
+        super().connection_made(transport)
         self.peer = f"{self.client[0]}:{self.client[1]}" if self.client else ""
 
     # -- parser callbacks ---------------------------------------------------------------
 
-    def on_headers_complete(self) -> None:
+    def on_request_head(self) -> None:
         parser = self.parser
         if (
             parser.get_method() == b"POST"
@@ -105,7 +111,7 @@ class InferdHttpProtocol(HttpToolsProtocol):
                 elif self.expect_100_continue:
                     self.transport.write(_CONTINUE)
                 return
-        super().on_headers_complete()
+        super().on_request_head()
 
     def on_body(self, body: bytes) -> None:
         call: object = self.cycle
@@ -122,10 +128,10 @@ class InferdHttpProtocol(HttpToolsProtocol):
             self._start(call)
         return None
 
-    def on_message_complete(self) -> None:
+    def on_request_end(self) -> None:
         call: object = self.cycle
         if type(call) is not _InferCall:
-            return super().on_message_complete()
+            return super().on_request_end()
         if call.task is None:  # else refused already, at its headers
             self._start(call)
         return None
@@ -198,6 +204,7 @@ class InferdHttpProtocol(HttpToolsProtocol):
         return b"".join(lines)
 
 
-def protocol_class(endpoint: InferEndpoint) -> type[InferdHttpProtocol]:
-    """The protocol class to give uvicorn (`http=`), bound to this server's endpoint."""
-    return type("InferdHttp", (InferdHttpProtocol,), {"endpoint": endpoint})
+def protocol_class(endpoint: InferEndpoint, limits: Limits) -> type[InferdHttpProtocol]:
+    """The protocol class to give uvicorn (`http=`), bound to this server's endpoint and
+    limits."""
+    return type("InferdHttp", (InferdHttpProtocol,), {"endpoint": endpoint, "limits": limits})
