@@ -23,7 +23,6 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
-    start_http_server,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -429,16 +428,3 @@ class _StateCollector(Collector):
             for n, value in values.items():
                 families[n].add_sample(n, labels, float(value))
         yield from families.values()
-
-
-class MetricsServer:
-    """`GET /metrics` on its own port, served by prometheus_client's thread (off the loop)."""
-
-    def __init__(self, sink: MetricsSink, host: str, port: int) -> None:
-        self._server, self._thread = start_http_server(port, host, registry=sink.prometheus)
-        self.port = int(self._server.server_port)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)

@@ -18,7 +18,8 @@ from inferd import model_output
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
-from inferd.metrics import MetricsServer, MetricsSink
+from inferd.metrics import MetricsSink
+from inferd.metrics_server import MetricsServer
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.fast_http import protocol_class
 from inferd.protocol.http import InferdApp, build_app
@@ -114,7 +115,10 @@ class InferenceServer:
         elif self.metrics is not None and self.settings.metrics_port is not None:
             # With workers the supervisor serves /metrics, from every worker's peer socket.
             self.metrics_server = MetricsServer(
-                self.metrics, self.settings.host, self.settings.metrics_port
+                self.metrics.prometheus,
+                self.settings.host,
+                self.settings.metrics_port,
+                self.settings.limits,
             )
             log.info(
                 "metrics at http://%s:%d/metrics", self.settings.host, self.metrics_server.port

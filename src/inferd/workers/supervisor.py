@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inferd import log as inferd_log
+from inferd.metrics_server import MetricsServer
 from inferd.settings import Settings
 from inferd.workers import peers
 from inferd.workers.peers import WorkerSlot
@@ -172,8 +173,8 @@ class Supervisor:
                 # Before the workers: a port in use fails here, with no worker to stop.
                 registry = CollectorRegistry(auto_describe=False)
                 registry.register(_WorkersCollector(self))
-                metrics, _ = start_http_server(
-                    self.settings.metrics_port, self.settings.host, registry
+                metrics = MetricsServer(
+                    registry, self.settings.host, self.settings.metrics_port, self.settings.limits
                 )
                 log.info(
                     "metrics of %d workers at http://%s:%d/metrics",
@@ -196,7 +197,7 @@ class Supervisor:
             return self._stop_all()
         finally:
             if metrics is not None:
-                metrics.shutdown()
+                metrics.close()
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _watch(self) -> None:
