@@ -189,3 +189,11 @@ def test_past_the_connection_limit_health_is_answered_and_the_rest_refused(
                 assert outputs(body) == [6.0]
                 break
             assert time.monotonic() < deadline, "the server kept refusing connections"
+
+
+def test_blank_lines_do_not_keep_a_connection_open(limited: RunningServer) -> None:
+    wire = Wire(limited)
+    wire.send(b"\r\n\r\n")  # bytes, but no request
+    wire.sock.settimeout(STATE_DEADLINE_S)
+    assert wire._fill() is False
+    wire.close()

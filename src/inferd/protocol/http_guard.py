@@ -143,6 +143,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if phase is _Phase.IDLE:
             if self._timer is not None:
                 self._cancel_timer()
+            cycle: Any = self.cycle
+            if (cycle is None or cycle.response_complete) and self.timeout_keep_alive_task is None:
+                # Bytes that began no request (blank lines): the connection is still idle.
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
             return
         if phase is _Phase.BODY:
             self._last_read = self.loop.time()
