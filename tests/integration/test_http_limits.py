@@ -149,46 +149,81 @@ def _connect(server: RunningServer) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=STATE_DEADLINE_S)
 
 
-def test_past_the_connection_limit_health_is_answered_and_the_rest_refused(
-    good_repository: Path,
+@pytest.fixture(scope="module")
+def few_connections(good_repository: Path) -> Iterator[RunningServer]:
+    limits = Limits(max_connections=MAX_CONNECTIONS, keep_alive_timeout_s=60, body_timeout_s=60)
+    with run_server(good_repository, limits=limits) as running:
+        yield running
+
+
+def _served_until(server: RunningServer, value: float) -> None:
+    """New connections are served as before (once the server has closed the old ones)."""
+    deadline = time.monotonic() + STATE_DEADLINE_S
+    while True:
+        wire = Wire(server)
+        wire.send(infer_request([value]))
+        status, _, body = wire.response()
+        wire.close()
+        if status == 200:
+            assert outputs(body) == [value]
+            return
+        assert time.monotonic() < deadline, "the server kept refusing connections"
+
+
+def test_at_the_connection_limit_the_oldest_idle_connection_makes_room(
+    few_connections: RunningServer,
 ) -> None:
-    limits = Limits(max_connections=MAX_CONNECTIONS, keep_alive_timeout_s=60)
-    with run_server(good_repository, limits=limits) as server:
-        held = []
-        for _ in range(MAX_CONNECTIONS):  # each has been served: the server counts it
-            wire = Wire(server)
-            wire.send(b"GET /v2/health/live HTTP/1.1\r\nhost: t\r\n\r\n")
-            assert wire.response()[0] == 200
-            held.append(wire)
-        # Past the limit: health probes are answered, once per connection ...
-        probe = Wire(server)
+    idle = []
+    for _ in range(MAX_CONNECTIONS):  # each served once, then idle (keep-alive)
+        wire = Wire(few_connections)
+        wire.send(b"GET /v2/health/live HTTP/1.1\r\nhost: t\r\n\r\n")
+        assert wire.response()[0] == 200
+        idle.append(wire)
+    newcomer = Wire(few_connections)
+    newcomer.send(infer_request([5.0]))
+    status, headers, body = newcomer.response()
+    assert (status, outputs(body)) == (200, [5.0])
+    assert headers.get("connection") != "close"
+    newcomer.close()
+    idle[0].sock.settimeout(STATE_DEADLINE_S)
+    assert idle[0]._fill() is False  # the oldest idle one was closed for it
+    for wire in idle:
+        wire.close()
+    _served_until(few_connections, 5.5)
+
+
+def test_when_every_connection_is_busy_health_is_answered_and_the_rest_refused(
+    few_connections: RunningServer,
+) -> None:
+    busy = []
+    for _ in range(MAX_CONNECTIONS):  # each sending a body: serving a request, not idle
+        wire = Wire(few_connections)
+        wire.send(HEAD + b"content-length: 1000\r\n\r\n{")
+        busy.append(wire)
+    # Past the limit: health probes are answered, once per connection ...
+    deadline = time.monotonic() + STATE_DEADLINE_S
+    while True:
+        probe = Wire(few_connections)
         probe.send(b"GET /v2/health/ready HTTP/1.1\r\nhost: t\r\n\r\n")
         status, headers, _ = probe.response()
-        assert (status, headers["connection"]) == (200, "close")
         probe.close()
-        # ... and anything else is refused at once, naming the limit.
-        other = Wire(server)
-        other.send(infer_request([1.0]))
-        refused(other, 429, "--max-connections")
-        # Past the reserve too: refused before reading anything.
-        reserve = [_connect(server) for _ in range(HEALTH_RESERVE)]
-        late = Wire(server)
-        refused(late, 429, f"the server has {MAX_CONNECTIONS} connections open")
-        for sock in reserve:
-            sock.close()
-        for wire in held:
-            wire.close()
-        # Once the clients have gone, new connections are served as before.
-        deadline = time.monotonic() + STATE_DEADLINE_S
-        while True:
-            wire = Wire(server)
-            wire.send(infer_request([6.0]))
-            status, _, body = wire.response()
-            wire.close()
-            if status == 200:
-                assert outputs(body) == [6.0]
-                break
-            assert time.monotonic() < deadline, "the server kept refusing connections"
+        assert status == 200
+        if headers.get("connection") == "close":
+            break  # a reserved connection (until then, the busy ones were still arriving)
+        assert time.monotonic() < deadline, "the busy connections were never counted"
+    # ... and anything else is refused at once, naming the limit.
+    other = Wire(few_connections)
+    other.send(infer_request([1.0]))
+    refused(other, 429, "--max-connections")
+    # Past the reserve too: refused before anything is read.
+    reserve = [_connect(few_connections) for _ in range(HEALTH_RESERVE)]
+    late = Wire(few_connections)
+    refused(late, 429, f"the server has {MAX_CONNECTIONS} connections open")
+    for sock in reserve:
+        sock.close()
+    for wire in busy:
+        wire.close()
+    _served_until(few_connections, 6.0)
 
 
 def test_blank_lines_do_not_keep_a_connection_open(limited: RunningServer) -> None:

@@ -31,7 +31,7 @@ import httptools
 from inferd.errors import ErrorKind, InferdError
 from inferd.limits import Limits
 from inferd.protocol.http import _JSON, InferEndpoint, Reply, pick_headers
-from inferd.protocol.http_guard import GuardedHttpProtocol
+from inferd.protocol.http_guard import ConnectionBook, GuardedHttpProtocol
 
 log = logging.getLogger("inferd.http")
 
@@ -207,4 +207,5 @@ class InferdHttpProtocol(GuardedHttpProtocol):
 def protocol_class(endpoint: InferEndpoint, limits: Limits) -> type[InferdHttpProtocol]:
     """The protocol class to give uvicorn (`http=`), bound to this server's endpoint and
     limits."""
-    return type("InferdHttp", (InferdHttpProtocol,), {"endpoint": endpoint, "limits": limits})
+    attributes = {"endpoint": endpoint, "limits": limits, "book": ConnectionBook()}
+    return type("InferdHttp", (InferdHttpProtocol,), attributes)

@@ -11,8 +11,10 @@ checks failed). This class, under the infer fast path (fast_http.py), bounds:
 - time: a request's head must arrive within `header_timeout_s` of its first byte, its body
   may not pause longer than `body_timeout_s` (408); an idle connection, before its first
   request as between requests, closes after `keep_alive_timeout_s`;
-- connections: past `max_connections`, HEALTH_RESERVE more are let in for /v2/health/*
-  (anything else on them gets 429); past those, a new connection gets 429 and is closed.
+- connections: at `max_connections`, a new connection closes the oldest one that serves no
+  request (idle, or still sending its head: how an idle or slowloris flood loses its hold);
+  when every one is serving, HEALTH_RESERVE more are let in for /v2/health/* (anything else
+  on them gets 429); past those, a new connection gets 429 and is closed.
 
 A refusal is a JSON error naming the limit and its option, then the connection closes: its
 write side at once, its read side after the client has read the answer (what it still
@@ -52,8 +54,19 @@ class _RefusedError(Exception):
     """Raised in a parser callback to stop the parser; the answer is in `_refusal`."""
 
 
+class ConnectionBook:
+    """One server's connections that serve no request now, oldest first, and how many of
+    them are being closed to make room (they count as open until the loop has closed them)."""
+
+    def __init__(self) -> None:
+        self.idle: dict[GuardedHttpProtocol, None] = {}
+        self.closing = 0
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
-    limits: Limits = DEFAULT_LIMITS  # the class protocol_class makes sets the server's
+    # The class protocol_class makes sets both, one of each per server.
+    limits: Limits = DEFAULT_LIMITS
+    book: ConnectionBook = ConnectionBook()
 
     _refused_connections = 0  # since the last warning, across connections
     _last_warning = 0.0
@@ -72,13 +85,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str] | None = None
         self._discarding = False
         self._reserve = False  # admitted past max_connections: health probes only
+        self._evicted = False
 
     # -- connections ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
-        limits = self.limits
-        open_now = len(self.connections)
+        limits, book = self.limits, self.book
+        open_now = len(self.connections) - book.closing
+        if open_now > limits.max_connections and book.idle:
+            # Make room: the connection idle the longest goes (as a keep-alive timeout would).
+            victim = next(iter(book.idle))
+            del book.idle[victim]
+            victim._evicted = True
+            book.closing += 1
+            victim.transport.close()
+            open_now -= 1
         if open_now > limits.max_connections:
             self._reserve = True
             if open_now > limits.max_connections + HEALTH_RESERVE:
@@ -86,6 +108,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self.transport.write(self._error(429, self._busy_message()))
                 self.transport.close()
                 return
+        else:
+            book.idle[self] = None
         # Idle until the first request as between requests: uvicorn arms this timer only
         # after a response, so a connection that never sent anything stayed open for ever.
         self.timeout_keep_alive_task = self.loop.call_later(
@@ -94,7 +118,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        self.book.idle.pop(self, None)
+        if self._evicted:
+            self._evicted = False
+            self.book.closing -= 1
         super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle: Any = self.cycle
+        if (
+            not self._reserve
+            and (cycle is None or cycle.response_complete)
+            and not self.transport.is_closing()
+        ):
+            self.book.idle[self] = None  # serving nothing again: the newest idle one
 
     def _busy_message(self) -> str:
         return (
@@ -252,6 +290,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._heads_done += 1
         self._phase = _Phase.BODY
+        self.book.idle.pop(self, None)  # serving a request: not to be closed for room
         if self._reserve:
             path = httptools.parse_url(self.url).path
             if self.parser.get_method() != b"GET" or not path.startswith(HEALTH_PREFIX):
