@@ -344,3 +344,18 @@ def test_json_bytes_count_is_checked_before_the_elements_are_walked() -> None:
     data: list[object] = [""] * 1_000_000 + [5]
     message = _http([{"name": "X", "datatype": "BYTES", "shape": [1], "data": data}])
     assert "data holds 1000001 elements but shape [1] needs 1" in message
+
+
+def test_an_output_requested_twice_is_refused_while_decoding() -> None:
+    tensor = {"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}
+    doc = {"inputs": [tensor], "outputs": [{"name": "Y"}] * 100_000}
+    with pytest.raises(InferdError) as info:
+        decode_request(orjson.dumps(doc), None, "m", "")
+    assert info.value.message == "output 'Y' is requested more than once"
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    msg.outputs.add(name="Y")
+    msg.outputs.add(name="Y")
+    with pytest.raises(InferdError) as info:
+        decode_infer_request(msg)
+    assert info.value.message == "output 'Y' is requested more than once"

@@ -92,9 +92,11 @@ def decode_request(
         if not isinstance(raw_outputs, list):
             raise invalid("'outputs' must be a list")
         outputs = []
+        seen: set[str] = set()
         for j, raw in enumerate(raw_outputs):
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 raise invalid(f"outputs[{j}] must be an object with a string 'name'")
+            check_requested_once(raw["name"], seen)
             params = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
             if "classification" in params:
                 raise invalid(
@@ -109,6 +111,14 @@ def decode_request(
         outputs=outputs,
         parameters=parameters,
     )
+
+
+def check_requested_once(name: str, seen: set[str]) -> None:
+    """Refused here already (the core checks again): 100,000 copies of one output name
+    would otherwise each become an object, before the model is even asked."""
+    if name in seen:
+        raise invalid(f"output '{name}' is requested more than once")
+    seen.add(name)
 
 
 def _parameters(raw: Any, where: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from inferd.limits import check_response_size
 from inferd.protocol.codec import (
     MAX_BYTES_ELEMENTS,
     check_bytes_count,
+    check_requested_once,
     declared_count,
     decode_bytes_elements,
     to_binary,
@@ -93,7 +94,9 @@ def decode_infer_request(
     outputs = None
     if msg.outputs:
         outputs = []
+        seen: set[str] = set()
         for o in msg.outputs:
+            check_requested_once(o.name, seen)
             params = parameters_to_dict(o.parameters)
             if "classification" in params:
                 raise invalid(f"output '{o.name}': the classification extension is not supported")
