@@ -39,6 +39,7 @@ _STATUS_LINE = {
     s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
 }
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_JOIN_BELOW = 1 << 16  # bodies smaller than this go out in one write with their head
 
 
 class _InferCall:
@@ -183,7 +184,12 @@ class InferdHttpProtocol(GuardedHttpProtocol):
             await self.flow.drain()
             if call.disconnected:
                 return
-        self.transport.write(self._head(reply, call.keep_alive) + reply[2])
+        head, body = self._head(reply, call.keep_alive), reply[2]
+        if len(body) < _JOIN_BELOW:
+            self.transport.write(head + body)  # one write: one send for a small answer
+        else:  # no copy of a large body on the loop to put its head in front
+            self.transport.write(head)
+            self.transport.write(body)
         call.response_complete = True
         if not call.keep_alive:
             self.transport.close()
