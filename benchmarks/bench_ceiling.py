@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
-import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.server_process import free_port, wait_until_serving  # noqa: E402
 
 METADATA = json.dumps(
     {
@@ -97,12 +99,6 @@ async def serve(port: int) -> None:
         await server.serve_forever()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", type=int, default=None, metavar="PORT")
@@ -118,7 +114,8 @@ def main() -> None:
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
     try:
-        time.sleep(1.0)
+        # The canned server is the one answering on its port (not a stranger's, nor none).
+        wait_until_serving(server.pid, port, "/v2/models/canned", exit_code=server.poll)
         for processes in args.processes.split(","):
             for binary in ([], ["--http-binary"]):
                 cmd = [

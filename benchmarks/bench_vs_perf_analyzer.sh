@@ -9,7 +9,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ROUNDS="${1:-2}"; shift || true
 LEVELS=("${@:-1 8}"); LEVELS=(${LEVELS[@]})
-PORT=18500
+# Its own server on a port free at run time, checked to be the one answering there (and
+# still alive at the end): tests/server_process.py.
+SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/server_process.py")
+PORT="$("${SERVER_CHECK[@]}" free-port)"
 OUT="$ROOT/benchmarks/results/bench_vs_pa"; mkdir -p "$OUT"
 SERVER_CPU=0; CLIENT_CPU=1
 
@@ -18,7 +21,7 @@ taskset -c "$SERVER_CPU" "$ROOT/.venv/bin/inferd" serve --model-repository "$ROO
   > "$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 150); do curl -sf "127.0.0.1:$PORT/v2/models/mlp/ready" >/dev/null && break; sleep 0.2; done
+"${SERVER_CHECK[@]}" wait "$server" "$PORT" /v2/models/mlp/ready --log "$OUT/server.log"
 
 echo "concurrency,tool,round,infer_per_s,p50_ms,p99_ms"
 for c in "${LEVELS[@]}"; do
@@ -43,3 +46,4 @@ print(f"{sys.argv[2]},inferd bench,{sys.argv[3]},{level['throughput']:.0f},"
 PY
   done
 done
+"${SERVER_CHECK[@]}" owns "$server" "$PORT"  # the figures above are of our server

@@ -10,11 +10,16 @@ was in flight (p50 / max). `--inline` sets --offload-threshold-kib past any requ
 is how every request was decoded before offloading existed. Then the connection scenarios:
 3,000 idle connections (how long until the server has closed them) and a flood past
 --max-connections (how many were refused, whether health probes were still answered).
+
+The server gets a free port; the run stops with an error, and prints no figures, if that
+server exits or another process answers on its port (tests/server_process.py). Needs what
+`make serve` installs (the client is the standard library's http.client).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import socket
 import statistics
 import subprocess
@@ -23,13 +28,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.models import builders  # noqa: E402
+from tests.server_process import (  # noqa: E402
+    check_port_free,
+    check_still_serving,
+    free_port,
+    wait_until_serving,
+)
 
 MIB = 1 << 20
 
@@ -81,11 +92,33 @@ def scenarios() -> list[tuple[str, str, bytes, dict[str, str]]]:
     ]
 
 
-def probe_while(
-    url: str, work: Callable[[], httpx.Response]
-) -> tuple[httpx.Response, float, list[float]]:
+@dataclass
+class Answer:
+    status: int
+    size: int
+
+
+def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> Answer:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        return Answer(response.status, len(response.read()))
+    finally:
+        conn.close()
+
+
+def ready(conn: http.client.HTTPConnection) -> None:
+    conn.request("GET", "/v2/health/ready")
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 200, f"a health probe got {response.status}"
+
+
+def probe_while(port: int, work: Callable[[], Answer]) -> tuple[Answer, float, list[float]]:
+    """Run `work` on a thread; meanwhile probe readiness back to back on one connection."""
     done = threading.Event()
-    result: list[httpx.Response] = []
+    result: list[Answer] = []
     took: list[float] = []
 
     def run() -> None:
@@ -95,15 +128,18 @@ def probe_while(
         done.set()
 
     latencies: list[float] = []
-    with httpx.Client(base_url=url, timeout=120) as probe:
-        probe.get("/v2/health/ready")  # the connection is open before the large request
+    probe = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        ready(probe)  # the connection is open before the large request
         thread = threading.Thread(target=run)
         thread.start()
         while not done.is_set():
             started = time.perf_counter()
-            assert probe.get("/v2/health/ready").status_code == 200
+            ready(probe)
             latencies.append(time.perf_counter() - started)
         thread.join()
+    finally:
+        probe.close()
     return result[0], took[0], latencies
 
 
@@ -118,7 +154,7 @@ def idle_connections(port: int, count: int) -> float:
     return time.perf_counter() - started
 
 
-def flood(url: str, port: int, count: int) -> tuple[int, int, int, float]:
+def flood(port: int, count: int) -> tuple[int, int, int, float]:
     """Open `count` connections that send nothing; after a second, return how many the
     server refused (429), closed and kept, and how long a health probe then took."""
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
@@ -138,11 +174,12 @@ def flood(url: str, port: int, count: int) -> tuple[int, int, int, float]:
                 data = b""
             (refused if data.startswith(b"HTTP/1.1 429") else closed).add(i)
     started = time.perf_counter()
-    ok = httpx.get(f"{url}/v2/health/ready", timeout=30).status_code == 200
+    probe = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    ready(probe)
+    probe.close()
     probe_s = time.perf_counter() - started
     for s in socks:
         s.close()
-    assert ok, "the health probe failed during the flood"
     return len(refused), len(closed), count - len(refused) - len(closed), probe_s
 
 
@@ -160,48 +197,44 @@ def main() -> None:
 
         models = {"identity_fp32": TensorProto.FLOAT, "identity_int8": TensorProto.INT8}
         for name, onnx_type in models.items():
-            builders._save(
-                builders.identity(onnx_type, ["batch", "n"]), Path(tmp) / name / "1" / "model.onnx"
-            )
-        port = 18610
+            model = builders.identity(onnx_type, ["batch", "n"])
+            builders._save(model, Path(tmp) / name / "1" / "model.onnx")
+        port = free_port()
+        check_port_free(port)
         extra = ["--offload-threshold-kib", str(1 << 30)] if args.inline else []
         proc = subprocess.Popen(
             [sys.executable, "-m", "inferd", "serve", "--model-repository", tmp,
              "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
              "--log-level", "ERROR", "--max-bytes-elements", str(args.max_bytes_elements), *extra]
         )  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(300):
-                try:
-                    if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+            wait_until_serving(proc.pid, port, exit_code=proc.poll)
             print(f"decoding {'on the event loop' if args.inline else 'off the event loop'}:")
-            with httpx.Client(base_url=url, timeout=120) as big:
-                for what, model, body, headers in scenarios():
+            for what, model_name, body, headers in scenarios():
 
-                    def send(
-                        model: str = model, body: bytes = body, headers: dict[str, str] = headers
-                    ) -> httpx.Response:
-                        return big.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+                def send(
+                    path: str = f"/v2/models/{model_name}/infer",
+                    body: bytes = body,
+                    headers: dict[str, str] = headers,
+                ) -> Answer:
+                    return post(port, path, body, headers)
 
-                    r, took, probes = probe_while(url, send)
-                    ms = [x * 1000 for x in probes]
-                    print(
-                        f"  {what}: HTTP {r.status_code} ({len(r.content) / MIB:.1f} MiB) "
-                        f"in {took:.2f} s; {len(ms)} probes meanwhile, p50 "
-                        f"{statistics.median(ms):.1f} ms, max {max(ms):.1f} ms"
-                    )
+                answer, took, probes = probe_while(port, send)
+                ms = [x * 1000 for x in probes]
+                print(
+                    f"  {what}: HTTP {answer.status} ({answer.size / MIB:.1f} MiB) in {took:.2f} s;"
+                    f" {len(ms)} probes meanwhile, p50 {statistics.median(ms):.1f} ms, max "
+                    f"{max(ms):.1f} ms"
+                )
             idle_s = idle_connections(port, args.idle)
             print(f"  {args.idle} idle connections: all closed by the server after {idle_s:.1f} s")
-            refused, closed, kept, probe_s = flood(url, port, args.flood)
+            refused, closed, kept, probe_s = flood(port, args.flood)
             print(
                 f"  {args.flood} silent connections at once: {refused} refused (429), {closed} "
                 f"closed for newer ones, {kept} kept; a health probe then took "
                 f"{probe_s * 1000:.1f} ms"
             )
+            check_still_serving(proc.pid, port, proc.poll)
         finally:
             proc.terminate()
             proc.wait(timeout=60)

@@ -9,19 +9,20 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PROTOCOL="${1:-http}"; shift || true
 LEVELS=("${@:-1 8 64}"); LEVELS=(${LEVELS[@]})
 MODEL="${MODEL:-mlp}"
-PORT_HTTP=18000; PORT_GRPC=18001
+# Its own server on ports free at run time, checked to be the one answering there (and
+# still alive at the end): tests/server_process.py.
+SERVER_CHECK=(.venv/bin/python tests/server_process.py)
+PORT_HTTP="$("${SERVER_CHECK[@]}" free-port)"; PORT_GRPC="$("${SERVER_CHECK[@]}" free-port)"
 mkdir -p benchmarks/results
 
 make --no-print-directory models >/dev/null
 .venv/bin/inferd serve --model-repository examples/models --http-port "$PORT_HTTP" \
-  --grpc-port "$PORT_GRPC" \
+  --grpc-port "$PORT_GRPC" --metrics-port 0 \
   --log-level WARNING &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  curl -sf "127.0.0.1:$PORT_HTTP/v2/health/ready" >/dev/null && break
-  sleep 0.2
-done
+"${SERVER_CHECK[@]}" wait "$SERVER" "$PORT_HTTP" /v2/health/ready
+"${SERVER_CHECK[@]}" owns "$SERVER" "$PORT_GRPC"
 
 URL="127.0.0.1:$PORT_HTTP"; [[ "$PROTOCOL" == grpc ]] && URL="127.0.0.1:$PORT_GRPC"
 for c in "${LEVELS[@]}"; do
@@ -32,3 +33,4 @@ for c in "${LEVELS[@]}"; do
     --input-data random -f "benchmarks/results/$MODEL-$PROTOCOL-c$c.csv" \
     | grep -E "Concurrency:|p50 latency|p90 latency|p99 latency|Throughput" || true
 done
+"${SERVER_CHECK[@]}" owns "$SERVER" "$PORT_HTTP"  # the figures above are of our server

@@ -8,6 +8,10 @@ each sending the next request as soon as the last was answered (with --retry-aft
 client honours Retry-After on 429 instead).
 Prints every status, latency percentiles per status on the client's clock, and the server's
 RSS before and after.
+
+The server gets a free port at run time (or --port, which must be free); the run stops with
+an error, and prints no figures, if that server exits or another process answers on its
+port (tests/server_process.py). Needs what `make serve` installs.
 """
 
 from __future__ import annotations
@@ -24,17 +28,24 @@ from collections import defaultdict
 from pathlib import Path
 
 import aiohttp
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fault_models import RECORDING_PY, param, write_model  # noqa: E402
+from tests.server_process import (  # noqa: E402
+    ServerCheckError,
+    check_port_free,
+    check_still_serving,
+    free_port,
+    status_of,
+    wait_until_serving,
+)
 
 
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
-    return 0.0
+    raise ServerCheckError(f"pid {pid} has no resident memory: it is not running")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -72,13 +83,24 @@ async def drive(
     return by_status
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=40)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--deadline-ms", type=int, default=250)
     ap.add_argument("--retry-after", action="store_true", help="clients honour Retry-After")
+    ap.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
     args = ap.parse_args()
+    try:
+        by_status, before, after, live = measure(args)
+    except ServerCheckError as e:
+        print(f"overload.py: {e}", file=sys.stderr)
+        return 1
+    report(args, by_status, before, after, live)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[int, list[float]], float, float, bool]:
     with tempfile.TemporaryDirectory() as tmp:
         write_model(
             Path(tmp),
@@ -88,29 +110,47 @@ def main() -> None:
             + "dynamic_batching { default_queue_policy { max_queue_size: 16 } }",
             max_batch_size=4,
         )
-        port = 18600
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "inferd", "serve", "--model-repository", tmp,
-             "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
-             "--log-level", "ERROR"]
-        )  # fmt: skip
+        port = free_port() if args.port is None else args.port
+        check_port_free(port)
+        log_path = Path(tmp) / "server.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "inferd", "serve", "--model-repository", tmp,
+                 "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
+                 "--log-level", "ERROR"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(300):
-                try:
-                    if httpx.get(f"{url}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+            wait_until_serving(
+                proc.pid,
+                port,
+                "/v2/models/busy/ready",
+                exit_code=proc.poll,
+                output=lambda: log_path.read_text(errors="replace"),
+            )
             before = rss_mib(proc.pid)
             by_status = asyncio.run(
                 drive(url, args.clients, args.seconds, args.deadline_ms, args.retry_after)
             )
+            # Still ours and alive after the load: the figures are of this server.
+            check_still_serving(proc.pid, port, proc.poll)
             after = rss_mib(proc.pid)
-            alive = httpx.get(f"{url}/v2/health/live").status_code == 200
+            live = status_of(f"{url}/v2/health/live") == 200
         finally:
-            proc.terminate()
+            if proc.poll() is None:
+                proc.terminate()
             proc.wait(timeout=30)
+    return by_status, before, after, live
+
+
+def report(
+    args: argparse.Namespace,
+    by_status: dict[int, list[float]],
+    before: float,
+    after: float,
+    live: bool,
+) -> None:
     total = sum(len(v) for v in by_status.values())
     print(f"{args.clients} clients, {args.seconds:g} s, deadline {args.deadline_ms} ms, "
           f"Retry-After {'honoured' if args.retry_after else 'ignored'}: {total} answers "
@@ -123,8 +163,8 @@ def main() -> None:
             f"  p99 {pct(ms, 0.99):7.2f} ms  max {max(ms):7.2f} ms"
             f"  mean {statistics.mean(ms):7.2f} ms"
         )
-    print(f"  server RSS {before:.0f} MiB before, {after:.0f} MiB after; live afterwards: {alive}")
+    print(f"  server RSS {before:.0f} MiB before, {after:.0f} MiB after; live afterwards: {live}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

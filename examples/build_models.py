@@ -1,6 +1,7 @@
 """Build the example ONNX models from fixed seeds (no model binaries live in git).
 
     python examples/build_models.py [REPOSITORY]   # default: examples/models
+    python examples/build_models.py --config-reference [REPOSITORY]   # examples/config-reference
 
 Also imported by the tests, which build their own small models with the same helpers.
 """
@@ -128,7 +129,22 @@ def build(repository: Path) -> None:
     torch_mlp([64, 1024, 1024, 16], seed=0, path=repository / "mlp_torch" / "1" / "model.pt")
 
 
+def build_config_reference(repository: Path) -> None:
+    """The files of examples/config-reference (its config.pbtxt lives in git): versions 1, 2
+    and 3 of a small classifier (16 -> 32 -> 4), and the recorded warm-up request."""
+    for version in (1, 2, 3):
+        model = mlp([16, 32, 4], seed=100 + version)
+        _save(model, repository / "classifier" / str(version) / "model.onnx")
+    sample = repository / "classifier" / "warmup" / "sample_input"
+    sample.parent.mkdir(parents=True, exist_ok=True)
+    sample.write_bytes(np.linspace(-1, 1, 16, dtype="<f4").tobytes())
+
+
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "models"
-    build(target)
+    args = sys.argv[1:]
+    reference = "--config-reference" in args
+    args = [a for a in args if a != "--config-reference"]
+    default = "config-reference" if reference else "models"
+    target = Path(args[0]) if args else Path(__file__).parent / default
+    (build_config_reference if reference else build)(target)
     print(f"built example models in {target}")

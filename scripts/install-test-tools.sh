@@ -3,7 +3,9 @@
 # deploy/prometheus/*.yaml) and `prometheus` itself (scrapes a live test server end to end).
 #
 # Idempotent: does nothing when both are already on PATH. Otherwise installs Debian's
-# `prometheus` package (which ships both binaries) with apt. `make test` runs this first.
+# `prometheus` package (which ships both binaries) with apt-get, through sudo when not root.
+# `make test` runs this first; when it cannot install them (no apt-get, no sudo rights), it
+# says why and `make test` goes on: the tests that need them are skipped, each saying why.
 #
 # The package's maintainer scripts would start a Prometheus service listening on :9090; a
 # temporary policy-rc.d forbids that (the tests start their own Prometheus on free ports), and
@@ -22,10 +24,16 @@ fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+        echo "install-test-tools: promtool/prometheus are missing; installing them needs root" >&2
+        echo "or sudo: run 'apt-get install prometheus' as root, or install Prometheus" >&2
+        echo "(https://prometheus.io/download/) so both are on PATH." >&2
+        exit 1
+    fi
     SUDO="sudo"
 fi
 
-echo "install-test-tools: installing Debian's prometheus package (promtool, prometheus)" >&2
+echo "install-test-tools: installing Debian's prometheus package (promtool, prometheus)${SUDO:+ with sudo}" >&2
 
 # Forbid service starts during the install, unless the host already has its own policy.
 POLICY=/usr/sbin/policy-rc.d

@@ -12,14 +12,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
 
 from inferd.scheduling.batcher import DynamicBatcher
+from inferd.scheduling.scheduler import Scheduler
+from inferd.scheduling.sequence_batcher import SequenceBatcher
 from inferd.server import InferenceServer
 from inferd.settings import Settings
+from tests.server_process import check_port_free, free_port, wait_until_serving
+
+__all__ = ["free_port"]  # the tests take it from here
 
 
 @dataclass
@@ -71,8 +76,17 @@ def run_server(repository: Path, **settings: Any) -> Iterator[RunningServer]:
 
 def batcher_of(server: RunningServer, model: str) -> DynamicBatcher:
     batcher = server.server.registry.get(model).batcher
-    assert batcher is not None, f"model '{model}' has no batcher"
+    assert isinstance(batcher, DynamicBatcher), f"model '{model}' has no dynamic batcher"
     return batcher
+
+
+def sequence_batcher_of(server: RunningServer, model: str) -> SequenceBatcher:
+    batcher = server.server.registry.get(model).batcher
+    assert isinstance(batcher, SequenceBatcher), f"model '{model}' has no sequence batcher"
+    return batcher
+
+
+B = TypeVar("B", bound=Scheduler)
 
 
 # Tests that need requests queued in a given order wait on the server's own state (queue
@@ -80,7 +94,7 @@ def batcher_of(server: RunningServer, model: str) -> DynamicBatcher:
 STATE_DEADLINE_S = 30.0
 
 
-def _check_deadline(batcher: DynamicBatcher, what: str, deadline: float) -> None:
+def _check_deadline(batcher: Scheduler, what: str, deadline: float) -> None:
     if time.monotonic() > deadline:
         raise AssertionError(
             f"model '{batcher.name}': {what} not reached within {STATE_DEADLINE_S:.0f} s "
@@ -88,9 +102,7 @@ def _check_deadline(batcher: DynamicBatcher, what: str, deadline: float) -> None
         )
 
 
-def wait_for(
-    batcher: DynamicBatcher, condition: Callable[[DynamicBatcher], bool], what: str
-) -> None:
+def wait_for(batcher: B, condition: Callable[[B], bool], what: str) -> None:
     """Poll until `condition(batcher)` holds; fail, naming `what`, at the deadline."""
     deadline = time.monotonic() + STATE_DEADLINE_S
     while not condition(batcher):
@@ -118,12 +130,6 @@ async def until(
         await asyncio.sleep(0.002)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class CliServer:
     """`inferd serve` as its own process, the way a user runs it."""
@@ -142,32 +148,34 @@ class CliServer:
 
 
 @contextlib.contextmanager
-def run_cli_server(repository: Path, log_path: Path, *args: str) -> Iterator[CliServer]:
-    """Start `python -m inferd serve` on a free HTTP port (extra CLI `args` as given), wait
-    for readiness, and stop it afterwards. Its output goes to `log_path`: a file, never a
-    pipe nobody reads, which could fill up and block the server."""
-    port = free_port()
+def run_cli_server(
+    repository: Path, log_path: Path, *args: str, http_port: int | None = None
+) -> Iterator[CliServer]:
+    """Start `python -m inferd serve` (extra CLI `args` as given) on a free HTTP port (or
+    `http_port`, which must be free), with gRPC and metrics off unless `args` name their
+    ports, wait until it is ready (and is the one answering: tests/server_process.py), and
+    stop it afterwards. Its output goes to `log_path`: a file, never a pipe nobody reads,
+    which could fill up and block the server."""
+    port = free_port() if http_port is None else http_port
+    check_port_free(port)
+    defaults = [
+        arg for option in ("--grpc-port", "--metrics-port") if option not in args
+        for arg in (option, "0")
+    ]  # fmt: skip
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [
                 sys.executable, "-m", "inferd", "serve", "--model-repository", str(repository),
-                "--http-port", str(port), *args,
+                "--http-port", str(port), *defaults, *args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         server = CliServer(f"http://127.0.0.1:{port}", proc, log_path)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{server.url}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"inferd did not become ready:\n{server.output()}")
-                time.sleep(0.1)
+            wait_until_serving(
+                proc.pid, port, exit_code=proc.poll, output=server.output, timeout_s=60
+            )
             yield server
         finally:
             if proc.poll() is None:

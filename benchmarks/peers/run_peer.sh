@@ -58,9 +58,10 @@ case "$PEER" in
   *) echo "unknown peer: $PEER (triton|mlserver|mosec|litserve)" >&2; exit 2 ;;
 esac
 
-if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$PORT/"; then
-  echo "port $PORT already answers: stop what is there first" >&2; exit 1
-fi
+# The peer must be the one answering on PORT: the port free before it starts, and at the
+# end every socket listening there its own (tests/server_process.py, standard library only).
+SERVER_CHECK=(python3 "$HERE/../../tests/server_process.py")
+"${SERVER_CHECK[@]}" check-free "$PORT" || exit 1
 
 setsid "${CMD[@]}" >"$LOG" 2>&1 < /dev/null &
 PID=$!
@@ -72,7 +73,10 @@ for _ in $(seq 1 240); do   # up to 120 s
   fi
   code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 -X POST \
           -H 'Content-Type: application/json' -d "$BODY" "$URL" || true)"
-  if [[ "$code" == 200 ]]; then echo "$PID"; exit 0; fi
+  if [[ "$code" == 200 ]]; then
+    "${SERVER_CHECK[@]}" owns "$PID" "$PORT" || { kill -INT -- "-$PID" 2>/dev/null; exit 1; }
+    echo "$PID"; exit 0
+  fi
   if [[ "$code" != 000 && "$code" != 404 && "$code" != 503 ]] && (( ++errors >= 10 )); then
     echo "$PEER $MODEL answers HTTP $code to an inference; last lines of $LOG:" >&2
     tail -n 30 "$LOG" >&2; kill -INT -- "-$PID" 2>/dev/null || true; exit 1

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.bench.options import add_request_options
+from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
+from inferd.help_format import DefaultsOnceFormatter
 from inferd.limit_options import add_limit_options, limits_from
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
@@ -25,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a model repository over HTTP and gRPC",
         description="Serve a Triton-layout model repository over the KServe v2 protocol "
         "(HTTP/REST and gRPC).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     defaults = Settings()
     serve.add_argument(
@@ -89,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-triton-names",
         action="store_true",
-        help="also export Triton's metric names (nv_inference_*), for existing dashboards",
+        help="also export Triton's metric names, for existing dashboards and perf_analyzer "
+        "--collect-metrics: nv_inference_* per model, nv_cpu_* and (with the gpu extra) nv_gpu_*",
     )
     serve.add_argument(
         "--trace-otlp-endpoint",
@@ -149,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.exit_timeout_s,
         help="on shutdown, how long queued and running requests may take to finish",
     )
+    add_security_options(serve)
     add_limit_options(serve)
     add_bench_parser(commands)
     add_tune_parser(commands)
@@ -162,7 +166,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         description="A load generator for any KServe v2 / Triton-protocol server, "
         "perf_analyzer's kind: closed loop (--concurrency) or open loop (--request-rate), "
         "over HTTP (JSON or binary tensors) or gRPC. See docs/bench.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     bench.add_argument("-m", "--model", required=True, help="model to load")
     bench.add_argument(
@@ -174,7 +178,9 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         default=None,
         help="server address host:port (default 127.0.0.1:8000, or :8001 with -i grpc)",
     )
-    bench.add_argument("-i", "--protocol", choices=["http", "grpc"], default="http")
+    bench.add_argument(
+        "-i", "--protocol", choices=["http", "grpc"], default="http", help="protocol to load over"
+    )
     add_request_options(bench)
     load = bench.add_mutually_exclusive_group()
     load.add_argument(
@@ -276,10 +282,18 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        from inferd.access import AccessError
+        from inferd.tls import TlsError
         from inferd.workers.supervisor import WorkersError
 
         try:
-            server.run(settings_from(args))
+            settings = settings_from(args)
+            server.access_policy(settings)  # the security options, checked before anything runs
+        except (SecurityOptionError, AccessError, TlsError) as exc:
+            print(f"inferd: {exc}", file=sys.stderr)
+            return 2
+        try:
+            server.run(settings)
         except WorkersError as exc:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
@@ -307,6 +321,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         exit_timeout_s=args.exit_timeout_secs,
         max_inflight_requests=args.max_inflight_requests,
         workers=args.workers,
+        **security_settings(args),
         limits=limits_from(args),
     )
 

@@ -11,20 +11,22 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__
-from inferd.datatypes import V2_TO_NUMPY
+from inferd.access import AccessPolicy
+from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
 from inferd.limits import check_response_size
-from inferd.repository.config import ConfigError, parameter
+from inferd.python_model import SEQUENCE_END, SEQUENCE_START
+from inferd.repository import uploads
+from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
-from inferd.types import Array, InferRequest, InferResponse, Tensor, min_wire_bytes
+from inferd.types import InferRequest, InferResponse, min_wire_bytes
 from inferd.workers import peers
 
 Encoded = TypeVar("Encoded")
@@ -34,16 +36,25 @@ EXTENSIONS = [
     "model_configuration",
     "model_repository",
     "parameters",
+    "sequence",
     "statistics",
 ]
 
 
 class DataPlane:
     def __init__(
-        self, registry: ModelRegistry, telemetry: Telemetry, admin_api: bool = False
+        self,
+        registry: ModelRegistry,
+        telemetry: Telemetry,
+        admin_api: bool = False,
+        access: AccessPolicy | None = None,
+        model_upload: str = "off",
     ) -> None:
         self.registry = registry
         self.admin_api = admin_api
+        # Who may call which API group: the adapters consult it with each call's headers.
+        self.access = access or AccessPolicy()
+        self.model_upload = model_upload  # load's `file:` parameters: off, files or code
         self.telemetry = telemetry
         self.statistics = StatisticsSink()
         telemetry.add(self.statistics)
@@ -117,10 +128,12 @@ class DataPlane:
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         """The served version's config, with its files' checksum as parameter
-        `model_checksum` (to check what is deployed, field lesson 16)."""
+        `model_checksum` (to check what is deployed, field lesson 16), and each instance
+        group's kind as actually used (KIND_GPU without a GPU reads KIND_CPU)."""
         mv = self.registry.get(name, version)
         config = mc.ModelConfig()
         config.CopyFrom(mv.config)
+        with_kinds_used(config, mv.devices)
         config.parameters["model_checksum"].string_value = mv.checksum
         return config
 
@@ -206,6 +219,7 @@ class DataPlane:
                 files[key.removeprefix("file:")] = value
             else:
                 raise invalid(f"unknown load parameter '{key}'; expected 'config' or 'file:<path>'")
+        uploads.check_allowed(files, self.model_upload)
         try:
             await self.registry.load_model(name, override, files)
         except ConfigError as exc:
@@ -311,8 +325,14 @@ class DataPlane:
             record.message = exc.message
             raise
         except asyncio.CancelledError:
-            record.failure = CANCELLED
-            record.message = "the client cancelled the request"
+            # gRPC cancels the call when the client's deadline passes, racing the server's
+            # own deadline timer: past the deadline it is a timeout, whichever came first.
+            if ctx.deadline_ns is not None and time.perf_counter_ns() >= ctx.deadline_ns:
+                record.failure = FAILURE_REASON[ErrorKind.DEADLINE_EXCEEDED]
+                record.message = "the request's deadline passed"
+            else:
+                record.failure = CANCELLED
+                record.message = "the client cancelled the request"
             raise
         except Exception as exc:
             record.failure = FAILURE_REASON[ErrorKind.INTERNAL]
@@ -353,14 +373,20 @@ class DataPlane:
         bound = mv.signature.bind(request)
         record.rows = bound.rows
         priority, timeout_us = _scheduling_parameters(request)
+        if request.parameters or mv.sequence is not None:
+            bound.correlation_id, bound.flags = _sequence_parameters(request, mv)
         assert mv.batcher is not None  # a READY version always has one
         outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
         record.times = times
         t0 = time.perf_counter_ns()
-        tensors = [
-            _conform_output(mv, mv.signature.outputs[name], outputs, bound.rows)
-            for name in bound.output_names
-        ]
+        signature = mv.signature
+        try:
+            tensors = [
+                conform_output(signature, signature.outputs[name], outputs, bound.rows)
+                for name in bound.output_names
+            ]
+        except OutputMismatchError as exc:
+            raise _model_error(mv, exc.message) from None
         times.compute_output_ns += time.perf_counter_ns() - t0
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
@@ -387,45 +413,45 @@ def _scheduling_parameters(request: InferRequest) -> tuple[int, int]:
     return values[0], values[1]
 
 
+_SEQUENCE_FLAGS = (("sequence_start", SEQUENCE_START), ("sequence_end", SEQUENCE_END))
+_UINT64_MAX = 2**64 - 1
+
+
+def _sequence_parameters(request: InferRequest, mv: ModelVersion) -> tuple[int | str, int]:
+    """Triton's sequence extension: `sequence_id` (uint64 or string; 0 / "" for none),
+    `sequence_start`, `sequence_end` (bools) -> (correlation id, flags)."""
+    params = request.parameters
+    cid = params.get("sequence_id", 0)
+    if isinstance(cid, bool) or not (
+        isinstance(cid, str) or (isinstance(cid, int) and 0 <= cid <= _UINT64_MAX)
+    ):
+        raise invalid(
+            f"request parameter 'sequence_id' must be an unsigned 64-bit integer or a string, "
+            f"got {cid!r}"
+        )
+    flags = 0
+    for key, bit in _SEQUENCE_FLAGS:
+        value = params.get(key, False)
+        if not isinstance(value, bool):
+            raise invalid(f"request parameter '{key}' must be a boolean, got {value!r}")
+        if value:
+            flags |= bit
+    if mv.sequence is None and (cid not in (0, "") or flags):
+        used = (
+            "sequence_id"
+            if cid not in (0, "")
+            else next(k for k, b in _SEQUENCE_FLAGS if flags & b)
+        )
+        raise invalid(
+            f"request parameter '{used}': model '{mv.name}' is not a sequence model (its "
+            "config has no sequence_batching)"
+        )
+    return cid, flags
+
+
 def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:
     return {"name": spec.name, "datatype": spec.datatype, "shape": shape}
 
 
 def _model_error(mv: ModelVersion, message: str) -> InferdError:
     return InferdError(ErrorKind.MODEL_ERROR, f"model '{mv.name}' version {mv.version}: {message}")
-
-
-def _conform_output(
-    mv: ModelVersion, spec: TensorSpec, outputs: dict[str, Array], rows: int
-) -> Tensor:
-    """Check one output against the config: dtype (cast when safe), shape, reshape."""
-    array = outputs.get(spec.name)
-    if array is None:
-        raise _model_error(mv, f"produced no output '{spec.name}'")
-    if spec.datatype == "BYTES":
-        if array.dtype.kind not in "OSU":
-            raise _model_error(
-                mv, f"output '{spec.name}' is {array.dtype}, but the config declares BYTES"
-            )
-    else:
-        want = V2_TO_NUMPY[spec.datatype]
-        if array.dtype != want:
-            if not np.can_cast(array.dtype, want, casting="same_kind"):
-                raise _model_error(
-                    mv,
-                    f"output '{spec.name}' is {array.dtype}, which does not convert to the "
-                    f"config's {spec.datatype}",
-                )
-            array = array.astype(want)
-    batched = mv.signature.is_batched
-    if spec.reshape is not None and -1 not in spec.dims:
-        lead = (rows,) if batched else ()
-        array = array.reshape(lead + spec.dims)
-    inner = array.shape[1:] if batched else array.shape
-    if not spec.matches(inner):
-        raise _model_error(
-            mv,
-            f"output '{spec.name}' has shape {list(array.shape)}, but the config declares "
-            f"{mv.signature.metadata_shape(spec)}",
-        )
-    return Tensor(spec.name, spec.datatype, tuple(array.shape), array)

@@ -8,7 +8,8 @@ import enum
 class ErrorKind(enum.Enum):
     INVALID_ARGUMENT = "invalid_argument"  # the request is wrong: fix it, don't retry
     NOT_FOUND = "not_found"  # no such model or version
-    PERMISSION_DENIED = "permission_denied"  # an admin call while the admin API is off
+    UNAUTHENTICATED = "unauthenticated"  # a restricted API called without its credential
+    PERMISSION_DENIED = "permission_denied"  # an admin call or upload the server has turned off
     UNAVAILABLE = "unavailable"  # the model cannot serve right now (not ready, unloading)
     RESOURCE_EXHAUSTED = "resource_exhausted"  # shed: retry later
     PAYLOAD_TOO_LARGE = "payload_too_large"  # body over the configured limit

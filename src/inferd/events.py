@@ -24,6 +24,7 @@ FAILURE_REASON: dict[ErrorKind, str] = {
     ErrorKind.INVALID_ARGUMENT: "invalid_input",
     ErrorKind.PAYLOAD_TOO_LARGE: "invalid_input",
     ErrorKind.NOT_FOUND: "not_found",
+    ErrorKind.UNAUTHENTICATED: "invalid_input",
     ErrorKind.PERMISSION_DENIED: "invalid_input",
     ErrorKind.MODEL_ERROR: "model_error",
     ErrorKind.DEADLINE_EXCEEDED: "timeout",

@@ -112,9 +112,26 @@ def formatter(fmt: str) -> logging.Formatter:
     raise ValueError(f"unknown log format {fmt!r}: 'text' or 'json'")
 
 
-def configure(level: str, fmt: str = "text") -> None:
+class _WorkerField(logging.Filter):
+    """Stamps every line of a `--workers N` worker process with its index (`worker=1` in
+    text, `"worker": 1` in JSON): N processes write to one terminal or file."""
+
+    def __init__(self, worker: int) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "worker"):
+            record.worker = self.worker
+        return True
+
+
+def configure(level: str, fmt: str = "text", worker: int | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
+    if worker is not None:
+        # On the handler, not the loggers: a logger's filters skip its children's records.
+        handler.addFilter(_WorkerField(worker))
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]

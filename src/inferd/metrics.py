@@ -3,6 +3,12 @@
 A telemetry sink for what happens per request and per batch, plus a collector that reads the
 registry's state at scrape time (queue depths, model states, devices, health), so nothing on
 the request path pays for gauges. docs/metrics.md defines each metric.
+
+Scrapes run on the metrics server's threads while the event loop records, so collectors
+read the dicts it adds keys to through snapshots.items() and the health windows through
+their lock (health.py), never by iterating a live container (issue #13).
+Triton's names live in metrics_triton.py, the host's CPU and GPUs in host_metrics.py, the
+endpoint in metrics_http.py.
 """
 
 from __future__ import annotations
@@ -11,9 +17,7 @@ import gc
 import logging
 import time
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import (
@@ -33,8 +37,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from inferd.events import BatchRecord, RequestRecord
+from inferd.health import IDLE_SCORE, HealthWindow
+from inferd.host_metrics import GpuCollector, register_host_metrics
+from inferd.metrics_triton import TritonCollector
 from inferd.repository.config import backend_name, parameter
 from inferd.repository.registry import ModelRegistry, State
+from inferd.scheduling.sequence_batcher import SequenceBatcher
+from inferd.snapshots import items
 from inferd.statistics import StatisticsSink
 
 log = logging.getLogger("inferd.metrics")
@@ -50,18 +59,7 @@ LATENCY_BUCKETS_S = (
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 GC_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
 
-HEALTH_WINDOW_S = 60.0
-HEALTH_BASELINE_FACTOR = 4.0  # default p99 baseline: 4x the best windowed p99 seen
 MV = ("model", "version")
-
-
-@dataclass(slots=True)
-class _Window:
-    """Recent outcomes of one model version, for its health score."""
-
-    samples: deque[tuple[float, float, bool]] = field(default_factory=lambda: deque(maxlen=100_000))
-    best_p99_s: float = 0.0
-    max_throughput: float = 0.0
 
 
 class _Histogram:
@@ -136,7 +134,10 @@ class MetricsSink:
         statistics: StatisticsSink,
         triton_names: bool = False,
         prometheus: CollectorRegistry | None = None,
+        host_metrics: bool = True,
     ) -> None:
+        """`host_metrics`: with `triton_names`, also the host's nv_cpu_* and nv_gpu_* (off in
+        a --workers worker: the supervisor exports the host once)."""
         self.prometheus = prometheus or CollectorRegistry()
         r = self.prometheus
         self.series: dict[tuple[str, str], _Series] = {}
@@ -150,11 +151,16 @@ class MetricsSink:
             buckets=GC_BUCKETS_S,
             registry=r,
         )
-        self._windows: dict[tuple[str, str], _Window] = {}
+        self._windows: dict[tuple[str, str], HealthWindow] = {}
+        self._gpus: GpuCollector | None = None
         self._gc_started = 0.0
         gc.callbacks.append(self._on_gc)
         r.register(_CountsCollector(self))
-        r.register(_StateCollector(registry, self, statistics, triton_names))
+        r.register(_StateCollector(registry, self))
+        if triton_names:
+            r.register(TritonCollector(registry, statistics, self.failures))
+            if host_metrics:
+                self._gpus = register_host_metrics(r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total
         GCCollector(registry=r)
         PlatformCollector(registry=r)
@@ -172,9 +178,7 @@ class MetricsSink:
             key = (model, version, record.failure)
             self.failures[key] = self.failures.get(key, 0) + 1
             if model and version:
-                self._window(model, version).samples.append(
-                    (time.monotonic(), record.duration_ns / 1e9, False)
-                )
+                self._window(model, version).record(record.duration_ns / 1e9, False)
             return
         c = self._series(model, version)
         c.success += 1
@@ -186,7 +190,7 @@ class MetricsSink:
             c.compute_input.observe(times.compute_input_ns / 1e9)
             c.compute_infer.observe(times.compute_infer_ns / 1e9)
             c.compute_output.observe(times.compute_output_ns / 1e9)
-        self._window(model, version).samples.append((time.monotonic(), seconds, True))
+        self._window(model, version).record(seconds, True)
 
     def on_batch(self, record: BatchRecord) -> None:
         key = (record.model, record.version, record.close_reason)
@@ -197,43 +201,18 @@ class MetricsSink:
             c.executions += 1
             c.batch_size.observe(record.rows)
 
-    def _window(self, model: str, version: str) -> _Window:
+    def _window(self, model: str, version: str) -> HealthWindow:
         key = (model, version)
         window = self._windows.get(key)
         if window is None:
-            window = self._windows[key] = _Window()
+            window = self._windows[key] = HealthWindow()
         return window
 
     def health_score(self, model: str, version: str, baseline_s: float | None) -> float:
-        """0.4·(1 − min(1, p99/baseline)) + 0.3·min(1, throughput/max) + 0.3·(1 − errors).
-
-        Over the last HEALTH_WINDOW_S seconds; see docs/metrics.md for the baseline.
-        """
-        window = self._window(model, version)
-        now = time.monotonic()
-        samples = window.samples
-        while samples and samples[0][0] < now - HEALTH_WINDOW_S:
-            samples.popleft()
-        if not samples:
-            return 0.7  # idle: no latency or error problem, no throughput
-        ok = sorted(latency for _, latency, success in samples if success)
-        errors = len(samples) - len(ok)
-        p99 = ok[min(len(ok) - 1, int(0.99 * len(ok)))] if ok else 0.0
-        if ok and (window.best_p99_s == 0.0 or p99 < window.best_p99_s):
-            window.best_p99_s = p99
-        baseline = baseline_s or window.best_p99_s * HEALTH_BASELINE_FACTOR
-        span_s = max(1.0, min(HEALTH_WINDOW_S, now - samples[0][0]))
-        throughput = len(ok) / span_s
-        window.max_throughput = max(window.max_throughput, throughput)
-        latency_term = 1.0
-        if not ok:
-            latency_term = 0.0  # every request failed: no latency to be proud of
-        elif baseline > 0:
-            latency_term = 1 - min(1.0, p99 / baseline)
-        throughput_term = (
-            min(1.0, throughput / window.max_throughput) if window.max_throughput else 0.0
-        )
-        return 0.4 * latency_term + 0.3 * throughput_term + 0.3 * (1 - errors / len(samples))
+        """The version's health score over the last minute (docs/metrics.md); from a scrape
+        thread, so it reads the window without creating one (only the loop adds windows)."""
+        window = self._windows.get((model, version))
+        return IDLE_SCORE if window is None else window.score(baseline_s)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -246,6 +225,8 @@ class MetricsSink:
     def close(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+        if self._gpus is not None:
+            self._gpus.close()
 
 
 class _CountsCollector(Collector):
@@ -269,7 +250,7 @@ class _CountsCollector(Collector):
             attr: HistogramMetricFamily(name, doc, labels=MV)
             for attr, (name, doc) in HISTOGRAMS.items()
         }
-        for (model, version), series in sorted(sink.series.items()):
+        for (model, version), series in sorted(items(sink.series)):
             labels = [model, version]
             success.add_metric(labels, series.success)
             inferences.add_metric(labels, series.inferences)
@@ -280,7 +261,7 @@ class _CountsCollector(Collector):
         failure = CounterMetricFamily(
             "inferd_request_failure", "Requests that failed, by reason.", labels=(*MV, "reason")
         )
-        for key, count in sorted(dict(sink.failures).items()):
+        for key, count in sorted(items(sink.failures)):
             failure.add_metric(list(key), count)
         close = CounterMetricFamily(
             "inferd_batch_close",
@@ -288,25 +269,17 @@ class _CountsCollector(Collector):
             "shape_mismatch, queue_empty.",
             labels=(*MV, "reason"),
         )
-        for key, count in sorted(dict(sink.batch_closes).items()):
+        for key, count in sorted(items(sink.batch_closes)):
             close.add_metric(list(key), count)
         yield from (success, failure, inferences, executions, close, *histograms.values())
 
 
 class _StateCollector(Collector):
-    """Gauges read from the registry at scrape time, and Triton's names from the statistics."""
+    """Gauges read from the registry at scrape time."""
 
-    def __init__(
-        self,
-        registry: ModelRegistry,
-        sink: MetricsSink,
-        statistics: StatisticsSink,
-        triton_names: bool,
-    ) -> None:
+    def __init__(self, registry: ModelRegistry, sink: MetricsSink) -> None:
         self._registry = registry
         self._sink = sink
-        self._statistics = statistics
-        self._triton_names = triton_names
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=MV)
@@ -360,19 +333,32 @@ class _StateCollector(Collector):
             "0..1 health of a model version over the last 60 s (see docs/metrics.md).",
             labels=MV,
         )
-        pending = GaugeMetricFamily(
-            "nv_inference_pending_request_count", "Triton: requests queued.", labels=MV
+        sequences = GaugeMetricFamily(
+            "inferd_sequences_active",
+            "Sequences holding a batch slot of a sequence model.",
+            labels=MV,
         )
-        for name, model in sorted(self._registry.models.items()):
+        backlog = GaugeMetricFamily(
+            "inferd_sequences_backlog",
+            "Sequences started but waiting for a free batch slot.",
+            labels=MV,
+        )
+        released = CounterMetricFamily(
+            "inferd_sequences_released",
+            "Sequences released, by reason: end (their END request executed), idle "
+            "(max_sequence_idle_microseconds without a request), unload.",
+            labels=(*MV, "reason"),
+        )
+        for name, model in sorted(items(self._registry.models)):
             load_failures.add_metric([name], model.load_failures)
             if model.circuit.policy.enabled:
                 circuit_open.add_metric([name], 1.0 if model.circuit.is_open else 0.0)
                 circuit_opens.add_metric([name], model.circuit.opens)
-            for v, w in sorted(model.router.weights.items()):
+            for v, w in sorted(items(model.router.weights)):
                 weight.add_metric([name, v], w)
-            for v, count in sorted(model.router.rollbacks.items()):
+            for v, count in sorted(items(model.router.rollbacks)):
                 rollbacks.add_metric([name, v], count)
-            for v, mv in sorted(model.versions.items()):
+            for v, mv in sorted(items(model.versions)):
                 labels = [name, v]
                 for s in State:
                     state.add_metric([*labels, s.value], 1.0 if mv.state is s else 0.0)
@@ -385,46 +371,15 @@ class _StateCollector(Collector):
                 if mv.batcher is not None:
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())
-                    pending.add_metric(labels, mv.batcher.queue_depth())
+                if isinstance(mv.batcher, SequenceBatcher):
+                    sequences.add_metric(labels, mv.batcher.active_sequences())
+                    backlog.add_metric(labels, mv.batcher.backlog())
+                    for reason, count in sorted(mv.batcher.released().items()):
+                        released.add_metric([*labels, reason], count)
                 if mv.is_ready:
                     raw = parameter(mv.config, "health_p99_baseline_ms", "")
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         yield from (depth, inflight, state, load, warmup, info, health)
+        yield from (sequences, backlog, released)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
-        if self._triton_names:
-            yield pending
-            yield from self._triton_counters()
-
-    def _triton_counters(self) -> Iterator[Metric]:
-        """Triton's counter names, cumulative like Triton's (microseconds, no _total)."""
-        names = {
-            "nv_inference_request_success": "Number of successful inference requests",
-            "nv_inference_request_failure": "Number of failed inference requests",
-            "nv_inference_count": "Number of inferences performed",
-            "nv_inference_exec_count": "Number of model executions performed",
-            "nv_inference_request_duration_us": "Cumulative inference request duration in us",
-            "nv_inference_queue_duration_us": "Cumulative inference queuing duration in us",
-            "nv_inference_compute_input_duration_us": "Cumulative compute input duration in us",
-            "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in us",
-            "nv_inference_compute_output_duration_us": "Cumulative compute output duration in us",
-        }
-        # Typed "unknown": the text format would print a counter's TYPE line with `_total`,
-        # which Triton's names don't carry; rate() works on them either way.
-        families = {n: Metric(n, doc, "unknown") for n, doc in names.items()}
-        for (model, version), s in sorted(self._statistics.versions.items()):
-            labels = {"model": model, "version": version}
-            values = {
-                "nv_inference_request_success": s.success.count,
-                "nv_inference_request_failure": s.fail.count,
-                "nv_inference_count": s.inference_count,
-                "nv_inference_exec_count": s.execution_count,
-                "nv_inference_request_duration_us": s.success.ns // 1000,
-                "nv_inference_queue_duration_us": s.queue.ns // 1000,
-                "nv_inference_compute_input_duration_us": s.compute_input.ns // 1000,
-                "nv_inference_compute_infer_duration_us": s.compute_infer.ns // 1000,
-                "nv_inference_compute_output_duration_us": s.compute_output.ns // 1000,
-            }
-            for n, value in values.items():
-                families[n].add_sample(n, labels, float(value))
-        yield from families.values()

@@ -14,17 +14,19 @@ import grpc
 import uvicorn
 from starlette.applications import Starlette
 
-from inferd import model_output
+from inferd import model_output, tls
+from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
 from inferd.metrics import MetricsSink
-from inferd.metrics_server import MetricsServer
+from inferd.metrics_http import MetricsServer
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.fast_http import protocol_class
 from inferd.protocol.http import InferdApp, build_app
 from inferd.protocol.offload import Offload
 from inferd.repository.registry import ModelRegistry
+from inferd.repository.uploads import UPLOAD_MODES
 from inferd.repository.watcher import RepositoryPoller
 from inferd.request_log import RequestLogSink
 from inferd.routing import CanaryGuard
@@ -47,10 +49,23 @@ class InferenceServer:
             self.trace_sink = TraceSink(settings.trace_otlp_endpoint)
             self.telemetry.add(self.trace_sink)
         self.registry = ModelRegistry(settings.model_repository, self.telemetry)
-        admin = settings.admin_api
-        if admin is None:
-            admin = settings.model_control_mode == "explicit"
-        self.dataplane = DataPlane(self.registry, self.telemetry, admin_api=admin)
+        admin = admin_api_enabled(settings)
+        access = access_policy(settings)
+        self.dataplane = DataPlane(
+            self.registry,
+            self.telemetry,
+            admin_api=admin,
+            access=access,
+            model_upload=settings.model_upload,
+        )
+        open_to_all = unguarded_repository_api(settings, access)
+        if admin and open_to_all:
+            log.warning(
+                "the repository API is on without a credential on %s: any client that "
+                "reaches the port can load, unload and reroute models (docs/security.md: "
+                "--admin-token-file, --http-restricted-api, --grpc-restricted-protocol)",
+                " and ".join(open_to_all),
+            )
         self.dataplane.max_inflight = settings.max_inflight_requests
         self.dataplane.max_response_bytes = settings.max_response_bytes
         self.dataplane.workers = worker
@@ -61,7 +76,10 @@ class InferenceServer:
         self.metrics_server: MetricsServer | None = None
         if settings.metrics_port is not None:
             self.metrics = MetricsSink(
-                self.registry, self.dataplane.statistics, settings.metrics_triton_names
+                self.registry,
+                self.dataplane.statistics,
+                settings.metrics_triton_names,
+                host_metrics=worker is None,  # with workers, the supervisor exports the host
             )
             self.telemetry.add(self.metrics)
         # Large requests are decoded (and large responses encoded) off the event loop.
@@ -166,6 +184,7 @@ class InferenceServer:
             self.settings.max_request_bytes,
             self.settings.max_response_bytes,
             reuse_port=self.worker is not None,
+            tls=self.settings.grpc_tls,
             limits=self.settings.limits,
             offload=self.offload,
         )
@@ -185,7 +204,53 @@ class InferenceServer:
             log_config=None,  # inferd's own handlers (text or JSON) format uvicorn's lines too
             lifespan="on",
             timeout_graceful_shutdown=int(self.settings.exit_timeout_s),
+            **tls.uvicorn_options(self.settings.http_tls),
         )
+
+
+def admin_api_enabled(settings: Settings) -> bool:
+    if settings.admin_api is None:
+        return settings.model_control_mode == "explicit"
+    return settings.admin_api
+
+
+def unguarded_repository_api(settings: Settings, access: AccessPolicy) -> list[str]:
+    """The protocols whose repository API any client may call (no credential set)."""
+    protocols = ["http"] + ([] if settings.grpc_port is None else ["grpc"])
+    return [p for p in protocols if not access.guards(p, ApiGroup.MODEL_REPOSITORY)]
+
+
+def access_policy(settings: Settings) -> AccessPolicy:
+    """The credentials each API needs, after checking that the security settings hold
+    together (AccessError / TlsError, naming the option, when they don't)."""
+    access = AccessPolicy(
+        settings.http_restricted_api, settings.grpc_restricted_protocol, settings.admin_token
+    )
+    admin = admin_api_enabled(settings)
+    if settings.model_upload not in UPLOAD_MODES:
+        raise AccessError(
+            f"--allow-model-upload '{settings.model_upload}': expected one of "
+            f"{', '.join(UPLOAD_MODES)}"
+        )
+    if settings.model_upload != "off" and not admin:
+        raise AccessError(
+            "--allow-model-upload needs the repository API: --model-control-mode explicit "
+            "or --admin-api on"
+        )
+    open_to_all = unguarded_repository_api(settings, access)
+    if settings.model_upload == "code" and open_to_all:
+        # Uploaded code runs as the server's user: never for whoever reaches the port.
+        raise AccessError(
+            "--allow-model-upload=code needs a credential on the repository API, and "
+            f"{' and '.join(open_to_all)} has none: set --admin-token-file (or "
+            f"{TOKEN_ENV}), or --http-restricted-api / --grpc-restricted-protocol "
+            "model-repository:KEY=VALUE"
+        )
+    if settings.http_tls is not None:
+        tls.check(settings.http_tls, "--tls-cert/--tls-key/--tls-client-ca")
+    if settings.grpc_tls is not None and settings.grpc_port is not None:
+        tls.check(settings.grpc_tls, "gRPC TLS (--grpc-server-cert/--grpc-server-key/...)")
+    return access
 
 
 class _UvicornServer(uvicorn.Server):

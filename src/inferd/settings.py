@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd.limits import Limits
 
 MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files of one TLS endpoint."""
+
+    cert: Path  # the server's certificate (chain)
+    key: Path  # its private key
+    client_ca: Path | None = None  # set: clients must present a certificate it signed (mTLS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +31,7 @@ class Settings:
     log_format: str = "text"  # "text" or "json" (one JSON object per line)
     log_sample_rate: float = 0.01  # share of successful requests logged; errors always are
     metrics_port: int | None = 8002  # None: no metrics endpoint; 0: any free port (tests)
-    metrics_triton_names: bool = False  # also export Triton's nv_inference_* names
+    metrics_triton_names: bool = False  # also export Triton's nv_* names (model and host)
     trace_otlp_endpoint: str = ""  # OTLP/HTTP traces endpoint; "" disables tracing
     exit_timeout_s: float = 30.0
     max_inflight_requests: int = 0  # server-wide; past it requests are shed (429); 0: none
@@ -31,4 +40,11 @@ class Settings:
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*": all)
     workers: int = 1  # processes serving the repository, sharing the ports (SO_REUSEPORT)
     admin_api: bool | None = None  # repository load/unload and routing; None: explicit only
+    # Security (docs/security.md).
+    http_restricted_api: tuple[str, ...] = ()  # Triton's "API[,API]:KEY=VALUE" restrictions
+    grpc_restricted_protocol: tuple[str, ...] = ()
+    admin_token: str = field(default="", repr=False)  # bearer token of the admin APIs
+    model_upload: str = "off"  # load's `file:` parameters: "off", "files" or "code"
+    http_tls: TlsFiles | None = None
+    grpc_tls: TlsFiles | None = None
     limits: Limits = Limits()  # headers, timeouts, connections, streams (inferd.limits)

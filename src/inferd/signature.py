@@ -54,6 +54,10 @@ class BoundRequest:
     shape_key: tuple[tuple[int, ...], ...]  # non-batch shapes: only equal keys may be merged
     output_names: list[str]
     request_id: str = ""  # the client's request id, "" when it sent none
+    # Sequence models: the request's sequence id (0 / "": none) and its SEQUENCE_START (1) /
+    # SEQUENCE_END (2) flags, set by the data plane from the request parameters.
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
@@ -143,6 +147,10 @@ class ModelSignature:
     def __init__(self, config: mc.ModelConfig) -> None:
         """Raises `ConfigError` when the config's input limits are malformed."""
         self.limits = read_limits(config)
+        # Inputs the server feeds the model itself (sequence control inputs, implicit state):
+        # name -> what it is, for the error a client sending one gets.
+        self.server_inputs: dict[str, str] = {}
+        self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
         self.max_batch_size = int(config.max_batch_size)
@@ -178,6 +186,11 @@ class ModelSignature:
         for tensor in request.inputs:
             spec = self.inputs.get(tensor.name)
             if spec is None:
+                if tensor.name in self.server_inputs:
+                    raise invalid(
+                        f"input '{tensor.name}' is {self.server_inputs[tensor.name]} of model "
+                        f"'{model}': the server supplies it, the request must not"
+                    )
                 raise invalid(
                     f"unexpected input '{tensor.name}' for model '{model}'; "
                     f"expected inputs: {', '.join(self.inputs) or '(none)'}"

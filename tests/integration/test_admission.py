@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -14,10 +15,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from inferd.scheduling.batcher import DynamicBatcher
 from tests.fault_models import RECORDING_PY, param, write_model
 from tests.integration.test_metrics import scrape, value
+from tests.integration.test_protocols import Client
 from tests.servers import RunningServer, batcher_of, run_server, until, wait_for
 
 
@@ -69,6 +72,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Only the inferd-timeout-ms test uses it: it must never have timed an execution, so
     # deadline-aware admission has no estimate and the late request queues, then times out.
     gated("unmeasured", 0)
+    # Deadline-aware admission, each with its own execution time (no other test runs them).
+    gated("backlogged", 300)
+    recording("ponderous", 800)
     return root
 
 
@@ -219,17 +225,93 @@ def test_timeout_header_is_the_clients_deadline(server: RunningServer, repo: Pat
     assert "inferd-timeout-ms" in r.json()["error"]
 
 
-def test_deadline_that_cannot_be_met_is_refused_at_once(server: RunningServer, repo: Path) -> None:
-    # After a few executions the batcher knows a batch takes ~300 ms; with two queued ahead,
-    # a request that must finish within 200 ms is refused before it queues.
-    asyncio.run(_gather(server.url, [("/v2/models/slow/infer", body(20), {})]))
-    requests = [("/v2/models/slow/infer", body(21 + i), {}) for i in range(3)]
-    requests.append(("/v2/models/slow/infer", body(30), {"inferd-timeout-ms": "200"}))
-    responses = asyncio.run(_gather(server.url, requests, stagger_s=0.02))
-    last = responses[-1]
-    assert last.status_code == 429, last.text
-    assert "cannot meet the request's deadline" in last.json()["error"]
-    assert [r.status_code for r in responses[:3]] == [200, 200, 200]
+def test_deadline_the_queue_ahead_makes_too_short_is_shed(
+    server: RunningServer, repo: Path
+) -> None:
+    # `backlogged` has timed one ~300 ms execution; with one request executing and two
+    # queued, a request with 600 ms left would need ~1 s: busy, so 429 and "retry later"
+    # (its deadline is longer than one execution, so on an idle model it would succeed).
+    batcher = batcher_of(server, "backlogged")
+    url = "/v2/models/backlogged/infer"
+    with server.client() as c:
+        assert c.post(url, json=body(20)).status_code == 200
+    assert batcher.estimated_wait_s(1) is not None
+
+    async def scenario(release: Callable[[], None]) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+
+            def send(i: int) -> asyncio.Task[httpx.Response]:
+                return asyncio.create_task(client.post(url, json=body(i)))
+
+            admitted = [send(21)]
+            await until(batcher, _executing_alone, "request 21 executing", *admitted)
+            admitted.append(send(22))
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 22 queued", *admitted)
+            admitted.append(send(23))
+            await until(batcher, lambda b: b.queue_depth() == 2, "request 23 queued", *admitted)
+            refused = await client.post(url, json=body(30), headers={"inferd-timeout-ms": "600"})
+            release()
+            return [*await asyncio.gather(*admitted), refused]
+
+    with gate_closed(repo, "backlogged") as release:
+        responses = asyncio.run(scenario(release))
+    *admitted, refused = responses
+    assert [r.status_code for r in admitted] == [200, 200, 200]
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["Retry-After"] == "1"
+    message = refused.json()["error"]
+    assert "cannot meet the request's deadline now" in message
+    assert "of work ahead of it" in message
+    assert "retry later" in message
+    wait_for(batcher, _idle, "the queue drained")
+    assert 30 not in executed(repo, "backlogged")
+
+
+# A deadline shorter than the model's execution time, on an idle model: no retry can ever
+# succeed, so it is the request's error (400 / INVALID_ARGUMENT), never 429 "retry later".
+# (protocol, how the client sets its deadline, the status tritonclient reports)
+UNMEETABLE_DEADLINES = [
+    ("http", {"headers": {"inferd-timeout-ms": "400"}}, "400"),
+    ("grpc", {"client_timeout": 0.4}, "StatusCode.INVALID_ARGUMENT"),
+]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "deadline", "status"),
+    UNMEETABLE_DEADLINES,
+    ids=[c[0] for c in UNMEETABLE_DEADLINES],
+)
+def test_deadline_shorter_than_one_execution_is_the_requests_error(
+    server: RunningServer, repo: Path, protocol: str, deadline: dict[str, Any], status: str
+) -> None:
+    client = Client(protocol, server)
+    batcher = batcher_of(server, "ponderous")
+    ok = {"IN": (np.array([[40]], np.float32), "FP32")}
+    try:
+        client.infer("ponderous", ok)  # times one ~800 ms execution
+        assert batcher.estimated_wait_s(1) is not None
+        assert batcher.inflight() == 0  # idle: nothing queued or executing
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("ponderous", {"IN": (np.array([[41]], np.float32), "FP32")}, **deadline)
+    finally:
+        client.raw.close()
+    assert info.value.status() == status, info.value
+    message = str(info.value.message())
+    assert "cannot answer within the request's deadline" in message
+    assert "typical execution time is about" in message
+    assert "retry later" not in message
+    wait_for(batcher, _idle, "the model idle")
+    assert 41 not in executed(repo, "ponderous")
+
+
+def test_unmeetable_deadline_has_no_retry_after(server: RunningServer) -> None:
+    url = "/v2/models/ponderous/infer"
+    with server.client() as c:
+        assert c.post(url, json=body(42)).status_code == 200  # an execution is timed
+        r = c.post(url, json=body(43), headers={"inferd-timeout-ms": "400"})
+    assert r.status_code == 400, r.text
+    assert "Retry-After" not in r.headers
+    assert "typical execution time" in r.json()["error"]
 
 
 def test_higher_priority_runs_first(server: RunningServer, repo: Path) -> None:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +231,56 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "needs matplotlib" in proc.stderr and "inferd[bench]" in proc.stderr
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_ctrl_c_reports_and_saves_the_levels_measured(
+    server: RunningServer, tmp_path: Path, processes: str
+) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it, so worker
+    processes get it too) stops the run; the levels finished by then are printed and
+    written to the CSV and JSON, and the exit code is 130."""
+    out_csv, out_json = tmp_path / "out.csv", tmp_path / "out.json"
+    levels = list(range(1, 41))
+    stderr = bytearray()
+    with subprocess.Popen(
+        [sys.executable, "-m", "inferd", "bench", "-m", "mlp", "-u", server.url,
+         "--concurrency", ",".join(map(str, levels)), "--processes", processes,
+         "--warmup-s", "0", "--duration-s", "0.3", "--progress",
+         "--csv", str(out_csv), "--json", str(out_json)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    ) as proc:  # fmt: skip
+        reader = threading.Thread(target=_read_all, args=(proc, stderr), daemon=True)
+        reader.start()
+        # The progress line names the level being measured: once level 3's first window
+        # is reported, levels 1 and 2 are finished.
+        deadline = time.monotonic() + 60
+        while b"concurrency 3: window 1" not in stderr:
+            assert proc.poll() is None, bytes(stderr).decode()
+            assert time.monotonic() < deadline, bytes(stderr).decode()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)  # its stdout (the table) is far below a pipe's buffer
+        reader.join(timeout=10)
+        assert proc.stdout is not None
+        stdout = proc.stdout.read().decode()
+    err = bytes(stderr).decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    with out_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    finished = len(rows)
+    assert 2 <= finished < len(levels), err
+    assert [float(r["value"]) for r in rows] == levels[:finished]
+    assert all(int(r["successes"]) > 0 and r["stable"] == "" for r in rows)
+    doc = json.loads(out_json.read_text())
+    assert doc["interrupted"] is True and len(doc["levels"]) == finished
+    assert f"interrupted; reporting the {finished} level(s) measured so far" in err
+    table_rows = [line.split()[0] for line in stdout.splitlines()[2 : 2 + finished]]
+    assert table_rows == [str(v) for v in levels[:finished]], stdout
+
+
+def _read_all(proc: subprocess.Popen[bytes], into: bytearray) -> None:
+    assert proc.stderr is not None
+    while chunk := proc.stderr.read1(4096):
+        into.extend(chunk)

@@ -39,6 +39,42 @@ def test_help_explains_every_option() -> None:
         assert option in serve.stdout
 
 
+def _option_entries(help_text: str) -> dict[str, str]:
+    """`--help` output cut into one entry per option: its first line starts '  -'."""
+    entries: dict[str, str] = {}
+    current = ""
+    for line in help_text.splitlines():
+        if line.startswith("  -"):
+            current = line.split()[0].rstrip(",")
+            entries[current] = ""
+        if current:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("serve", {"--http-port": "(default: 8000)", "--max-inflight-requests": "(default: 0)"}),
+        ("bench", {"--window-s": "(default: 5.0)", "-i": "(default: http)"}),
+        ("tune", {"--max-batch-sizes": "(default: 1,8,32)", "--concurrency": "(default: 8)"}),
+    ],
+)
+def test_help_says_each_default_once(command: str, shown: dict[str, str]) -> None:
+    """An option whose help already says its default gets no second '(default: ...)', and
+    empty defaults (None, '', [], a flag's False) are not printed."""
+    result = _inferd(command, "--help")
+    assert result.returncode == 0, result.stderr
+    entries = _option_entries(result.stdout)
+    assert len(entries) > 5, result.stdout
+    for option, entry in entries.items():
+        assert entry.lower().count("default") <= 1, f"{option}: {entry}"
+        for empty in ("(default: )", "(default: None)", "(default: [])", "(default: False)"):
+            assert empty not in entry, f"{option}: {entry}"
+    for option, default in shown.items():
+        assert default in entries[option], entries[option]
+
+
 def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
     result = _inferd("serve", "--model-repository", str(tmp_path / "none"))
     assert result.returncode == 2

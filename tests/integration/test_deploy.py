@@ -4,17 +4,20 @@ promtool validates the rules (and runs their unit tests, deploy/prometheus/alert
 every metric the dashboard and the alerts query must exist in a live scrape; and a real
 Prometheus scrapes a live server, evaluates the alerts and answers the dashboard's queries.
 
-promtool and prometheus come from scripts/install-test-tools.sh, which `make test` runs first.
-Without them these tests fail (they do not skip), so CI can never pass them silently.
+promtool and prometheus come from scripts/install-test-tools.sh (Debian's `prometheus`
+package, through apt-get, with sudo when not root), which `make test` runs first. Where it
+cannot install them (no apt-get, no sudo rights), the tests that need them are skipped, each
+saying why. CI sets INFERD_REQUIRE_TEST_TOOLS=1 (.ci/run): there they fail instead, so CI
+can never pass them silently.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -26,6 +29,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.server_process import free_port, wait_until_serving
 from tests.servers import RunningServer, run_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,11 +51,13 @@ P99_MLP = (
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(
-            f"`{name}` is not on PATH: run scripts/install-test-tools.sh "
-            "(`make test` runs it before the tests)",
-            pytrace=False,
+        reason = (
+            f"`{name}` is not on PATH: scripts/install-test-tools.sh installs it (Debian's "
+            "prometheus package, with apt-get; `make test` runs it first)"
         )
+        if os.environ.get("INFERD_REQUIRE_TEST_TOOLS") == "1":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
     return path
 
 
@@ -282,12 +288,6 @@ def test_the_metrics_doc_names_every_exported_metric(live: RunningServer) -> Non
 # -- a real Prometheus -------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def prometheus(tmp_path: Path, target_port: int) -> Iterator[tuple[str, Path]]:
     """A Prometheus on a free port scraping 127.0.0.1:target_port every second."""
@@ -317,6 +317,15 @@ def prometheus(tmp_path: Path, target_port: int) -> Iterator[tuple[str, Path]]:
             stderr=subprocess.STDOUT,
         )
         try:
+            # Ours, alive and answering on its port before any query (tests/server_process.py).
+            wait_until_serving(
+                process.pid,
+                port,
+                "/-/ready",
+                exit_code=process.poll,
+                output=lambda: log_path.read_text(encoding="utf-8", errors="replace")[-4000:],
+                timeout_s=60,
+            )
             yield f"http://127.0.0.1:{port}", log_path
         finally:
             process.terminate()
@@ -360,6 +369,15 @@ def test_prometheus_scrapes_a_live_server_end_to_end(live: RunningServer, tmp_pa
         # The target is up: a scrape that failed to parse would show up == 0 here.
         (up,) = query(client, url, 'up{job="inferd"}')
         assert up["value"][1] == "1", logs()
+
+        # Triton's names as Triton's Prometheus has them: bare-named counters, typed counter.
+        assert query(client, url, 'nv_inference_count{model="mlp"}')
+        assert query(client, url, 'nv_inference_request_failure{reason="OTHER"}')
+        assert query(client, url, "nv_cpu_utilization")
+        metadata = client.get(f"{url}/api/v1/metadata").json()["data"]
+        assert metadata["nv_inference_count"][0]["type"] == "counter", metadata
+        assert metadata["nv_inference_request_success"][0]["type"] == "counter"
+        assert metadata["nv_cpu_memory_used_bytes"][0]["type"] == "gauge"
 
         # Every dashboard query is valid PromQL that Prometheus evaluates without error.
         for expr in dashboard_exprs():

@@ -71,6 +71,7 @@ def _cancel_one_over_grpc(running: RunningServer) -> None:
     the client cancels (counted as cancelled). A call cancelled before the server even saw
     it counts nothing, so each kind is tried until the server has counted one."""
     channel = grpc.insecure_channel(running.grpc_address)
+    grpc.channel_ready_future(channel).result(timeout=30)  # no connecting inside a deadline
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     req = pb.ModelInferRequest(model_name="slow_counter")
     req.inputs.add(name="IN", datatype="FP32", shape=[1, 2])
@@ -178,15 +179,98 @@ def test_state_gauges(scripted) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_triton_names(scripted) -> None:  # type: ignore[no-untyped-def]
+    # Counters parse as counters, so the parser names their samples `_total` (the wire
+    # keeps Triton's bare names: test_triton_wire_format).
     counter = {"model": "counter", "version": "1"}
-    assert delta(scripted, "nv_inference_request_success", **counter) == 4
-    assert delta(scripted, "nv_inference_request_failure", **counter) == 3
-    assert delta(scripted, "nv_inference_count", **counter) == 7
-    assert delta(scripted, "nv_inference_exec_count", **counter) == 4
-    assert delta(scripted, "nv_inference_request_duration_us", **counter) > 0
+    assert delta(scripted, "nv_inference_request_success_total", **counter) == 4
+    assert delta(scripted, "nv_inference_count_total", **counter) == 7
+    assert delta(scripted, "nv_inference_exec_count_total", **counter) == 4
+    assert delta(scripted, "nv_inference_request_duration_us_total", **counter) > 0
     for name in ("queue", "compute_input", "compute_infer", "compute_output"):
-        assert (f"nv_inference_{name}_duration_us", frozenset(counter.items())) in scripted[2]
+        key = (f"nv_inference_{name}_duration_us_total", frozenset(counter.items()))
+        assert key in scripted[2]
     assert ("nv_inference_pending_request_count", frozenset(counter.items())) in scripted[2]
+
+
+def test_triton_failures_by_triton_reason(scripted) -> None:  # type: ignore[no-untyped-def]
+    failure = "nv_inference_request_failure_total"
+    # inferd's invalid_input -> OTHER; model_error -> BACKEND; cancelled -> CANCELED;
+    # timeout (and rejected) -> REJECTED. Requests no version accepted count nowhere.
+    assert delta(scripted, failure, model="counter", version="1", reason="OTHER") == 3
+    assert delta(scripted, failure, model="faulty", version="1", reason="BACKEND") == 1
+    assert delta(scripted, failure, model="slow_counter", version="1", reason="CANCELED") >= 1
+    assert delta(scripted, failure, model="slow_counter", version="1", reason="REJECTED") >= 1
+    _, _, after = scripted
+    # Every version carries all four reasons, as Triton's do from load on.
+    for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+        labels = {"model": "mlp", "version": "2", "reason": reason}
+        assert (failure, frozenset(labels.items())) in after
+        assert value(after, failure, **labels) == 0
+    # Split by reason, they add up to the statistics' failures.
+    total = sum(
+        value(after, failure, model="counter", version="1", reason=r)
+        for r in ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+    )
+    with scripted[0].client() as c:
+        stats = c.get("/v2/models/counter/versions/1/stats").json()["model_stats"][0]
+    assert total == stats["inference_stats"]["fail"]["count"]
+
+
+def test_triton_wire_format(scripted) -> None:  # type: ignore[no-untyped-def]
+    """Triton's exposition: counters typed as counters under their bare names, the host's
+    gauges beside them."""
+    running = scripted[0]
+    response = httpx.get(running.metrics_url)
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = response.text
+    families = {f.name: f.type for f in text_string_to_metric_families(text)}
+    for name in (
+        "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+        "nv_inference_exec_count", "nv_inference_request_duration_us",
+        "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
+    ):  # fmt: skip
+        assert families[name] == "counter", name
+        assert f"# TYPE {name} counter\n" in text
+        if name != "nv_inference_request_failure":  # that one also carries a reason
+            assert f'\n{name}{{model="counter",version="1"}} ' in text
+    assert '\nnv_inference_request_failure{model="faulty",reason="BACKEND",version="1"} 1.0' in text
+    for name in (
+        "nv_inference_pending_request_count",
+        "nv_cpu_utilization",
+        "nv_cpu_memory_total_bytes",
+        "nv_cpu_memory_used_bytes",
+    ):
+        assert families[name] == "gauge", name
+    # inferd's own counters keep prometheus_client's `_total`.
+    assert "# TYPE inferd_request_success_total counter\n" in text
+
+
+def test_host_metrics(scripted) -> None:  # type: ignore[no-untyped-def]
+    _, _, after = scripted
+    assert 0 <= value(after, "nv_cpu_utilization") <= 1
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    total = int(meminfo["MemTotal"].split()[0]) * 1024
+    assert value(after, "nv_cpu_memory_total_bytes") == total
+    assert 0 < value(after, "nv_cpu_memory_used_bytes") <= total
+    # GPU series exactly for the GPUs NVML lists: none on a machine without one (or without
+    # its driver), and never a failed scrape for it.
+    gpus = [labels for name, labels in after if name == "nv_gpu_utilization"]
+    assert len(gpus) == _nvml_gpu_count()
+    for name in ("nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes", "nv_gpu_power_usage"):
+        assert len([1 for n, _ in after if n == name]) <= len(gpus)
+
+
+def _nvml_gpu_count() -> int:
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def test_statistics_in_triton_shape(scripted) -> None:  # type: ignore[no-untyped-def]

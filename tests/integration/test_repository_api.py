@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.lifecycle_models import plus, write_plus_model
+from tests.security import ADMIN_TOKEN, AUTH
 from tests.servers import RunningServer, run_server
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0] * 4}]}
@@ -23,12 +24,19 @@ def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
     write_plus_model(repo, "first", [1])
     write_plus_model(repo, "second", [1, 2])
     write_plus_model(repo, "third", [5])
-    with run_server(repo, model_control_mode="explicit", load_models=("first",)) as running:
+    # Uploads of code are allowed here (a failing model.py below), so a credential is due.
+    with run_server(
+        repo,
+        model_control_mode="explicit",
+        load_models=("first",),
+        admin_token=ADMIN_TOKEN,
+        model_upload="code",
+    ) as running:
         yield running
 
 
 def test_only_the_named_models_load_at_start(explicit_server: RunningServer) -> None:
-    with explicit_server.client() as c:
+    with explicit_server.client(headers=AUTH) as c:
         rows = c.post("/v2/repository/index").json()
         assert c.get("/v2/health/ready").status_code == 200
     assert {"name": "first", "version": "1", "state": "READY"} in rows
@@ -36,7 +44,7 @@ def test_only_the_named_models_load_at_start(explicit_server: RunningServer) -> 
 
 
 def test_load_infer_unload_over_http(explicit_server: RunningServer) -> None:
-    with explicit_server.client() as c:
+    with explicit_server.client(headers=AUTH) as c:
         assert c.post("/v2/models/second/infer", json=BODY).status_code == 404
         assert c.post("/v2/repository/models/second/load").status_code == 200
         doc = c.post("/v2/models/second/infer", json=BODY).json()
@@ -58,7 +66,7 @@ def test_load_with_a_config_override(explicit_server: RunningServer) -> None:
         "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
         "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}],
     }
-    with explicit_server.client() as c:
+    with explicit_server.client(headers=AUTH) as c:
         r = c.post(
             "/v2/repository/models/third/load", json={"parameters": {"config": json.dumps(config)}}
         )
@@ -81,7 +89,7 @@ def test_load_from_uploaded_files(explicit_server: RunningServer) -> None:
         "config": json.dumps(config),
         "file:1/model.onnx": base64.b64encode(onnx_bytes).decode(),
     }
-    with explicit_server.client() as c:
+    with explicit_server.client(headers=AUTH) as c:
         assert (
             c.post("/v2/repository/models/uploaded/load", json={"parameters": params}).status_code
             == 200
@@ -106,7 +114,7 @@ def test_a_version_that_fails_to_load_fails_the_call_and_the_old_keeps_serving(
         "config": json.dumps(config),
         "file:1/model.py": base64.b64encode(b"raise ImportError('no such weights')").decode(),
     }
-    with explicit_server.client() as c:
+    with explicit_server.client(headers=AUTH) as c:
         before = c.post("/v2/models/first/infer", json=BODY).json()["outputs"][0]["data"]
         r = c.post("/v2/repository/models/first/load", json={"parameters": params})
         assert r.status_code == 400, r.text
@@ -133,22 +141,27 @@ def test_a_version_that_fails_to_load_fails_the_call_and_the_old_keeps_serving(
 def test_bad_loads_are_clear_errors(
     explicit_server: RunningServer, name: str, params: dict[str, str], status: int, words: list[str]
 ) -> None:
-    with explicit_server.client() as c:
+    with explicit_server.client(headers=AUTH) as c:
+        before = c.post("/v2/repository/index").json()
         r = c.post(f"/v2/repository/models/{name}/load", json={"parameters": params})
         assert r.status_code == status, r.text
         for word in words:
             assert word in r.json()["error"]
         assert c.post("/v2/models/first/infer", json=BODY).status_code == 200
+        # A refused load leaves nothing behind: no entry holds server readiness down.
+        assert c.get("/v2/health/ready").status_code == 200
+        names = {row["name"] for row in c.post("/v2/repository/index").json()}
+        assert names == {row["name"] for row in before}
 
 
 def test_load_and_unload_over_grpc(explicit_server: RunningServer) -> None:
     client = grpcclient.InferenceServerClient(explicit_server.grpc_address)
-    client.load_model("second")
+    client.load_model("second", headers=AUTH)
     assert client.is_model_ready("second")
-    client.unload_model("second")
+    client.unload_model("second", headers=AUTH)
     assert not client.is_model_ready("second")
     with pytest.raises(InferenceServerException) as info:
-        client.load_model("missing")
+        client.load_model("missing", headers=AUTH)
     assert info.value.status() == "StatusCode.NOT_FOUND"
     client.close()
 

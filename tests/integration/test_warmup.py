@@ -1,11 +1,19 @@
-"""Warm-up runs before a version is READY; a version that fails it never takes traffic."""
+"""Warm-up runs before a version is READY. A configured warm-up that fails, or outputs that
+contradict the config, keep the version out of service; an automatic warm-up the model
+refuses (it does not take zeros) is a warning, and the version serves."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from tritonclient.utils import InferenceServerException
 
+from tests.integration.test_protocols import PROTOCOLS, Client
 from tests.lifecycle_models import WARM_COUNTING_PY, write_python_model
 from tests.servers import RunningServer, run_server
 
@@ -38,15 +46,94 @@ def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         repo,
         "no_warmup",
         WARM_COUNTING_PY,
-        extra='parameters { key: "auto_warmup" value: { string_value: "false" } }',
+        extra=NO_AUTO_WARMUP,
     )
-    write_python_model(
-        repo,
-        "poisoned",
-        WARM_COUNTING_PY.replace("return False", "return True"),
-    )
+    write_python_model(repo, "poisoned", POISONED_PY)
+    write_python_model(repo, "poisoned_configured", POISONED_PY, extra=ZERO_WARMUP)
+    for name, (code, _) in NONCONFORMING.items():
+        write_python_model(repo, name, code)
+    write_python_model(repo, "misnamed_configured", MISNAMED_PY, extra=ZERO_WARMUP)
+    write_python_model(repo, "misnamed_unwarmed", MISNAMED_PY, extra=NO_AUTO_WARMUP)
     with run_server(repo) as running:
         yield running
+
+
+POISONED_PY = WARM_COUNTING_PY.replace("return False", "return True")  # raises on zeros
+
+ZERO_WARMUP = """
+model_warmup [ {
+  name: "zeros"
+  batch_size: 1
+  inputs { key: "IN" value: { data_type: TYPE_FP32, dims: [ 1 ], zero_data: true } }
+} ]
+"""
+
+NO_AUTO_WARMUP = 'parameters { key: "auto_warmup" value: { string_value: "false" } }'
+
+MISNAMED_PY = """
+class Model:
+    def predict(self, inputs):
+        return {"out": inputs["IN"]}
+"""
+
+# Models whose answers contradict their config (IN, OUT: FP32 dims [1], max_batch_size 8),
+# with what the reason must say besides the output's name and config.pbtxt.
+NONCONFORMING = {
+    "misnamed": (MISNAMED_PY, ["produced no output 'OUT'", "'out'"]),
+    "stringly": (
+        """
+import numpy as np
+
+class Model:
+    def predict(self, inputs):
+        return {"OUT": np.array([["one"]] * len(inputs["IN"]))}
+""",
+        ["output 'OUT' is <U3", "does not convert to the FP32"],
+    ),
+    "misshapen": (
+        """
+import numpy as np
+
+class Model:
+    def predict(self, inputs):
+        return {"OUT": np.zeros((len(inputs["IN"]), 3), np.float32)}
+""",
+        ["output 'OUT' has shape [1, 3]", "[-1, 1]"],
+    ),
+    "triton_misbatched": (
+        """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answers = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            doubled = pb_utils.Tensor("OUT", np.concatenate([x, x]))
+            answers.append(pb_utils.InferenceResponse([doubled]))
+        return answers
+""",
+        ["output 'OUT' has shape [2, 1]", "batch size 1"],
+    ),
+}
+
+
+@pytest.fixture(params=PROTOCOLS)
+def client(request: pytest.FixtureRequest, warm_server: RunningServer) -> Iterator[Client]:
+    c = Client(request.param, warm_server)
+    yield c
+    c.raw.close()
+
+
+def index_row(client: Client, model: str) -> dict[str, Any]:
+    """The model's row of the repository index, as tritonclient reads it."""
+    if client.protocol == "http":
+        rows = client.raw.get_model_repository_index()
+    else:
+        rows = client.raw.get_model_repository_index(as_json=True)["models"]
+    (row,) = [r for r in rows if r["name"] == model]
+    return dict(row)
 
 
 def _first_answer(server: RunningServer, model: str) -> float:
@@ -68,14 +155,65 @@ def test_warmup_can_be_turned_off(warm_server: RunningServer) -> None:
     assert _first_answer(warm_server, "no_warmup") == 0
 
 
-def test_failed_warmup_keeps_the_version_out_of_service(warm_server: RunningServer) -> None:
-    with warm_server.client() as c:
-        rows = [r for r in c.post("/v2/repository/index").json() if r["name"] == "poisoned"]
-        r = c.post("/v2/models/poisoned/infer", json=BODY)
-    assert rows[0]["state"] == "UNAVAILABLE"
-    assert "warm-up 'auto batch 1' failed" in rows[0]["reason"]
-    assert "zeros are poison" in rows[0]["reason"]
-    assert r.status_code == 503
+def test_automatic_warmup_the_model_refuses_is_a_warning(client: Client) -> None:
+    row = index_row(client, "poisoned")
+    assert row["state"] == "READY"
+    assert client.raw.is_model_ready("poisoned")
+    # The failure stays visible on the serving version, with what to do about it.
+    assert "automatic warm-up failed, serving without it" in row["reason"]
+    assert "warm-up 'auto batch 1' failed: zeros are poison" in row["reason"]
+    assert "poisoned/config.pbtxt a model_warmup section" in row["reason"]
+    result = client.infer("poisoned", {"IN": (np.ones((1, 1), np.float32), "FP32")})
+    assert result.as_numpy("OUT").shape == (1, 1)
+
+
+def test_configured_warmup_that_fails_fails_the_load(client: Client) -> None:
+    row = index_row(client, "poisoned_configured")
+    assert row["state"] == "UNAVAILABLE"
+    assert "warm-up 'zeros' failed: zeros are poison" in row["reason"]
+    assert "the model_warmup section of poisoned_configured/config.pbtxt" in row["reason"]
+    assert not client.raw.is_model_ready("poisoned_configured")
+    with pytest.raises(Exception, match="UNAVAILABLE|503|no ready version"):
+        client.infer("poisoned_configured", {"IN": (np.ones((1, 1), np.float32), "FP32")})
+
+
+@pytest.mark.parametrize("model", [*NONCONFORMING, "misnamed_configured"])
+def test_outputs_that_contradict_the_config_fail_the_load(client: Client, model: str) -> None:
+    row = index_row(client, model)
+    assert row["state"] == "UNAVAILABLE"
+    assert f"{model}/config.pbtxt" in row["reason"]
+    assert "output 'OUT'" in row["reason"]
+    for words in NONCONFORMING.get(model, NONCONFORMING["misnamed"])[1]:
+        assert words in row["reason"]
+    assert not client.raw.is_model_ready(model)
+
+
+def test_requests_meet_the_same_output_check(client: Client) -> None:
+    # Without a warm-up, the first request finds what warm-up would have: the same words.
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("misnamed_unwarmed", {"IN": (np.ones((1, 1), np.float32), "FP32")})
+    assert info.value.status() in ("500", "StatusCode.INTERNAL")
+    message = str(info.value.message())
+    assert "model 'misnamed_unwarmed' version 1:" in message
+    assert "produced no output 'OUT', which misnamed_unwarmed/config.pbtxt declares" in message
+
+
+def test_automatic_warmup_failure_is_logged_as_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_python_model(tmp_path, "poisoned", POISONED_PY)
+    with (
+        caplog.at_level(logging.WARNING, logger="inferd"),
+        run_server(tmp_path) as running,
+        running.client() as c,
+    ):
+        assert c.get("/v2/models/poisoned/ready").status_code == 200
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name.startswith("inferd.repository")
+    ]
+    assert any("automatic warm-up failed" in w and "zeros are poison" in w for w in warnings)
 
 
 def test_warmup_time_is_exported(warm_server: RunningServer) -> None:

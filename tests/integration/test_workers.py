@@ -7,6 +7,7 @@ ports through SO_REUSEPORT, statistics summed across workers, one metrics endpoi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_metrics import scrape_url, value
 from tests.models import builders
@@ -67,7 +69,7 @@ def two_workers(
     log_path = tmp_path_factory.mktemp("workers-log") / "server.log"
     with run_cli_server(
         repo, log_path, "--workers", "2", "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port),
+        "--metrics-port", str(metrics_port), "--metrics-triton-names",
     ) as server:  # fmt: skip
         _wait_until_both_serve(server, metrics_port)
         yield server, grpc_port, metrics_port
@@ -128,6 +130,23 @@ def test_grpc_shares_its_port_too(two_workers: tuple[CliServer, int, int]) -> No
     assert all(after[w] > before[w] for w in after), (before, after)
 
 
+def test_triton_names_per_worker_and_the_host_once(
+    two_workers: tuple[CliServer, int, int],
+) -> None:
+    server, _, metrics_port = two_workers
+    assert httpx.post(f"{server.url}/v2/models/identity/infer", json=_body([1.0])).is_success
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    # Per-model counters: Triton's type, one series per worker.
+    success = families["nv_inference_request_success"]
+    assert success.type == "counter"
+    assert {s.labels["worker"] for s in success.samples} == {"0", "1"}
+    # The host's series come from the supervisor, once, with no worker label.
+    for name in ("nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes"):
+        (sample,) = families[name].samples
+        assert "worker" not in sample.labels, name
+
+
 def test_a_killed_worker_is_restarted_and_the_others_keep_serving(
     two_workers: tuple[CliServer, int, int],
 ) -> None:
@@ -154,7 +173,23 @@ def test_a_killed_worker_is_restarted_and_the_others_keep_serving(
         time.sleep(0.1)
     assert restarted, server.output()
     assert victim not in _worker_pids(server.proc.pid)
-    assert "exited with -9; restarting it" in server.output()
+    # Said as what happened to it, not as multiprocessing's exit code (-9).
+    assert re.search(
+        rf"worker [01] \(pid {victim}\) killed by SIGKILL; restarting it", server.output()
+    )
+    assert "exited with -9" not in server.output()
+
+
+def test_every_worker_line_names_its_worker(two_workers: tuple[CliServer, int, int]) -> None:
+    """N processes write to one log: each worker's lines carry worker=<index>; the
+    supervisor's own lines carry none."""
+    server, _, _ = two_workers
+    lines = server.output().splitlines()
+    for index in (0, 1):
+        loaded = [line for line in lines if "loaded model identity version 1" in line]
+        assert any(line.endswith(f" worker={index}") for line in loaded), loaded
+    supervisor = [line for line in lines if "inferd.workers:" in line]
+    assert supervisor and not any("worker=" in line for line in supervisor), supervisor
 
 
 def _exited(pid: int) -> bool:

@@ -188,11 +188,12 @@ def test_empty_dims(tmp_path: Path) -> None:
 
 
 def test_reshape_element_count_mismatch(tmp_path: Path) -> None:
-    text = LINEAR_CONFIG.replace("dims: [ 4 ] }", "dims: [ 4 ], reshape: { shape: [ 3 ] } }")
+    # The reshape is what the model sees and matches its file; the dims do not hold as much.
+    text = LINEAR_CONFIG.replace("dims: [ 4 ] }", "dims: [ 3 ], reshape: { shape: [ 4 ] } }")
     message = prepare_error(make_model(tmp_path, text))
     assert "m/config.pbtxt" in message
     assert "input 'x'" in message
-    assert "reshape.shape [3] holds 3 elements but dims [4] hold 4" in message
+    assert "reshape.shape [4] holds 4 elements but dims [3] hold 3" in message
 
 
 def test_reshape_with_matching_element_count_is_accepted(tmp_path: Path) -> None:
@@ -248,13 +249,34 @@ def test_unknown_platform(tmp_path: Path) -> None:
     message = prepare_error(make_model(tmp_path, text))
     assert message.startswith("m/config.pbtxt")
     assert "tensorflow_savedmodel" in message
+    assert "supported platforms: onnxruntime_onnx, pytorch_libtorch" in message
+    assert "backend: one of onnxruntime, pytorch, python" in message
 
 
 def test_unknown_backend(tmp_path: Path) -> None:
     text = LINEAR_CONFIG.replace('platform: "onnxruntime_onnx"', 'backend: "tensorrt"')
     message = prepare_error(make_model(tmp_path, text))
-    assert message.startswith("m/config.pbtxt")
+    assert message.startswith("m/config.pbtxt: backend:")
     assert "tensorrt" in message
+    assert "supported backends: onnxruntime, pytorch, python" in message
+
+
+@pytest.mark.parametrize(
+    ("file", "names"),
+    [("model.py", 'backend: "python"'), ("model.pt", 'platform: "pytorch_libtorch"')],
+)
+def test_model_without_config_that_needs_one_is_told_what_to_add(
+    tmp_path: Path, file: str, names: str
+) -> None:
+    # Neither file says which tensors it takes: the fix is a config.pbtxt to write, not a
+    # complaint about a field of a file that does not exist.
+    model_dir = make_model(tmp_path, None, model=None)
+    (model_dir / "1" / file).write_text("# the file's content is never read\n")
+    message = prepare_error(model_dir)
+    assert message.startswith(f"m: no config.pbtxt, and m/1/{file} does not say which tensors")
+    assert f"add m/config.pbtxt declaring them, e.g. {names}" in message
+    assert 'input [ { name: "INPUT0"' in message
+    assert "output [" in message
 
 
 def test_missing_version_directory(tmp_path: Path) -> None:
@@ -388,6 +410,60 @@ def test_onnx_wrong_rank(tmp_path: Path) -> None:
     assert "m/config.pbtxt" in message
     assert "input 'x'" in message
     assert "[4, 1]" in message
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "words"),
+    [
+        # A fixed size the model file contradicts.
+        ("dims: [ 4 ]", "dims: [ 5 ]", ["input 'x': dims [5]", "dimension 0", "is 4 in the model"]),
+        ("dims: [ 2 ]", "dims: [ 3 ]", ["output 'y': dims [3]", "is 2 in the model file but 3"]),
+        # Any size, where the model file takes only one (a request of another would fail).
+        ("dims: [ 4 ]", "dims: [ -1 ]", ["input 'x': dims [-1]", "is 4 in the model file but -1"]),
+        # What the model sees is the reshape, so that is what must match.
+        (
+            "dims: [ 4 ] }",
+            "dims: [ 4 ], reshape: { shape: [ 2, 2 ] } }",
+            ["input 'x': reshape.shape [2, 2] have 2 dimensions", "[-1, 4] has 1"],
+        ),
+    ],
+)
+def test_onnx_dims_are_checked_against_the_model_file(
+    tmp_path: Path, old: str, new: str, words: list[str]
+) -> None:
+    message = prepare_error(make_model(tmp_path, LINEAR_CONFIG.replace(old, new, 1)))
+    assert message.startswith("m/config.pbtxt: ")
+    assert "the model file's shape [-1, " in message
+    for w in words:
+        assert w in message
+
+
+def test_onnx_declared_batching_needs_a_variable_batch_dimension(tmp_path: Path) -> None:
+    text = """
+        name: "m"
+        platform: "onnxruntime_onnx"
+        max_batch_size: 2
+        input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ 3 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 3 ] } ]
+    """
+    model = builders.identity(TensorProto.INT32, [2, 3])
+    message = prepare_error(make_model(tmp_path, text, model=model))
+    assert message.startswith("m/config.pbtxt: input 'INPUT0': max_batch_size 2 needs a variable")
+    assert "shape is [2, 3]" in message
+    assert "set max_batch_size: 0" in message
+
+
+def test_onnx_variable_model_dims_take_any_config_size(tmp_path: Path) -> None:
+    text = """
+        name: "m"
+        platform: "onnxruntime_onnx"
+        max_batch_size: 4
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 7 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    """
+    model = builders.identity(TensorProto.FLOAT, ["batch", "n"])
+    config, _, _ = prepare(make_model(tmp_path, text, model=model))
+    assert list(config.input[0].dims) == [7]
 
 
 def test_onnx_batching_config_for_fixed_batch_model(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from inferd.backends.base import Backend
 from inferd.errors import invalid
 
+BACKENDS = ("onnxruntime", "pytorch", "python")  # what `backend:` may name
+
 
 def get_backend(name: str) -> Backend:
     # Imported lazily so that a backend's heavy dependency loads only when a model needs it.
@@ -23,7 +25,7 @@ def get_backend(name: str) -> Backend:
         from inferd.backends.python import PythonBackend
 
         return PythonBackend()
-    raise invalid(f"unknown backend '{name}'; supported: onnxruntime, pytorch, python")
+    raise invalid(f"unknown backend '{name}'; supported backends: {', '.join(BACKENDS)}")
 
 
-__all__ = ["Backend", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "get_backend"]

@@ -12,6 +12,7 @@ from inferd.errors import InferdError
 from inferd.types import Array
 
 if TYPE_CHECKING:
+    from inferd.python_model import RequestInfo
     from inferd.signature import BoundRequest
 
 
@@ -56,6 +57,27 @@ class RequestListInstance(Protocol):
         self, requests: list[BoundRequest]
     ) -> list[dict[str, Array] | InferdError]:
         """One result per request, in order: its outputs, or an error failing it alone."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class RequestInfoInstance(Protocol):
+    """An `Instance` that can also be told who sent each request of the merged batch
+    (inferd's Python models whose `predict` takes a second argument: the correlation id
+    and sequence flags of each request)."""
+
+    device: str
+    provider: str
+    wants_request_info: bool  # False: `execute` is enough, skip building the infos
+
+    def execute(self, inputs: dict[str, Array]) -> dict[str, Array]: ...
+
+    def execute_with_info(
+        self, inputs: dict[str, Array], requests: list[RequestInfo]
+    ) -> dict[str, Array]:
+        """`execute`, with one `RequestInfo` per request of the batch, in row order."""
         ...
 
     def close(self) -> None: ...

@@ -12,7 +12,7 @@ import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
-from inferd.repository.config import ConfigError, int_parameter
+from inferd.repository.config import ConfigError, instance_group_of, int_parameter
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.onnx")
@@ -65,6 +65,23 @@ class OnnxBackend:
         for name, typ, _ in ins + outs:
             if typ not in ORT_TO_CONFIG:
                 raise ConfigError(f"{where}: tensor '{name}' has unsupported ONNX type {typ}")
+        # Tensors the server feeds or keeps itself (sequence control inputs, implicit
+        # state) are not the client's: auto-completion leaves them out of input/output.
+        fed, kept = _sequence_tensors(config)
+        model_inputs = {name for name, _, _ in ins}
+        if missing := sorted(fed - model_inputs):
+            raise ConfigError(
+                f"{where}: sequence_batching names input '{missing[0]}' (a control or state "
+                f"input), which the model file does not have; it has "
+                f"{', '.join(sorted(model_inputs))}"
+            )
+        model_outputs = {name for name, _, _ in outs}
+        if missing := sorted(kept - model_outputs):
+            raise ConfigError(
+                f"{where}: sequence_batching.state output_name '{missing[0]}' is not an output "
+                f"of the model file; it has {', '.join(sorted(model_outputs))}"
+            )
+        ins = [t for t in ins if t[0] not in fed]
 
         if not config.input and not config.output:
             # Batching is possible only if every tensor has a variable leading dimension.
@@ -76,7 +93,9 @@ class OnnxBackend:
                     f"{where}: max_batch_size is {config.max_batch_size} but the model's "
                     "tensors have no variable leading (batch) dimension"
                 )
-            if config.max_batch_size > 1 and not config.HasField("dynamic_batching"):
+            # (Setting dynamic_batching would clear sequence_batching: they are a oneof.)
+            scheduled = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
+            if config.max_batch_size > 1 and not scheduled:
                 config.dynamic_batching.SetInParent()
         skip = 1 if config.max_batch_size > 0 else 0
         for kind, declared, actual in (
@@ -86,6 +105,8 @@ class OnnxBackend:
             by_name = {name: (typ, shape) for name, typ, shape in actual}
             if not declared:
                 for name, typ, shape in actual:
+                    if kind == "output" and name in kept:
+                        continue  # a state output: the server keeps it
                     t = declared.add()
                     t.name = name
                     t.data_type = ORT_TO_CONFIG[typ]
@@ -104,17 +125,40 @@ class OnnxBackend:
                         f"{mc.DataType.Name(t.data_type)} does not match the model file's "
                         f"{mc.DataType.Name(ORT_TO_CONFIG[typ])}"
                     )
-                model_rank = len(shape) - skip
-                config_rank = len(t.reshape.shape) if t.HasField("reshape") else len(t.dims)
-                if model_rank != config_rank:
-                    raise ConfigError(
-                        f"{where}: {kind} '{t.name}': dims {list(t.dims)} (with "
-                        f"max_batch_size {config.max_batch_size}) do not match the model "
-                        f"file's shape {shape}"
-                    )
+                _check_dims(f"{where}: {kind} '{t.name}'", t, shape, config.max_batch_size)
 
     def load(self, ctx: LoadContext) -> OnnxInstance:
         return OnnxInstance(ctx)
+
+
+def _check_dims(field: str, t: mc.ModelInput | mc.ModelOutput, shape: list[int], mbs: int) -> None:
+    """The config's dims (its `reshape`, when set: that is what the model sees) against the
+    model file's shape (-1: any size), as Triton checks them: a mismatch found here is one
+    line naming the field, instead of ONNX Runtime's "invalid dimensions" at the first run."""
+    declared = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+    what = "reshape.shape" if t.HasField("reshape") else "dims"
+    if any(d < -1 or d == 0 for d in declared):
+        return  # malformed whatever the model file says: `validate` names it
+    if mbs > 0 and (not shape or shape[0] != -1):
+        raise ConfigError(
+            f"{field}: max_batch_size {mbs} needs a variable first (batch) dimension, but the "
+            f"model file's shape is {shape}; set max_batch_size: 0 and declare the whole "
+            "shape in dims, or export the model with a dynamic batch dimension"
+        )
+    model_dims = shape[1:] if mbs > 0 else shape
+    batch_note = f" after the batch dimension (max_batch_size {mbs})" if mbs > 0 else ""
+    if len(model_dims) != len(declared):
+        raise ConfigError(
+            f"{field}: {what} {declared} have {len(declared)} dimensions, but the model "
+            f"file's shape {shape} has {len(model_dims)}{batch_note}"
+        )
+    for axis, (size, want) in enumerate(zip(model_dims, declared, strict=True)):
+        if size != -1 and size != want:
+            raise ConfigError(
+                f"{field}: {what} {declared} do not match the model file's shape {shape}: "
+                f"dimension {axis}{batch_note} is {size} in the model file but {want} in the "
+                "config"
+            )
 
 
 class OnnxInstance:
@@ -142,13 +186,10 @@ class OnnxInstance:
             level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         )
 
-        kind = (
-            config.instance_group[0].kind
-            if config.instance_group
-            else mc.ModelInstanceGroup.KIND_AUTO
-        )
-        gpus = list(config.instance_group[0].gpus) if config.instance_group else []
-        device_id = gpus[ctx.instance_index % len(gpus)] if gpus else 0
+        group, _, index_in_group = instance_group_of(config, ctx.instance_index)
+        kind = group.kind
+        gpus = list(group.gpus)
+        device_id = gpus[index_in_group % len(gpus)] if gpus else 0
         wants_gpu = kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO)
         has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
         providers: list[Any] = ["CPUExecutionProvider"]
@@ -163,7 +204,7 @@ class OnnxInstance:
             # Field lesson 5: a silent fall back to CPU must be visible.
             log.warning(
                 "model %s v%s instance %d asked for KIND_GPU but CUDAExecutionProvider is "
-                "not active (available: %s); running on CPU",
+                "not active (available: %s); running on CPU (the config API reports KIND_CPU)",
                 ctx.model_name,
                 ctx.version,
                 ctx.instance_index,
@@ -194,6 +235,15 @@ class OnnxInstance:
 
     def close(self) -> None:
         self.__dict__.pop("_session", None)  # idempotent: closing twice is harmless
+
+
+def _sequence_tensors(config: mc.ModelConfig) -> tuple[set[str], set[str]]:
+    """(inputs the server feeds, outputs it keeps) of a sequence model's config."""
+    if not config.HasField("sequence_batching"):
+        return set(), set()
+    sb = config.sequence_batching
+    fed = {c.name for c in sb.control_input} | {s.input_name for s in sb.state}
+    return fed, {s.output_name for s in sb.state}
 
 
 def _to_str(value: Any) -> str:

@@ -79,6 +79,11 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
     return _NUMPY_TO_CODE.get(dtype.newbyteorder("="))
 
 
+# Bits of InferenceRequest.flags(): the request starts / ends its sequence (Triton's values).
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+
+
 class TritonModelException(Exception):  # noqa: N818 (Triton's name)
     def __init__(self, msg: str) -> None:
         super().__init__(msg)
@@ -191,11 +196,13 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         requested_output_names: Sequence[str] = (),
         model_name: str = "",
+        flags: int = 0,
         **_: Any,
     ) -> None:
         self._inputs = list(inputs)
         self._request_id = request_id
         self._correlation_id = correlation_id
+        self._flags = flags
         self._requested_output_names = list(requested_output_names)
         self._model_name = model_name
 
@@ -206,13 +213,15 @@ class InferenceRequest:
         return self._request_id
 
     def correlation_id(self) -> int | str:
+        """The sequence id (sequence models): an int, or a str for string ids; 0 if none."""
         return self._correlation_id
 
     def requested_output_names(self) -> list[str]:
         return self._requested_output_names
 
     def flags(self) -> int:
-        return 0
+        """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and/or _END (sequence models), else 0."""
+        return self._flags
 
     def parameters(self) -> str:
         return "{}"  # Triton hands request parameters over as a JSON string

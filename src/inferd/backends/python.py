@@ -4,7 +4,9 @@ or class `TritonPythonModel` (Triton's Python-backend contract, see `triton_pyth
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
+import logging
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -17,10 +19,15 @@ from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
 from inferd.backends.triton_python import TritonPythonInstance
 from inferd.backends.worker_process import ProcessInstance
+from inferd.conformance import OutputMismatchError
 from inferd.model_output import running_model
-from inferd.python_model import ModelContext
-from inferd.repository.config import ConfigError, parameter
+from inferd.python_model import ModelContext, RequestInfo
+from inferd.repository.config import ConfigError, instance_group_of, parameter
 from inferd.types import Array
+
+log = logging.getLogger("inferd.backends.python")
+
+KIND_GPU = mc.ModelInstanceGroup.KIND_GPU
 
 _module_ids = itertools.count()
 
@@ -45,6 +52,15 @@ class PythonBackend:
             )
 
     def load(self, ctx: LoadContext) -> PythonInstance | TritonPythonInstance | ProcessInstance:
+        if instance_group_of(ctx.config, ctx.instance_index).group.kind == KIND_GPU:
+            # Field lesson 5: the wish for a GPU is visible, and what was done instead.
+            log.warning(
+                "model %s v%s instance %d asked for KIND_GPU but Python models run as CPU "
+                "instances (model_instance_kind CPU); the config API reports KIND_CPU",
+                ctx.model_name,
+                ctx.version,
+                ctx.instance_index,
+            )
         isolation = parameter(ctx.config, "isolation", "thread")
         if isolation == "process":
             # model.py is imported in the worker process only: its import may crash too.
@@ -100,6 +116,7 @@ class PythonInstance:
     def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
         self._name = ctx.model_name
         self._module_name = module.__name__
+        self._batched = ctx.config.max_batch_size > 0
         with running_model(self._name):
             self._model: Any = module.Model()
             context = ModelContext(
@@ -113,16 +130,26 @@ class PythonInstance:
             )
             if hasattr(self._model, "load"):
                 self._model.load(context)
+        self.wants_request_info = _takes_requests(self._model.predict)
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        if self.wants_request_info:  # called without them (warm-up): one request per row
+            rows = next(iter(inputs.values())).shape[0] if self._batched and inputs else 1
+            return self.execute_with_info(inputs, [RequestInfo("warmup")] * rows)
         with running_model(self._name):
             outputs = self._model.predict(inputs)
-        if not isinstance(outputs, dict):
-            raise TypeError(
-                f"predict() must return a dict of output name to array, got "
-                f"{type(outputs).__name__}"
+        return _checked(outputs)
+
+    def execute_with_info(
+        self, inputs: dict[str, Array], requests: list[RequestInfo]
+    ) -> dict[str, Array]:
+        with running_model(self._name):
+            outputs = (
+                self._model.predict(inputs, requests)
+                if self.wants_request_info
+                else self._model.predict(inputs)
             )
-        return {name: np.asarray(value) for name, value in outputs.items()}
+        return _checked(outputs)
 
     def close(self) -> None:
         try:
@@ -132,3 +159,23 @@ class PythonInstance:
         finally:
             sys.modules.pop(self._module_name, None)
             del self._model
+
+
+def _takes_requests(predict: Any) -> bool:
+    """Whether `predict` (bound) accepts a second positional argument: the requests."""
+    try:
+        params = list(inspect.signature(predict).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2
+
+
+def _checked(outputs: Any) -> dict[str, Array]:
+    if not isinstance(outputs, dict):
+        raise OutputMismatchError(
+            f"predict() must return a dict of output name to array, got {type(outputs).__name__}"
+        )
+    return {name: np.asarray(value) for name, value in outputs.items()}

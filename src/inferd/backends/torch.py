@@ -20,8 +20,9 @@ import torch
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
+from inferd.conformance import OutputMismatchError
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
-from inferd.repository.config import ConfigError, int_parameter, parameter
+from inferd.repository.config import ConfigError, instance_group_of, int_parameter, parameter
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.torch")
@@ -64,7 +65,7 @@ class TorchBackend:
 class TorchInstance:
     def __init__(self, ctx: LoadContext) -> None:
         config = ctx.config
-        where = f"{ctx.model_name}/config.pbtxt"
+        where = self._where = f"{ctx.model_name}/config.pbtxt"
         self._name = ctx.model_name
         self.device = self._choose_device(ctx)
         self.provider = "torch"
@@ -141,17 +142,17 @@ class TorchInstance:
             )
 
     def _choose_device(self, ctx: LoadContext) -> str:
-        group = ctx.config.instance_group[0] if ctx.config.instance_group else None
-        kind = group.kind if group else mc.ModelInstanceGroup.KIND_AUTO
-        gpus = list(group.gpus) if group else []
+        group, _, index_in_group = instance_group_of(ctx.config, ctx.instance_index)
+        kind = group.kind
+        gpus = list(group.gpus)
         if kind in (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO):
             if torch.cuda.is_available():
-                return f"cuda:{gpus[ctx.instance_index % len(gpus)] if gpus else 0}"
+                return f"cuda:{gpus[index_in_group % len(gpus)] if gpus else 0}"
             if kind == mc.ModelInstanceGroup.KIND_GPU:
                 # Field lesson 5: a fall back to CPU must be visible.
                 log.warning(
                     "model %s v%s instance %d asked for KIND_GPU but CUDA is not available "
-                    "to torch; running on CPU",
+                    "to torch; running on CPU (the config API reports KIND_CPU)",
                     ctx.model_name,
                     ctx.version,
                     ctx.instance_index,
@@ -178,10 +179,28 @@ class TorchInstance:
             args.append(torch.from_numpy(array).to(self.device))
         with torch.inference_mode():
             result = self._module(*args)
+        # A forward whose results do not cover the config's outputs fails every request:
+        # say so (warm-up then keeps the version out of service) rather than an IndexError.
+        declared = len(self._output_names)
         if isinstance(result, dict):
+            missing = [n for n in self._output_names if n not in result]
+            if missing:
+                raise OutputMismatchError(
+                    f"forward() returned no '{missing[0]}', which {self._where} declares "
+                    f"(it returned {', '.join(map(str, result)) or 'none'})"
+                )
             values = [result[n] for n in self._output_names]
         elif isinstance(result, (tuple, list)):
+            if len(result) <= max(self._output_index):
+                raise OutputMismatchError(
+                    f"forward() returned {len(result)} tensors, but {self._where} declares "
+                    f"{declared} outputs"
+                )
             values = [result[i] for i in self._output_index]
+        elif declared != 1:
+            raise OutputMismatchError(
+                f"forward() returned one tensor, but {self._where} declares {declared} outputs"
+            )
         else:
             values = [result]
         return {

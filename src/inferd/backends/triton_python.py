@@ -16,9 +16,10 @@ import numpy as np
 
 from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
+from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
-from inferd.repository.config import to_json
+from inferd.repository.config import instance_group_of, to_json
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
@@ -34,7 +35,9 @@ def initialize_args(ctx: LoadContext) -> dict[str, str]:
     return {
         "model_config": json.dumps(to_json(ctx.config)),
         "model_instance_kind": "CPU",
-        "model_instance_name": f"{ctx.model_name}_0_{ctx.instance_index}",
+        "model_instance_name": instance_group_of(ctx.config, ctx.instance_index).instance_name(
+            ctx.model_name
+        ),
         "model_instance_device_id": "0",
         "model_repository": str(ctx.version_dir.parent),
         "model_version": ctx.version,
@@ -64,6 +67,8 @@ class TritonPythonInstance:
             pb_utils.InferenceRequest(
                 inputs=[pb_utils.Tensor(name, array) for name, array in r.inputs.items()],
                 request_id=r.request_id,
+                correlation_id=r.correlation_id,
+                flags=r.flags,
                 requested_output_names=r.output_names,
                 model_name=self._name,
             )
@@ -106,11 +111,10 @@ class TritonPythonInstance:
                 )
             array = np.asarray(tensor.as_numpy())
             if self._batched and (array.ndim == 0 or array.shape[0] != request.rows):
-                return InferdError(
-                    ErrorKind.MODEL_ERROR,
+                return OutputMismatchError(
                     f"output '{tensor.name()}' has shape {list(array.shape)} for a request "
-                    f"of batch size {request.rows}; each response must keep its request's "
-                    "batch dimension",
+                    f"of batch size {request.rows}; {self._name}/config.pbtxt sets "
+                    "max_batch_size, so each response must keep its request's batch dimension",
                 )
             outputs[tensor.name()] = array
         return outputs

@@ -13,9 +13,11 @@ model again; the next batch waits for it. If that restart fails, every later bat
 Whatever the child logs or prints (prints become records of `inferd.model.<name>`, as in the
 server) is sent over a second pipe and re-emitted by the parent's logging, tagged with the model.
 
-Messages on the main pipe, parent → child: `("execute", inputs)`, `("stop",)`;
-child → parent: `("ready",)` or `("load_failed", reason)` once, then `("ok", outputs)` or
-`("error", message)` per batch, and `("stopped", unload_error | None)` at the end.
+Messages on the main pipe, parent → child: `("execute", inputs, infos)` (infos: None, or
+a `RequestInfo` per request when the model's predict takes them), `("stop",)`;
+child → parent: `("ready", wants_request_info)` or `("load_failed", reason)` once, then
+`("ok", outputs)` or `("error", message)` per batch, and `("stopped", unload_error | None)`
+at the end.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
 from inferd.errors import ErrorKind, InferdError
+from inferd.python_model import RequestInfo
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.python")
@@ -210,8 +213,9 @@ class _Worker:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
 
-    def wait_ready(self) -> None:
-        """Wait for the child's load; raises RuntimeError with the reason when it fails."""
+    def wait_ready(self) -> bool:
+        """Wait for the child's load; raises RuntimeError with the reason when it fails.
+        Returns whether the model's `predict` takes the requests' infos."""
         try:
             message = self.receive()
         except WorkerDiedError as exc:
@@ -222,6 +226,7 @@ class _Worker:
         if message[0] != "ready":
             self.stop()
             raise RuntimeError(str(message[1]))
+        return bool(message[1])
 
     def stop(self) -> str | None:
         """Ask the child to unload and exit; terminate or kill it if it does not.
@@ -279,11 +284,12 @@ class ProcessInstance:
         self._restarting: threading.Event | None = None
         self._failure: str | None = None  # why the last restart failed
         self.restarts = 0  # how many times a dead worker was replaced
+        self.wants_request_info = False  # the child's predict takes the requests' infos
         self._worker: _Worker | None = self._start()
 
     def _start(self) -> _Worker:
         worker = _Worker(self._spec, self._on_worker_exit)
-        worker.wait_ready()
+        self.wants_request_info = worker.wait_ready()
         return worker
 
     @property
@@ -298,9 +304,14 @@ class ProcessInstance:
         return worker is not None and not self._closed and worker.is_alive()
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        return self.execute_with_info(inputs, None)
+
+    def execute_with_info(
+        self, inputs: dict[str, Array], requests: list[RequestInfo] | None
+    ) -> dict[str, Array]:
         worker = self._ready_worker()
         try:
-            worker.send(("execute", inputs))
+            worker.send(("execute", inputs, requests))
             message = worker.receive()
         except WorkerDiedError as exc:
             self._begin_restart(worker)
@@ -452,7 +463,7 @@ def worker_main(conn: Connection, log_conn: Connection, spec: WorkerSpec) -> Non
     except Exception as exc:
         conn.send(("load_failed", str(exc) or type(exc).__name__))
         return
-    conn.send(("ready",))
+    conn.send(("ready", instance.wants_request_info))
 
     while True:
         try:
@@ -461,9 +472,13 @@ def worker_main(conn: Connection, log_conn: Connection, spec: WorkerSpec) -> Non
             break
         if message[0] == "execute":
             try:
-                data = pickle.dumps(
-                    ("ok", instance.execute(message[1])), protocol=pickle.HIGHEST_PROTOCOL
+                inputs, infos = message[1], message[2]
+                outputs = (
+                    instance.execute(inputs)
+                    if infos is None
+                    else instance.execute_with_info(inputs, infos)
                 )
+                data = pickle.dumps(("ok", outputs), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:
                 data = pickle.dumps(("error", str(exc) or type(exc).__name__))
             conn.send_bytes(data)

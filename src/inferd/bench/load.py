@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import multiprocessing
 import random
+import signal
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -312,7 +314,17 @@ class ProcessSource:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_worker, args=(child, target), daemon=True)
-        self._proc.start()
+        # Started with SIGINT ignored (it stays ignored across the spawn): a terminal's
+        # Ctrl-C reaches the whole process group, and it is the parent's to act on, which
+        # then stops its workers over the pipe and reports the levels measured so far.
+        if threading.current_thread() is threading.main_thread():
+            handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                self._proc.start()
+            finally:
+                signal.signal(signal.SIGINT, handler)
+        else:  # signal handlers can only be set from the main thread
+            self._proc.start()
         child.close()
 
     async def _reply(self) -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 from inferd.bench import report
 from inferd.bench.errors import BenchError
 from inferd.bench.inputs import parse_shape_option
-from inferd.bench.runner import BenchConfig, parse_levels, progress_printer, run
+from inferd.bench.runner import BenchConfig, BenchResult, BenchRun, parse_levels, progress_printer
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -58,6 +58,7 @@ def _loop_factory(protocol: str) -> Callable[[], asyncio.AbstractEventLoop] | No
 
 
 def main(args: argparse.Namespace) -> int:
+    bench_run: BenchRun | None = None
     try:
         config = config_from_args(args)
         if args.poisson and not config.request_rates:
@@ -66,24 +67,40 @@ def main(args: argparse.Namespace) -> int:
             report.check_plot_available()
         config.validate()
         show_progress = args.progress or sys.stderr.isatty()
+        bench_run = BenchRun(config, progress_printer(show_progress))
         with asyncio.Runner(loop_factory=_loop_factory(config.protocol)) as runner:
-            result = runner.run(run(config, progress_printer(show_progress)))
+            result = runner.run(bench_run.execute())
         if show_progress:
             sys.stderr.write("\n")
     except BenchError as e:
         print(f"inferd bench: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\ninferd bench: interrupted", file=sys.stderr)
+        # Ctrl-C: the levels measured so far are reported and saved as a whole run's are.
+        partial = bench_run.result if bench_run is not None else None
+        if partial is None or not partial.levels:
+            print("\ninferd bench: interrupted before any level was measured", file=sys.stderr)
+            return 130
+        print(
+            f"\ninferd bench: interrupted; reporting the {len(partial.levels)} level(s) "
+            "measured so far",
+            file=sys.stderr,
+        )
+        _report(partial, args)
         return 130
+    _report(result, args)
+    return 0
+
+
+def _report(result: BenchResult, args: argparse.Namespace) -> None:
     print(report.header(result))
     print(report.table(result))
     for level in result.levels:
-        if not level.stable:
+        if level.stable is False:
             print(
                 f"warning: {level.mode} {level.value:g} was not stable within "
-                f"{config.stability_percentage:g}% after {level.windows} windows; the last "
-                "3 windows are reported",
+                f"{result.config.stability_percentage:g}% after {level.windows} windows; the "
+                "last 3 windows are reported",
                 file=sys.stderr,
             )
     if args.csv is not None:
@@ -92,4 +109,3 @@ def main(args: argparse.Namespace) -> int:
         report.write_json(result, Path(args.json))
     if args.plot is not None:
         report.write_plot(result, Path(args.plot))
-    return 0

@@ -7,11 +7,16 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferd.bench.errors import BenchError
 from inferd.bench.runner import BenchResult, LevelResult
 from inferd.bench.stats import PERCENTILES, percentile_key
+
+if TYPE_CHECKING:  # matplotlib is optional (the 'bench' extra) and imported only to plot
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.text import Annotation
 
 LATENCY_KEYS = [percentile_key(q) for q in PERCENTILES] + ["avg", "min", "max"]
 SERVER_KEYS = [
@@ -89,7 +94,7 @@ def table(result: BenchResult) -> str:
                 *(_fmt_ms(level.latency_ms[k]) for k in LATENCY_KEYS[:5]),
                 _fmt_ms(level.latency_ms["avg"]),
                 errors,
-                f"{level.windows}{'' if level.stable else ' (unstable)'}",
+                f"{level.windows}{' (unstable)' if level.stable is False else ''}",
             ]
         )
     lines = [_align(rows)]
@@ -140,7 +145,8 @@ def _csv_row(level: LevelResult, batch_size: int) -> dict[str, Any]:
         "error_count": sum(level.errors.values()),
         "errors": ";".join(f"{k}={v}" for k, v in level.errors.items()),
         "windows": level.windows,
-        "stable": level.stable,
+        # Empty, not True, where no stability check ran (a fixed --duration-s).
+        "stable": "" if level.stable is None else level.stable,
         "duration_s": round(level.duration_s, 3),
     }
     for k in LATENCY_KEYS:
@@ -179,6 +185,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             "processes": result.processes,
             "inputs": result.inputs,
             "server_stats": result.server_stats,
+            "interrupted": result.interrupted,
             "levels": [level.as_dict() for level in result.levels],
         }
     )
@@ -199,7 +206,20 @@ def check_plot_available() -> None:
 
 
 def write_plot(result: BenchResult, path: Path) -> None:
-    """p50 and p99 latency against throughput, one point per level, labelled with it."""
+    """p50 and p99 latency against throughput, one point per level, each labelled."""
+    check_plot_available()
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(result)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_figure(result: BenchResult) -> Figure:
+    """The plot of write_plot. Every point of both lines carries its level's label (p99's
+    above the point, p50's below), and the axes grow until every label lies inside them:
+    labels are offset in points from their point, so the extreme ones would otherwise be
+    cut at the figure's edge."""
     check_plot_available()
     import matplotlib
 
@@ -210,22 +230,60 @@ def write_plot(result: BenchResult, path: Path) -> None:
     levels = result.levels
     xs = [level.throughput * c.batch_size for level in levels]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, style in (("p50", "o-"), ("p99", "s--")):
-        ax.plot(xs, [level.latency_ms[key] for level in levels], style, label=key)
     first = "rate" if c.request_rates else "c"
-    for x, level in zip(xs, levels, strict=True):
-        ax.annotate(
-            f"{first}={level.value:g}",
-            (x, level.latency_ms["p99"]),
-            textcoords="offset points",
-            xytext=(4, 4),
-            fontsize=8,
-        )
+    low, high = min(xs, default=0.0), max(xs, default=0.0)
+    labels = []
+    for key, style, offset, va in (("p50", "o-", -6, "top"), ("p99", "s--", 6, "bottom")):
+        ys = [level.latency_ms[key] for level in levels]
+        ax.plot(xs, ys, style, label=key)
+        for x, y, level in zip(xs, ys, levels, strict=True):
+            if math.isnan(y):
+                continue  # no successful request at this level: no point to label
+            # Extreme points get labels that extend inwards, the others centred.
+            ha = "left" if x == low and high > low else "right" if x == high > low else "center"
+            labels.append(
+                ax.annotate(
+                    f"{first}={level.value:g}",
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(0, offset),
+                    ha=ha,
+                    va=va,
+                    fontsize=8,
+                )
+            )
     ax.set_xlabel("throughput (infer/s)")
     ax.set_ylabel("latency (ms)")
-    ax.set_title(f"{c.model} over {c.protocol} ({c.encoding})")
+    title = f"{c.model} over {c.protocol} ({c.encoding})"
+    ax.set_title(title + (" (interrupted)" if result.interrupted else ""))
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _fit_labels(fig, ax, labels)
+    return fig
+
+
+def _fit_labels(fig: Figure, ax: Axes, labels: list[Annotation]) -> None:
+    """Widen the axes' limits until every label's box lies inside the axes. A few rounds:
+    widening moves the points inwards, while the labels keep their size in pixels."""
+    for _ in range(5):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        frame = ax.get_window_extent(renderer)
+        boxes = [label.get_window_extent(renderer) for label in labels]
+        pad = 4.0  # pixels between a label and the frame
+        over_left = max([frame.x0 + pad - b.x0 for b in boxes] + [0.0])
+        over_right = max([b.x1 - (frame.x1 - pad) for b in boxes] + [0.0])
+        over_bottom = max([frame.y0 + pad - b.y0 for b in boxes] + [0.0])
+        over_top = max([b.y1 - (frame.y1 - pad) for b in boxes] + [0.0])
+        if not any((over_left, over_right, over_bottom, over_top)):
+            return
+        to_data = ax.transData.inverted()
+        (x0, y0), (x1, y1) = to_data.transform(
+            [
+                (frame.x0 - over_left, frame.y0 - over_bottom),
+                (frame.x1 + over_right, frame.y1 + over_top),
+            ]
+        )
+        ax.set_xlim(x0, x1)
+        ax.set_ylim(y0, y1)

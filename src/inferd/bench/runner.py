@@ -137,7 +137,8 @@ class LevelResult:
     mode: str  # "concurrency" or "request_rate"
     value: float
     windows: int
-    stable: bool
+    # perf_analyzer's criterion met (True) or not (False); None: not checked (--duration-s).
+    stable: bool | None
     duration_s: float
     throughput: float  # successful requests per second (infer/s = this * batch size)
     sent: int
@@ -176,6 +177,8 @@ class BenchResult:
     processes: int  # worker processes used (1: the load runs in the main process)
     inputs: list[dict[str, Any]]
     server_stats: bool  # whether the server answered the statistics API
+    # Stopped (Ctrl-C) before every level was measured: `levels` holds the finished ones.
+    interrupted: bool = False
 
 
 ProgressFn = Callable[[str], None]
@@ -221,37 +224,60 @@ def _stats_api(config: BenchConfig) -> ServerApi:
     return ServerApi(config.protocol, config.address, config.model, config.version)
 
 
+class BenchRun:
+    """One run of the bench. `result` fills in as it goes (None until the inputs are built,
+    then one level more each time a level is measured), so a caller whose run was
+    interrupted (Ctrl-C cancels the task) can still report what was measured."""
+
+    def __init__(self, config: BenchConfig, progress: ProgressFn = _noop) -> None:
+        self.config = config
+        self.progress = progress
+        self.result: BenchResult | None = None
+
+    async def execute(self) -> BenchResult:
+        config = self.config
+        config.validate()
+        target, tensors, _ = await _prepare(config)
+        workers = config.processes
+        sources: list[Source]
+        if workers == 1:
+            sources = [LocalSource(target)]
+        else:
+            sources = [ProcessSource(target) for _ in range(workers)]
+        levels = [("concurrency", float(c)) for c in config.concurrency]
+        if config.request_rates:
+            levels = [("request_rate", r) for r in config.request_rates]
+        async with _stats_api(config) as stats_api:
+            has_stats = await stats_api.statistics() is not None
+            result = BenchResult(
+                config=config,
+                levels=[],
+                cores=os.cpu_count() or 1,
+                processes=workers,
+                inputs=[
+                    {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+                    for t in tensors
+                ],
+                server_stats=has_stats,
+                interrupted=True,  # until the last level is in
+            )
+            self.result = result
+            try:
+                await asyncio.gather(*(s.open() for s in sources))
+                for mode, value in levels:
+                    result.levels.append(
+                        await _run_level(
+                            config, sources, stats_api, has_stats, mode, value, self.progress
+                        )
+                    )
+            finally:
+                await asyncio.gather(*(s.close() for s in sources), return_exceptions=True)
+        result.interrupted = False
+        return result
+
+
 async def run(config: BenchConfig, progress: ProgressFn = _noop) -> BenchResult:
-    config.validate()
-    target, tensors, _ = await _prepare(config)
-    workers = config.processes
-    sources: list[Source]
-    if workers == 1:
-        sources = [LocalSource(target)]
-    else:
-        sources = [ProcessSource(target) for _ in range(workers)]
-    levels: list[tuple[str, float]] = [("concurrency", float(c)) for c in config.concurrency]
-    if config.request_rates:
-        levels = [("request_rate", r) for r in config.request_rates]
-    results = []
-    async with _stats_api(config) as stats_api:
-        has_stats = await stats_api.statistics() is not None
-        try:
-            await asyncio.gather(*(s.open() for s in sources))
-            for mode, value in levels:
-                results.append(
-                    await _run_level(config, sources, stats_api, has_stats, mode, value, progress)
-                )
-        finally:
-            await asyncio.gather(*(s.close() for s in sources), return_exceptions=True)
-    return BenchResult(
-        config=config,
-        levels=results,
-        cores=os.cpu_count() or 1,
-        processes=workers,
-        inputs=[{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in tensors],
-        server_stats=has_stats,
-    )
+    return await BenchRun(config, progress).execute()
 
 
 async def _drain_all(sources: Sequence[Source]) -> Samples:
@@ -312,7 +338,9 @@ async def _run_level(
     finally:
         await asyncio.gather(*(s.stop() for s in sources))
 
-    stable = config.duration_s is not None or is_stable(windows, config.stability_percentage)
+    stable = (
+        None if config.duration_s is not None else is_stable(windows, config.stability_percentage)
+    )
     used = windows[-3:] if config.duration_s is None else windows
     merged = Samples()
     for w in used:

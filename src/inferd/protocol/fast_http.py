@@ -30,7 +30,7 @@ import httptools
 
 from inferd.errors import ErrorKind, InferdError
 from inferd.limits import Limits
-from inferd.protocol.http import _JSON, InferEndpoint, Reply, pick_headers
+from inferd.protocol.http import _JSON, InferEndpoint, Reply
 from inferd.protocol.http_guard import ConnectionBook, GuardedHttpProtocol
 
 log = logging.getLogger("inferd.http")
@@ -100,7 +100,7 @@ class InferdHttpProtocol(GuardedHttpProtocol):
             target = None if b"%" in path else InferEndpoint.match(path.decode("ascii"))
             if target is not None:
                 keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-                call = _InferCall(*target, pick_headers(self.headers), keep_alive)
+                call = _InferCall(*target, self.endpoint.pick_headers(self.headers), keep_alive)
                 self.cycle = call  # type: ignore[assignment]
                 declared = call.headers.get("length", "")
                 if declared.isdigit() and int(declared) > self.endpoint.max_request_bytes:

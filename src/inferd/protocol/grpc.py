@@ -21,10 +21,12 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from inferd import tracing
+from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.limits import DEFAULT_LIMITS, Limits
+from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
 from inferd.protocol.grpc_handlers import add_inference_servicer
 from inferd.protocol.offload import Offload
 from inferd.protocol.pb_codec import (
@@ -32,6 +34,8 @@ from inferd.protocol.pb_codec import (
     parse_infer_request,
     serialize_infer_response,
 )
+from inferd.settings import TlsFiles
+from inferd.tls import grpc_credentials
 from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
 log = logging.getLogger("inferd.grpc")
@@ -39,6 +43,7 @@ log = logging.getLogger("inferd.grpc")
 STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -349,6 +354,17 @@ def _str(doc: dict[str, Any], key: str) -> str:
     return str(value)
 
 
+# Triton's API group of each method (what --grpc-restricted-protocol names); the routing
+# service counts as model-repository.
+METHOD_GROUPS: dict[str, ApiGroup] = {
+    **TRITON_METHOD_GROUPS,
+    **{
+        f"/{ADMIN_SERVICE}/{m}": ApiGroup.MODEL_REPOSITORY
+        for m in ("GetRouting", "SetRouting", "Promote", "Rollback")
+    },
+}
+
+
 def build_server(
     dataplane: DataPlane,
     host: str,
@@ -356,6 +372,7 @@ def build_server(
     max_receive_bytes: int,
     max_send_bytes: int,
     reuse_port: bool = False,
+    tls: TlsFiles | None = None,
     limits: Limits = DEFAULT_LIMITS,
     offload: Offload | None = None,
 ) -> tuple[grpc.aio.Server, int, InferenceServicer]:
@@ -366,16 +383,26 @@ def build_server(
     responses past it are refused by inferd before they are built (gRPC's own send limit
     stays as a backstop).
     `reuse_port`: share the port with sibling workers (the kernel spreads connections).
+    `tls`: serve TLS (mTLS when it names a client CA) instead of plaintext.
     """
+    guarded = any(dataplane.access.guards("grpc", g) for g in set(METHOD_GROUPS.values()))
     server = grpc.aio.server(
+        # No interceptor when nothing is restricted: unrestricted calls pay nothing.
+        interceptors=[AccessInterceptor(dataplane.access, METHOD_GROUPS, STATUS)]
+        if guarded
+        else None,
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ]
+        ],
     )
     servicer = InferenceServicer(dataplane, limits, offload, max_send_bytes)
     add_inference_servicer(servicer, server)
     server.add_generic_rpc_handlers((AdminService(dataplane).handler(),))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, grpc_credentials(tls))
     return server, bound, servicer

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from inferd import tracing
+from inferd.access import AccessPolicy, ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
@@ -33,6 +34,7 @@ log = logging.getLogger("inferd.http")
 
 STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.UNAUTHENTICATED: 401,
     ErrorKind.PERMISSION_DENIED: 403,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
@@ -64,15 +66,25 @@ def inferd_error_response(exc: InferdError, headers: dict[str, str] | None = Non
     if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
         # Shed load: "retry later", which load balancers and clients act on.
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
+    elif exc.kind is ErrorKind.UNAUTHENTICATED:
+        headers = {**(headers or {}), **_CHALLENGE}
     return error_response(STATUS[exc.kind], exc.message, headers)
 
 
-def errors_mapped(endpoint: Endpoint) -> Endpoint:
-    """Every route answers failures as `{"error": ...}` with the status from one table."""
+# A 401 names the scheme that would be accepted (RFC 9110); the message says which header.
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="inferd"'}
+
+
+def errors_mapped(endpoint: Endpoint, access: AccessPolicy, group: ApiGroup) -> Endpoint:
+    """Every route answers failures as `{"error": ...}` with the status from one table,
+    after the call's credential is checked for its API group."""
+    guarded = access.guards("http", group)
 
     @functools.wraps(endpoint)
     async def wrapper(request: Request) -> Response:
         try:
+            if guarded:
+                access.check("http", group, request.headers.get)
             return await endpoint(request)
         except InferdError as exc:
             return inferd_error_response(exc)
@@ -91,31 +103,38 @@ class HttpAdapter:
     def routes(self) -> list[Route]:
         m = "/v2/models/{model}"
         mv = "/v2/models/{model}/versions/{version}"
-        table: list[tuple[str, Endpoint, list[str]]] = [
-            ("/v2/models/stats", self.statistics, ["GET"]),  # before /v2/models/{model}
-            ("/v2/health/live", self.live, ["GET"]),
-            ("/v2/health/ready", self.ready, ["GET"]),
-            ("/v2", self.server_metadata, ["GET"]),
-            (m, self.model_metadata, ["GET"]),
-            (mv, self.model_metadata, ["GET"]),
-            (m + "/ready", self.model_ready, ["GET"]),
-            (mv + "/ready", self.model_ready, ["GET"]),
-            (m + "/config", self.model_config, ["GET"]),
-            (mv + "/config", self.model_config, ["GET"]),
-            (m + "/stats", self.statistics, ["GET"]),
-            (mv + "/stats", self.statistics, ["GET"]),
+        health, meta, stats = ApiGroup.HEALTH, ApiGroup.METADATA, ApiGroup.STATISTICS
+        config, repo, infer = ApiGroup.MODEL_CONFIG, ApiGroup.MODEL_REPOSITORY, ApiGroup.INFERENCE
+        # (path, endpoint, methods, Triton's API group: what --http-restricted-api names)
+        table: list[tuple[str, Endpoint, list[str], ApiGroup]] = [
+            ("/v2/models/stats", self.statistics, ["GET"], stats),  # before /v2/models/{model}
+            ("/v2/health/live", self.live, ["GET"], health),
+            ("/v2/health/ready", self.ready, ["GET"], health),
+            ("/v2", self.server_metadata, ["GET"], meta),
+            (m, self.model_metadata, ["GET"], meta),
+            (mv, self.model_metadata, ["GET"], meta),
+            (m + "/ready", self.model_ready, ["GET"], health),
+            (mv + "/ready", self.model_ready, ["GET"], health),
+            (m + "/config", self.model_config, ["GET"], config),
+            (mv + "/config", self.model_config, ["GET"], config),
+            (m + "/stats", self.statistics, ["GET"], stats),
+            (mv + "/stats", self.statistics, ["GET"], stats),
             # POSTs never get here (InferEndpoint takes them first): these routes only make
             # other methods answer 405 rather than 404.
-            (m + "/infer", self._infer_is_elsewhere, ["POST"]),
-            (mv + "/infer", self._infer_is_elsewhere, ["POST"]),
-            ("/v2/repository/index", self.repository_index, ["POST"]),
-            ("/v2/repository/models/{model}/load", self.load_model, ["POST"]),
-            ("/v2/repository/models/{model}/unload", self.unload_model, ["POST"]),
-            (m + "/routing", self.routing, ["GET", "POST"]),
-            (m + "/routing/promote", self.promote, ["POST"]),
-            (m + "/routing/rollback", self.rollback, ["POST"]),
+            (m + "/infer", self._infer_is_elsewhere, ["POST"], infer),
+            (mv + "/infer", self._infer_is_elsewhere, ["POST"], infer),
+            ("/v2/repository/index", self.repository_index, ["POST"], repo),
+            ("/v2/repository/models/{model}/load", self.load_model, ["POST"], repo),
+            ("/v2/repository/models/{model}/unload", self.unload_model, ["POST"], repo),
+            (m + "/routing", self.routing, ["GET", "POST"], repo),
+            (m + "/routing/promote", self.promote, ["POST"], repo),
+            (m + "/routing/rollback", self.rollback, ["POST"], repo),
         ]
-        return [Route(path, errors_mapped(fn), methods=methods) for path, fn, methods in table]
+        access = self.dp.access
+        return [
+            Route(path, errors_mapped(fn, access, group), methods=methods)
+            for path, fn, methods, group in table
+        ]
 
     async def _infer_is_elsewhere(self, request: Request) -> Response:
         raise AssertionError("POST .../infer is served by InferEndpoint")
@@ -228,13 +247,16 @@ _HEADERS = {
 
 
 Reply = tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]  # status, type, body, headers
+_CREDENTIAL = "credential:"  # field-name prefix of the headers a restricted infer reads
 
 
-def pick_headers(pairs: list[tuple[bytes, bytes]]) -> dict[str, str]:
+def pick_headers(
+    pairs: list[tuple[bytes, bytes]], fields: dict[bytes, str] = _HEADERS
+) -> dict[str, str]:
     """The headers the infer route reads, by field name, from (lower-case name, value)."""
     headers: dict[str, str] = {}
     for name, value in pairs:
-        field = _HEADERS.get(name)
+        field = fields.get(name)
         if field is not None:
             headers[field] = value.decode("latin-1")
     return headers
@@ -263,6 +285,16 @@ class InferEndpoint:
         self.max_response_bytes = max_response_bytes
         self.max_bytes_elements = max_bytes_elements
         self.offload = offload or Offload(DEFAULT_LIMITS.offload_bytes)
+        access = dataplane.access
+        self.guarded = access.guards("http", ApiGroup.INFERENCE)
+        # The headers to pick: the route's own, and those a restricted infer's credential
+        # arrives in (only when `--http-restricted-api inference:...` is set).
+        self.header_fields = dict(_HEADERS)
+        for name in access.headers("http", ApiGroup.INFERENCE):
+            self.header_fields[name.encode()] = _CREDENTIAL + name
+
+    def pick_headers(self, pairs: list[tuple[bytes, bytes]]) -> dict[str, str]:
+        return pick_headers(pairs, self.header_fields)
 
     @staticmethod
     def match(path: str) -> tuple[str, str] | None:
@@ -330,10 +362,16 @@ class InferEndpoint:
             )
 
         try:
+            if self.guarded:
+                self.dp.access.check(
+                    "http", ApiGroup.INFERENCE, lambda name: headers.get(_CREDENTIAL + name)
+                )
             payload, json_length = await self.dp.infer(model, version, decode, ctx, encode)
         except InferdError as exc:
             if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
                 extra.append((b"retry-after", RETRY_AFTER_S.encode()))
+            elif exc.kind is ErrorKind.UNAUTHENTICATED:
+                extra += [(k.lower().encode(), v.encode()) for k, v in _CHALLENGE.items()]
             return STATUS[exc.kind], _JSON, orjson.dumps({"error": exc.message}), extra
         if json_length is None:
             return 200, _JSON, payload, extra
@@ -343,7 +381,7 @@ class InferEndpoint:
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str
     ) -> None:
-        headers = pick_headers(scope["headers"])
+        headers = self.pick_headers(scope["headers"])
         client = scope.get("client")
         handler = asyncio.current_task()
         watcher: list[asyncio.Task[None]] = []

@@ -8,13 +8,15 @@ Backend-specific completion (e.g. ONNX inputs from the model file) happens in th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.datatypes import CONFIG_TO_V2
+from inferd.repository.config_fields import refused_fields
+from inferd.repository.config_parameters import refused_parameters
 
 CONFIG_FILE = "config.pbtxt"
 
@@ -58,6 +60,7 @@ def validate(config: mc.ModelConfig, model_dir: Path) -> None:
         raise ConfigError(
             f"{where}: name '{config.name}' must match the model directory '{model_dir.name}'"
         )
+    check_honoured(config, where)
     if config.max_batch_size < 0:
         raise ConfigError(f"{where}: max_batch_size must be >= 0, got {config.max_batch_size}")
     if not config.input:
@@ -130,6 +133,19 @@ def validate(config: mc.ModelConfig, model_dir: Path) -> None:
 BATCHING_POLICIES = ("work_conserving", "window", "none")
 
 
+def check_honoured(config: mc.ModelConfig, where: str) -> None:
+    """Nothing set in the config may be silently ignored (config_fields, config_parameters):
+    raises `ConfigError("<where>: <field path>: <why>")` for the first refused field."""
+    backend = backend_name(config)
+    problems = refused_fields(config, backend)
+    problems += [(f"parameters.{key}", why) for key, why in refused_parameters(config, backend)]
+    if problems:
+        path, why = problems[0]
+        others = [p for p, _ in problems[1:]]
+        also = f" (also refused: {', '.join(others)})" if others else ""
+        raise ConfigError(f"{where}: {path}: {why}{also}")
+
+
 def _check_reshape(field: str, dims: list[int], shape: list[int]) -> None:
     if any(d < -1 or d == 0 for d in shape):
         raise ConfigError(f"{field}: reshape.shape {shape} must be positive or -1")
@@ -170,9 +186,55 @@ def int_parameter(config: mc.ModelConfig, keys: str | tuple[str, ...], default: 
 
 def instance_count(config: mc.ModelConfig) -> int:
     """Total instances across groups; Triton's default is one instance."""
-    if not config.instance_group:
-        return 1
-    return max(1, sum(g.count if g.count > 0 else 1 for g in config.instance_group))
+    return sum(group_sizes(config)) or 1
+
+
+def group_sizes(config: mc.ModelConfig) -> list[int]:
+    """Instances per group, in order; instance indexes run through the groups in turn."""
+    return [g.count if g.count > 0 else 1 for g in config.instance_group]
+
+
+def instance_group_of(config: mc.ModelConfig, index: int) -> InstancePlace:
+    """Where instance `index` (0-based, across groups) belongs.
+
+    A config without groups gets Triton's default: one KIND_AUTO instance.
+    """
+    for position, (group, size) in enumerate(
+        zip(config.instance_group, group_sizes(config), strict=True)
+    ):
+        if index < size:
+            return InstancePlace(group, position, index)
+        index -= size
+    return InstancePlace(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_AUTO), 0, 0)
+
+
+class InstancePlace(NamedTuple):
+    group: mc.ModelInstanceGroup
+    group_index: int  # the group's position in instance_group
+    index_in_group: int
+
+    def instance_name(self, model_name: str) -> str:
+        """Triton's name for the instance: `<group name>_<index in group>`, a group without a
+        name being `<model>_<group index>`."""
+        group = self.group.name or f"{model_name}_{self.group_index}"
+        return f"{group}_{self.index_in_group}"
+
+
+def with_kinds_used(config: mc.ModelConfig, devices: list[str]) -> None:
+    """Rewrite each group's kind to the one its instances actually run as (Triton reports
+    the kind in use): KIND_GPU or KIND_AUTO on a CPU becomes KIND_CPU, KIND_AUTO on CUDA
+    devices KIND_GPU. `devices` are the instances' devices, in instance order."""
+    start = 0
+    for group, size in zip(config.instance_group, group_sizes(config), strict=True):
+        used = devices[start : start + size]
+        start += size
+        if not used or group.kind == mc.ModelInstanceGroup.KIND_CPU:
+            continue
+        if all(d == "cpu" for d in used):
+            group.kind = mc.ModelInstanceGroup.KIND_CPU
+            del group.gpus[:]  # no GPU was used (and KIND_CPU with gpus is refused)
+        elif all(d.startswith("cuda") for d in used):
+            group.kind = mc.ModelInstanceGroup.KIND_GPU
 
 
 def to_json(config: mc.ModelConfig) -> dict[str, Any]:

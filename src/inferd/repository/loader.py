@@ -12,16 +12,19 @@ from pathlib import Path
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends import get_backend
+from inferd.backends import BACKENDS, get_backend
 from inferd.backends.base import AnyInstance, Backend, LoadContext
 from inferd.errors import InferdError
 from inferd.repository.config import (
+    PLATFORM_TO_BACKEND,
     ConfigError,
     backend_name,
+    check_honoured,
     parameter,
     read_config,
     validate,
 )
+from inferd.repository.paths import check_config_paths
 from inferd.scheduling.batcher import BatchingOptions
 from inferd.scheduling.queues import QueuePolicy
 
@@ -105,8 +108,9 @@ def prepare(
     if override is not None:
         config = mc.ModelConfig()
         config.CopyFrom(override)
+        has_config = True
     else:
-        config, _ = read_config(model_dir)
+        config, has_config = read_config(model_dir)
     available = list_versions(model_dir)
     if not available:
         raise ConfigError(
@@ -116,12 +120,15 @@ def prepare(
     if not name and not config.platform:
         # No config (or one without platform/backend): infer the backend from the file.
         newest = model_dir / str(available[-1])
-        name = next((b for f, b in MODEL_FILES.items() if (newest / f).exists()), "")
+        file_name = next((f for f in MODEL_FILES if (newest / f).exists()), "")
+        name = MODEL_FILES.get(file_name, "")
         if not name:
             raise ConfigError(
                 f"{model_dir.name}/config.pbtxt: platform/backend: not set, and "
                 f"{model_dir.name}/{available[-1]}/ holds no {' or '.join(MODEL_FILES)}"
             )
+        if not has_config and name in NEEDS_DECLARED_TENSORS:
+            raise ConfigError(_config_needed(model_dir.name, name, f"{available[-1]}/{file_name}"))
         if name == "onnxruntime":
             config.platform = "onnxruntime_onnx"
         elif name == "pytorch":
@@ -130,18 +137,24 @@ def prepare(
             config.backend = name
     elif not name:
         raise ConfigError(
-            f"{model_dir.name}/config.pbtxt: platform '{config.platform}' is not supported"
+            f"{model_dir.name}/config.pbtxt: platform '{config.platform}' is not supported; "
+            f"supported platforms: {', '.join(PLATFORM_TO_BACKEND)} (or set backend: one of "
+            f"{', '.join(BACKENDS)})"
         )
     try:
         backend = get_backend(name)
     except InferdError as exc:
         raise ConfigError(f"{model_dir.name}/config.pbtxt: backend: {exc.message}") from None
+    # Before completion too: completing the scheduler would silently replace a refused
+    # sequence_batching (they share a oneof).
+    check_honoured(config, f"{model_dir.name}/config.pbtxt")
     versions = select_versions(config, available)
     if not versions:
         raise ConfigError(
             f"{model_dir.name}/config.pbtxt: version_policy selects none of the versions "
             f"{available}"
         )
+    _check_default_model_filename(config, backend, model_dir, versions)
     newest_dir = model_dir / str(versions[-1])
     found = model_file(backend, newest_dir)
     if found is not None:
@@ -161,7 +174,45 @@ def prepare(
         group.count = 1
         group.kind = mc.ModelInstanceGroup.KIND_CPU
     validate(config, model_dir)
+    check_config_paths(config, model_dir)
     return config, backend, versions
+
+
+# Backends whose model files do not record their tensors, so a config must declare them;
+# each with the line of config.pbtxt that names it.
+NEEDS_DECLARED_TENSORS = {"python": 'backend: "python"', "pytorch": 'platform: "pytorch_libtorch"'}
+
+
+def _config_needed(model: str, backend: str, file: str) -> str:
+    """What to add when a Python or PyTorch model comes without config.pbtxt."""
+    names = NEEDS_DECLARED_TENSORS[backend]
+    return (
+        f"{model}: no config.pbtxt, and {model}/{file} does not say which tensors "
+        f"it takes and returns; add {model}/config.pbtxt declaring them, e.g. {names} "
+        'max_batch_size: 8 input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ] '
+        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]'
+    )
+
+
+def _check_default_model_filename(
+    config: mc.ModelConfig, backend: Backend, model_dir: Path, versions: list[int]
+) -> None:
+    """Triton's `default_model_filename` is accepted where it names the one file inferd
+    loads anyway: inferd loads its backends' fixed names, so any other name would be ignored."""
+    wanted = config.default_model_filename
+    if not wanted:
+        return
+    where = f"{model_dir.name}/config.pbtxt: default_model_filename"
+    names = " or ".join(backend.model_files)
+    if wanted not in backend.model_files:
+        raise ConfigError(f"{where}: '{wanted}' is not supported; this backend loads {names}")
+    for v in versions:
+        present = [f for f in backend.model_files if (model_dir / str(v) / f).exists()]
+        if present and present != [wanted]:
+            raise ConfigError(
+                f"{where}: '{wanted}', but {model_dir.name}/{v}/ holds {', '.join(present)}; "
+                "keep only the named file"
+            )
 
 
 def model_file(backend: Backend, version_dir: Path) -> Path | None:

@@ -15,7 +15,7 @@ import logging
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -32,9 +32,13 @@ from inferd.repository.loader import (
     model_file,
     prepare,
 )
-from inferd.repository.warmup import run_warmup, warmup_samples
+from inferd.repository.uploads import NAME_MAX_BYTES, checked_paths, shown
+from inferd.repository.warmup import warm_up
 from inferd.routing import RollbackPolicy, Router, parse_weights
 from inferd.scheduling.batcher import DynamicBatcher
+from inferd.scheduling.scheduler import Scheduler
+from inferd.scheduling.sequence_batcher import SequenceBatcher
+from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
 from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
@@ -54,8 +58,10 @@ class ModelVersion:
     config: mc.ModelConfig
     signature: ModelSignature
     state: State = State.LOADING
-    reason: str = ""
-    batcher: DynamicBatcher | None = None
+    reason: str = ""  # why it is not serving, or why the latest attempt to replace it failed
+    warning: str = ""  # a problem that does not stop it serving (a failed automatic warm-up)
+    batcher: Scheduler | None = None
+    sequence: SequenceOptions | None = None  # a sequence model's sequence_batching
     devices: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
     checksum: str = ""  # of the version directory's files
@@ -118,9 +124,10 @@ class ModelRegistry:
         if mv is None:
             raise not_found(f"unknown version '{version}' of model '{name}'")
         if not mv.is_ready:
+            reason = _latest_reason(model, mv)
             raise unavailable(
                 f"model '{name}' version {version} is {mv.state.value}"
-                + (f": {mv.reason}" if mv.reason else "")
+                + (f": {reason}" if reason else "")
             )
         return mv
 
@@ -145,8 +152,7 @@ class ModelRegistry:
                 if ready_only and not v.is_ready:
                     continue
                 row = {"name": name, "version": v.version, "state": v.state.value}
-                # A failed reload of the whole model shows on the versions still serving.
-                reason = v.reason or (model.reason if v.is_ready else "")
+                reason = _latest_reason(model, v) or v.warning
                 if reason:
                     row["reason"] = reason
                 rows.append(row)
@@ -232,28 +238,38 @@ class ModelRegistry:
         A failure never replaces a working version. Raises InferdError (for the repository
         API) when the model cannot be loaded at all; the reason is kept in the index too.
         """
-        if not name or "/" in name or "\\" in name or name.startswith("."):
-            raise invalid(f"invalid model name '{name}'")
+        # Everything the caller sent is checked before the registry changes: a refused
+        # call leaves no trace (no entry that holds server readiness down).
+        _check_model_name(name)
+        paths = checked_paths(files) if files else {}
+        if files and override is None:
+            raise invalid("file: parameters need a 'config' parameter as well (Triton's rule)")
         model = self.models.get(name)
+        created = model is None
         if model is None:
             model = self.models[name] = Model(name)
-        async with model.lock:
-            if files:
-                if override is None:
-                    raise invalid(
-                        "file: parameters need a 'config' parameter as well (Triton's rule)"
-                    )
-                with tempfile.TemporaryDirectory(prefix="inferd-") as tmp:
-                    model_dir = Path(tmp) / name
-                    _write_files(model_dir, files)
-                    await self._load_locked(model, model_dir, override)
-                return
-            model_dir = self.repository / name
-            if not model_dir.is_dir():
-                if not model.versions:
-                    del self.models[name]
-                raise not_found(f"no model '{name}' in the repository")
-            await self._load_locked(model, model_dir, override)
+        try:
+            async with model.lock:
+                if files:
+                    with tempfile.TemporaryDirectory(prefix="inferd-") as tmp:
+                        model_dir = Path(tmp) / name
+                        await asyncio.to_thread(_write_files, model_dir, paths, files)
+                        await self._load_locked(model, model_dir, override)
+                    return
+                model_dir = self.repository / name
+                if not model_dir.is_dir():
+                    if not model.versions:
+                        del self.models[name]
+                    raise not_found(f"no model '{name}' in the repository")
+                await self._load_locked(model, model_dir, override)
+        except BaseException:
+            # A model this call added that got no version and no recorded reason (its
+            # files could not be read or written) is forgotten again; one whose load was
+            # tried keeps its reason in the index, as Triton's does.
+            forget = created and not model.versions and not model.reason
+            if forget and self.models.get(name) is model:
+                del self.models[name]
+            raise
 
     async def _load_locked(
         self, model: Model, model_dir: Path, override: mc.ModelConfig | None
@@ -264,6 +280,9 @@ class ModelRegistry:
             policy = RollbackPolicy.from_config(config)
             circuit_policy = CircuitPolicy.from_config(config)
             signature = ModelSignature(config)  # its limits can be malformed config too
+            sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
+            if sequence is not None:
+                signature.server_inputs = sequence.server_inputs()
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
                     n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
@@ -289,9 +308,14 @@ class ModelRegistry:
         for v, digest in sums.items():
             old = model.versions.get(v)
             if old is not None and old.is_ready and not config_changed and old.checksum == digest:
+                old.reason = ""  # this attempt found it fine: an earlier failure is history
                 keep[v] = old
             else:
-                fresh.append(ModelVersion(model.name, v, config, signature, checksum=digest))
+                fresh.append(
+                    ModelVersion(
+                        model.name, v, config, signature, checksum=digest, sequence=sequence
+                    )
+                )
         await asyncio.gather(*(self._load_version(mv, backend, model_dir) for mv in fresh))
 
         for mv in fresh:
@@ -317,7 +341,7 @@ class ModelRegistry:
         )
         model.config_checksum = config_sum if not failed else model.config_checksum
         model.seen = seen
-        model.reason = "" if not failed else model.reason
+        model.reason = ""  # the config passed this time; version failures are on their rows
         model.router.policy = policy
         if model.circuit.policy != circuit_policy or model.circuit.model != model.name:
             model.circuit = CircuitBreaker(model.name, circuit_policy)
@@ -351,8 +375,9 @@ class ModelRegistry:
             return
         loaded = time.monotonic()
         try:
-            samples = await asyncio.to_thread(warmup_samples, mv.config, model_dir)
-            await asyncio.to_thread(run_warmup, instances, samples, mv.config.max_batch_size > 0)
+            warmed = await asyncio.to_thread(
+                warm_up, instances, mv.config, model_dir, mv.signature, mv.sequence
+            )
         except Exception as exc:
             for inst in instances:
                 inst.close()
@@ -360,9 +385,17 @@ class ModelRegistry:
             mv.reason = f"load failed: {exc}"
             log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, exc)
             return
-        mv.batcher = DynamicBatcher(
-            mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
-        )
+        if warmed.warning:
+            mv.warning = warmed.warning
+            log.warning("model %s version %s: %s", mv.name, mv.version, warmed.warning)
+        if mv.sequence is not None:
+            mv.batcher = SequenceBatcher(
+                mv.name, instances, mv.sequence, mv.version, self.telemetry
+            )
+        else:
+            mv.batcher = DynamicBatcher(
+                mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
+            )
         mv.devices = [inst.device for inst in instances]
         mv.providers = [inst.provider for inst in instances]
         mv.load_duration_s = loaded - started
@@ -378,11 +411,11 @@ class ModelRegistry:
             "" if count == 1 else "s",
             ",".join(sorted(set(mv.devices))),
             mv.config.max_batch_size,
-            batching_options(mv.config).policy if mv.config.max_batch_size else "off",
+            _batching(mv),
             mv.load_duration_s,
             mv.warmup_duration_s,
-            len(samples),
-            "" if len(samples) == 1 else "s",
+            warmed.samples,
+            "" if warmed.samples == 1 else "s",
         )
 
     async def _retire(self, versions: list[ModelVersion]) -> None:
@@ -434,13 +467,47 @@ def _apply_config_weights(model: Model, config: mc.ModelConfig) -> None:
     model.router.weights = {v: w for v, w in weights.items() if v in model.versions}
 
 
-def _write_files(model_dir: Path, files: dict[str, bytes]) -> None:
-    for relative, content in files.items():
-        path = (model_dir / relative).resolve()
-        if model_dir.resolve() not in path.parents:
-            raise invalid(f"file parameter '{relative}' points outside the model directory")
+def _check_model_name(name: str) -> None:
+    """A model name is a directory name: one path component, not hidden, printable."""
+    problem = ""
+    if not name:
+        problem = "it is empty"
+    elif any(not c.isprintable() for c in name):
+        problem = "control characters are not allowed"
+    elif "/" in name or "\\" in name:
+        problem = "it must not hold '/' or '\\'"
+    elif name.startswith("."):
+        problem = "it must not start with '.'"
+    elif len(name.encode()) > NAME_MAX_BYTES:
+        problem = (
+            f"{len(name.encode())} bytes, more than the {NAME_MAX_BYTES} a directory name may have"
+        )
+    if problem:
+        raise invalid(f"invalid model name '{shown(name)}': {problem}")
+
+
+def _write_files(model_dir: Path, paths: dict[str, PurePosixPath], files: dict[str, bytes]) -> None:
+    """Write uploads (names already checked) into a fresh directory. Runs in a thread."""
+    root = model_dir.resolve()
+    for name, relative in paths.items():
+        path = root / relative
+        if root not in path.parents:  # checked_paths made sure; this is the last guard
+            raise invalid(f"file parameter '{shown(name)}' points outside the model directory")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
+        path.write_bytes(files[name])
+
+
+def _batching(mv: ModelVersion) -> str:
+    if mv.sequence is not None:
+        return f"sequence ({mv.sequence.strategy})"
+    return batching_options(mv.config).policy if mv.config.max_batch_size else "off"
+
+
+def _latest_reason(model: Model, mv: ModelVersion) -> str:
+    """Why `mv` is not serving, or why the latest attempt to replace it failed. The model's
+    own reason (its config failed) is set by the latest attempt and cleared by the next one
+    that gets past the config, so it is never older than a version's."""
+    return model.reason or mv.reason
 
 
 def _first_reason(model: Model) -> str:

@@ -2,41 +2,66 @@
 
 Samples come from Triton's `model_warmup` entries (zero, random or file data, a batch size,
 a count) or, when the config gives none, from zeros at batch size 1 and at each preferred
-batch size. A version becomes READY only after its warm-up succeeded; a failing warm-up
-fails the load, so a version that cannot answer never takes traffic.
+batch size. A version becomes READY only after its warm-up ran. A configured warm-up that
+fails, or outputs that contradict the config, fail the load, so a version that cannot answer
+never takes traffic; an automatic warm-up the model refuses is only a warning (`warm_up`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends.base import AnyInstance, RequestListInstance
+from inferd.backends.base import AnyInstance, RequestInfoInstance, RequestListInstance
+from inferd.conformance import OutputMismatchError, conform_output
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
+from inferd.errors import InferdError
 from inferd.protocol.codec import decode_bytes_elements
+from inferd.python_model import SEQUENCE_END, SEQUENCE_START, RequestInfo
 from inferd.repository.config import ConfigError, parameter
-from inferd.signature import BoundRequest
+from inferd.repository.paths import confined
+from inferd.scheduling.sequence_config import SequenceOptions
+from inferd.signature import BoundRequest, ModelSignature
 from inferd.types import Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
 
 
-def warmup_samples(config: mc.ModelConfig, model_dir: Path) -> list[Sample]:
+def warmup_samples(
+    config: mc.ModelConfig, model_dir: Path, sequence: SequenceOptions | None = None
+) -> list[Sample]:
+    """The samples; a sequence model's also carry the server's inputs (controls: a one-step
+    sequence with correlation id 0; implicit state: the initial state)."""
     where = f"{config.name}/config.pbtxt"
     if config.model_warmup:
-        return [_configured(w, config, model_dir, where) for w in config.model_warmup]
-    if parameter(config, "auto_warmup", "true").lower() in ("0", "false", "no"):
+        samples = [_configured(w, config, model_dir, where) for w in config.model_warmup]
+    elif parameter(config, "auto_warmup", "true").lower() in ("0", "false", "no"):
         return []
-    sizes = [1]
-    if config.max_batch_size > 0:
-        sizes += sorted({int(s) for s in config.dynamic_batching.preferred_batch_size} - {1})
-    return [
-        (f"auto batch {size}", {t.name: _zeros(t, size, config) for t in config.input}, 1)
-        for size in sizes
-    ]
+    else:
+        sizes = [1]
+        if config.max_batch_size > 0:
+            sizes += sorted({int(s) for s in config.dynamic_batching.preferred_batch_size} - {1})
+        samples = [
+            (f"auto batch {size}", {t.name: _zeros(t, size, config) for t in config.input}, 1)
+            for size in sizes
+        ]
+    if sequence is not None:
+        for _, inputs, _ in samples:
+            inputs.update(_sequence_inputs(sequence, inputs))
+    return samples
+
+
+def _sequence_inputs(sequence: SequenceOptions, inputs: dict[str, Array]) -> dict[str, Array]:
+    extra = sequence.control_tensors(0, SEQUENCE_START | SEQUENCE_END)
+    extra.update(sequence.initial_states())
+    rows = next(iter(inputs.values())).shape[0] if sequence.batched and inputs else 1
+    if rows == 1:
+        return extra
+    return {name: np.repeat(array, rows, axis=0) for name, array in extra.items()}
 
 
 def _zeros(t: mc.ModelInput, batch: int, config: mc.ModelConfig) -> Array:
@@ -66,16 +91,8 @@ def _configured(w: mc.ModelWarmup, config: mc.ModelConfig, model_dir: Path, wher
         shape = lead + [int(d) for d in spec.dims]
         dtype = V2_TO_NUMPY[datatype]
         kind = spec.WhichOneof("input_data_type")
-        count = int(np.prod(shape)) if shape else 1
         if kind == "input_data_file":
-            path = model_dir / "warmup" / spec.input_data_file
-            if not path.is_file():
-                raise ConfigError(f"{field}: {config.name}/warmup/{spec.input_data_file} not found")
-            raw = path.read_bytes()
-            if datatype == "BYTES":
-                inputs[name] = decode_bytes_elements(raw, count, field).reshape(shape)
-            else:
-                inputs[name] = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+            inputs[name] = _file_data(spec.input_data_file, model_dir, field, datatype, shape)
         elif kind == "random_data" and datatype not in ("BYTES", "BOOL"):
             if dtype.kind == "f":
                 inputs[name] = rng.random(shape).astype(dtype)
@@ -91,19 +108,112 @@ def _configured(w: mc.ModelWarmup, config: mc.ModelConfig, model_dir: Path, wher
     return (w.name or "warmup", inputs, max(1, int(w.count)))
 
 
-def run_warmup(instances: Sequence[AnyInstance], samples: list[Sample], batched: bool) -> None:
-    """Execute every sample `count` times on every instance; raises on the first failure."""
+@dataclass(frozen=True, slots=True)
+class WarmupResult:
+    samples: int
+    warning: str = ""  # why an automatic warm-up did not finish; the version serves anyway
+
+
+class WarmupError(Exception):
+    """A warm-up failure that fails the load: a configured sample failed, or the model's
+    outputs contradict its config."""
+
+
+class _SampleFailedError(Exception):
+    """A sample's execution raised (the model refused the input, or crashed on it)."""
+
+
+def warm_up(
+    instances: Sequence[AnyInstance],
+    config: mc.ModelConfig,
+    model_dir: Path,
+    signature: ModelSignature,
+    sequence: SequenceOptions | None = None,
+) -> WarmupResult:
+    """Warm every instance up before the version takes traffic.
+
+    Triton's rule for a configured `model_warmup`: its failure fails the load. An automatic
+    warm-up (zeros the config never asked for) that raises only means the model does not
+    take zeros; that is a request-time limitation, so it is a warning and the version serves.
+    Outputs that contradict the config fail the load either way: every request would fail.
+    Raises `WarmupError`, or `ConfigError` for a malformed `model_warmup` section. A
+    sequence model's samples are one-step sequences (flags SEQUENCE_START | SEQUENCE_END).
+    """
+    where = f"{config.name}/config.pbtxt"
+    samples = warmup_samples(config, model_dir, sequence)
+    flags = SEQUENCE_START | SEQUENCE_END if sequence is not None else 0
+    try:
+        run_warmup(instances, samples, signature, flags)
+    except _SampleFailedError as exc:
+        if config.model_warmup:
+            raise WarmupError(
+                f"{exc}; the model_warmup section of {where} must send inputs the model "
+                "accepts (or fix the model)"
+            ) from None
+        return WarmupResult(
+            len(samples),
+            f"automatic warm-up failed, serving without it: {exc}; give {where} a "
+            "model_warmup section with inputs the model accepts, or turn it off with "
+            'parameters { key: "auto_warmup" value: { string_value: "false" } }',
+        )
+    return WarmupResult(len(samples))
+
+
+def _file_data(
+    relative: str, model_dir: Path, field: str, datatype: str, shape: list[int]
+) -> Array:
+    """A sample from `<model>/warmup/<relative>`. Errors name the file and its size, never
+    its bytes (the config, and so the path, may come from a client)."""
+    path = confined(model_dir, relative, "warmup", f"{field}: input_data_file")
+    if not path.is_file():
+        raise ConfigError(f"{field}: {model_dir.name}/warmup/{relative} not found")
+    raw = path.read_bytes()
+    count = int(np.prod(shape)) if shape else 1
+    if datatype == "BYTES":
+        try:
+            return decode_bytes_elements(raw, count, field).reshape(shape)
+        except InferdError:
+            raise ConfigError(
+                f"{field}: {model_dir.name}/warmup/{relative} ({len(raw)} bytes) is not "
+                f"{count} BYTES elements in Triton's serialisation (4-byte length, bytes)"
+            ) from None
+    dtype = V2_TO_NUMPY[datatype]
+    needed = count * dtype.itemsize
+    if len(raw) < needed:
+        raise ConfigError(
+            f"{field}: {model_dir.name}/warmup/{relative} holds {len(raw)} bytes; shape "
+            f"{shape} of {datatype} needs {needed}"
+        )
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+
+
+def run_warmup(
+    instances: Sequence[AnyInstance],
+    samples: list[Sample],
+    signature: ModelSignature,
+    flags: int = 0,
+) -> None:
+    """Execute every sample `count` times on every instance and check each answer's outputs
+    against the config. Raises `_SampleFailedError` when an execution raises, `WarmupError` when
+    an answer does not conform; both at the first failure."""
+    outputs = list(signature.outputs.values())
     for name, inputs, count in samples:
-        rows = next(iter(inputs.values())).shape[0] if batched and inputs else 1
+        rows = next(iter(inputs.values())).shape[0] if signature.is_batched and inputs else 1
+        request = BoundRequest(inputs, rows, (), list(signature.outputs), "warmup", flags=flags)
         for instance in instances:
             for _ in range(count):
                 try:
                     if isinstance(instance, RequestListInstance):
-                        request = BoundRequest(inputs, rows, (), [], "warmup")
                         (result,) = instance.execute_requests([request])
                         if isinstance(result, Exception):
                             raise result
+                    elif isinstance(instance, RequestInfoInstance) and instance.wants_request_info:
+                        result = instance.execute_with_info(inputs, [RequestInfo.of(request)])
                     else:
-                        instance.execute(inputs)
+                        result = instance.execute(inputs)
+                    for spec in outputs:
+                        conform_output(signature, spec, result, rows)
+                except OutputMismatchError as exc:
+                    raise WarmupError(f"warm-up '{name}': {exc.message}") from None
                 except Exception as exc:
-                    raise RuntimeError(f"warm-up '{name}' failed: {exc}") from None
+                    raise _SampleFailedError(f"warm-up '{name}' failed: {exc}") from None

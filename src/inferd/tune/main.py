@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from inferd.bench.options import add_request_options
+from inferd.help_format import DefaultsOnceFormatter
 
 if TYPE_CHECKING:
     from inferd.tune.sweep import SweepSettings
@@ -29,7 +30,7 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "whose p99 is within --p99-ms. Loading always goes over HTTP (--url); with -i grpc the "
         "measurement goes to --grpc-url. The original config is loaded again at the end. "
         "See docs/tune.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     tune.add_argument("model", metavar="MODEL", help="model to tune")
     tune.add_argument(

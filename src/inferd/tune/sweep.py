@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import orjson
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.access import TOKEN_ENV
 from inferd.bench.api import ServerApi
 from inferd.bench.errors import BenchError
 from inferd.bench.runner import BenchConfig, LevelResult, run
@@ -171,6 +173,8 @@ class RepositoryApi:
         assert self._session is not None
         data = None if body is None else orjson.dumps(body)
         headers = {} if body is None else {"content-type": "application/json"}
+        if token := os.environ.get(TOKEN_ENV, "").strip():  # a server with an admin token
+            headers["authorization"] = f"Bearer {token}"
         try:
             async with self._session.request(
                 method, self.url + path, data=data, headers=headers
@@ -269,6 +273,11 @@ async def sweep(
         status, message = await api.load(original)
         if status == 403:
             raise TuneError(ADMIN_HINT)
+        if status == 401:
+            raise TuneError(
+                f"the server's repository API needs a credential (401: {message}); set "
+                f"{TOKEN_ENV} to its admin token"
+            )
         if status != 200:
             raise TuneError(
                 f"model {s.model!r}: reloading its own config answered {status}: {message}"

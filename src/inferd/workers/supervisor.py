@@ -36,7 +36,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from inferd import log as inferd_log
-from inferd.metrics_server import MetricsServer
+from inferd.host_metrics import GpuCollector, register_host_metrics
+from inferd.metrics_http import MetricsServer
 from inferd.settings import Settings
 from inferd.workers import peers
 from inferd.workers.peers import WorkerSlot
@@ -84,7 +85,7 @@ def _worker_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> N
     os.setpgid(0, 0)
     from inferd import server
 
-    inferd_log.configure(settings.log_level, settings.log_format)
+    inferd_log.configure(settings.log_level, settings.log_format, worker=slot.index)
     server.run_worker(settings, slot)
 
 
@@ -167,12 +168,15 @@ class Supervisor:
 
     def run(self) -> int:
         n = self.settings.workers
-        metrics = None
+        metrics: MetricsServer | None = None
+        gpus: GpuCollector | None = None
         try:
             if self.settings.metrics_port is not None:
                 # Before the workers: a port in use fails here, with no worker to stop.
                 registry = CollectorRegistry(auto_describe=False)
                 registry.register(_WorkersCollector(self))
+                if self.settings.metrics_triton_names:  # the host once, not once per worker
+                    gpus = register_host_metrics(registry)
                 metrics = MetricsServer(
                     registry, self.settings.host, self.settings.metrics_port, self.settings.limits
                 )
@@ -198,6 +202,8 @@ class Supervisor:
         finally:
             if metrics is not None:
                 metrics.close()
+            if gpus is not None:
+                gpus.close()
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _watch(self) -> None:
@@ -225,10 +231,10 @@ class Supervisor:
                 w.failures += 1
                 pause = max(0.0, w.started + w.backoff_s - now)
                 log.error(
-                    "worker %d (pid %s) exited with %s; restarting it%s",
+                    "worker %d (pid %s) %s; restarting it%s",
                     w.slot.index,
                     w.process.pid,
-                    w.process.exitcode,
+                    how_it_ended(w.process.exitcode),
                     f" in {pause:.0f} s" if pause >= 1 else "",
                 )
             if now < w.started + w.backoff_s:
@@ -253,9 +259,25 @@ class Supervisor:
                 w.process.join(5)
         codes = [w.process.exitcode for w in self.workers]
         log.info("all workers stopped (exit codes %s)", codes)
+        for w in self.workers:
+            if w.process.exitcode not in (0, -signal.SIGTERM):
+                log.warning("worker %d %s", w.slot.index, how_it_ended(w.process.exitcode))
         # -SIGTERM: a worker still starting (no handlers yet, nothing served) that our
         # SIGTERM ended; a serving worker drains and exits 0.
         return 0 if all(code in (0, -signal.SIGTERM) for code in codes) else 1
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """multiprocessing's exit code in words: -N is 'killed by SIGNAME', not 'exited with -N'."""
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}"
+    return f"exited with code {exitcode}"
 
 
 def run(settings: Settings) -> None:

@@ -1,16 +1,18 @@
-"""`GET /metrics` on its own port: two threads in all, whatever the clients do.
+"""`GET /metrics` on its own port, off the event loop, on two threads whatever the clients do.
 
-prometheus_client's `start_http_server` spends a thread on each connection and has no
-timeouts, so idle connections to the metrics port held threads (and memory) for ever. This
+Always Prometheus' text format 0.0.4, as Triton serves it (whatever the Accept header asks),
+so Triton's counter names can stay counters: prometheus_client's own endpoint would name a
+counter's TYPE line `<name>_total`, leaving Triton's bare-named samples untyped, and its
+OpenMetrics output has no way to spell a counter without `_total` at all.
+
+A thread per connection with no timeouts (http.server's ThreadingHTTPServer, as
+prometheus_client's own server) let idle connections hold threads and memory for ever. This
 server runs one asyncio loop on its own thread for every connection, with the server's
-header timeout on each request, a cap on open connections and a bounded request head; the
-exposition text is made on a second thread, one scrape at a time (collectors read the
-registry's state and, under the workers' supervisor, ask every worker: that may block, the
-loop must not). What Prometheus asks for is honoured as prometheus_client did: the
-OpenMetrics format when its Accept header prefers it, gzip when accepted, `name[]` filters.
-
-The server runs apart from the serving event loop, so the supervisor of `--workers N`, which
-has no loop, uses it too.
+header timeout on each request (`--header-timeout-secs`, also between requests), a cap on
+open connections and a bounded request head; the exposition text is made on a second thread,
+one scrape at a time (collectors read the registry's state and, under the workers'
+supervisor, ask every worker: that may block, the loop must not). It runs apart from the
+serving event loop, so the supervisor of `--workers N`, which has no loop, uses it too.
 """
 
 from __future__ import annotations
@@ -20,13 +22,12 @@ import gzip
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from inferd.limits import DEFAULT_LIMITS, Limits
@@ -42,21 +43,55 @@ _REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 
 
+class _One(Collector):
+    """One family, as the collector generate_latest expects."""
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterable[Metric]:
+        return (self._family,)
+
+
+def _bare_counter(family: Metric) -> bool:
+    """A counter whose samples carry the family's own name, as Triton's (nv_inference_count),
+    rather than prometheus_client's `<name>_total`."""
+    return family.type == "counter" and any(s.name == family.name for s in family.samples)
+
+
+def exposition(registry: Collector) -> bytes:
+    """The registry's families in text format 0.0.4, a bare-named counter typed a counter."""
+    parts = []
+    for family in registry.collect():
+        if not _bare_counter(family):
+            parts.append(generate_latest(_One(family)))
+            continue
+        # Written as a gauge (same lines, the name kept), then typed back as a counter.
+        gauge = Metric(family.name, family.documentation, "gauge")
+        gauge.samples = family.samples
+        text = generate_latest(_One(gauge))
+        type_line = f"# TYPE {family.name} gauge\n".encode()
+        parts.append(text.replace(type_line, f"# TYPE {family.name} counter\n".encode(), 1))
+    return b"".join(parts)
+
+
 class MetricsServer:
-    """Serves `registry` on host:port until `close`. Binding happens here, so a port in use
-    fails at once, in the caller."""
+    """Serves `registry` at `http://host:port/metrics` until closed. Binding happens here, so
+    a port in use fails at once, in the caller."""
 
     def __init__(
-        self, registry: CollectorRegistry, host: str, port: int, limits: Limits = DEFAULT_LIMITS
+        self, registry: Collector, host: str, port: int, limits: Limits = DEFAULT_LIMITS
     ) -> None:
         self.registry = registry
         self.limits = limits
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.create_server((host, port), family=family)
+        # The family the host names (an IPv6 address needs AF_INET6).
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        self._socket = socket.create_server((host, port), family=infos[0][0])
         self.port = int(self._socket.getsockname()[1])
         self._collector = ThreadPoolExecutor(1, thread_name_prefix="metrics-collect")
         self._open = 0
@@ -149,31 +184,31 @@ class MetricsServer:
         if method not in ("GET", "HEAD"):
             await self._reply(writer, 405, f"{method} {PATH}: use GET\n".encode())
             return keep_alive
-        params = parse_qs(query)
-        unknown = sorted(set(params) - {"name[]"})
-        if unknown:
-            message = f"unknown query parameter '{unknown[0]}'; only name[] is supported\n"
+        if query:
+            names = sorted({k for k, _ in parse_qsl(query, keep_blank_values=True)})
+            message = f"unsupported query parameter(s): {', '.join(names)}\n"
             await self._reply(writer, 400, message.encode())
             return keep_alive
-        body, content_type, gzipped = await asyncio.get_running_loop().run_in_executor(
-            self._collector,
-            self._render,
-            headers.get("accept", ""),
-            headers.get("accept-encoding", ""),
-            params.get("name[]"),
-        )
-        extra = [f"content-type: {content_type}"] + (["content-encoding: gzip"] if gzipped else [])
+        gzipped = "gzip" in headers.get("accept-encoding", "").lower()
+        try:
+            body = await asyncio.get_running_loop().run_in_executor(
+                self._collector, self._render, gzipped
+            )
+        except Exception:
+            # A bug in a collector: logged with its traceback, the scrape fails visibly
+            # (Prometheus marks the target down) and the endpoint keeps serving.
+            log.exception("collecting metrics failed")
+            await self._reply(writer, 500, b"collecting metrics failed; see the server log\n")
+            return keep_alive
+        extra = [f"content-type: {CONTENT_TYPE_PLAIN_0_0_4}"]
+        if gzipped:
+            extra.append("content-encoding: gzip")
         await self._reply(writer, 200, body, extra, keep_alive, head_only=method == "HEAD")
         return keep_alive
 
-    def _render(
-        self, accept: str, accept_encoding: str, names: list[str] | None
-    ) -> tuple[bytes, str, bool]:
-        encoder, content_type = choose_encoder(accept)
-        output = encoder(self.registry if names is None else _Only(self.registry, set(names)))
-        if "gzip" in accept_encoding.lower():
-            return gzip.compress(output), content_type, True
-        return output, content_type, False
+    def _render(self, gzipped: bool) -> bytes:
+        output = exposition(self.registry)
+        return gzip.compress(output) if gzipped else output
 
     async def _reply(
         self,
@@ -197,18 +232,3 @@ class MetricsServer:
         # A client that does not read its answer is dropped, not waited for.
         async with asyncio.timeout(self.limits.header_timeout_s):
             await writer.drain()
-
-
-class _Only(Collector):
-    """The families of `registry` named in `names` (`?name[]=`), by family or sample name.
-    (prometheus_client's restricted_registry finds only collectors that describe
-    themselves, which inferd's scrape-time collectors do not.)"""
-
-    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
-        self.registry = registry
-        self.names = names
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self.registry.collect():
-            if family.name in self.names or any(s.name in self.names for s in family.samples):
-                yield family

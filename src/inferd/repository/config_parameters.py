@@ -1,0 +1,97 @@
+"""The `parameters` keys of a model config that inferd and its backends read.
+
+A key nobody reads would be silently ignored, so for the ONNX Runtime and PyTorch backends an
+unknown key fails the load, naming it and the accepted keys. Python models read their own
+keys (inferd's `context.parameters`, Triton's `args['model_config']`), so for them unknown
+keys are passed through; only keys that Triton's Python backend itself acts on, and inferd
+does not, are refused. docs/model-config.md lists these tables; a test checks that every key
+the source reads is here.
+"""
+
+from __future__ import annotations
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+# Read by inferd itself, whatever the backend: key -> what it does.
+INFERD_PARAMETERS: dict[str, str] = {
+    "batching_policy": "`work_conserving` (default), `window` or `none` (docs/batching.md)",
+    "auto_warmup": "`false` turns the automatic warm-up off (docs/lifecycle.md)",
+    "unready_after_failures": (
+        "readiness turns false after this many failed executions in a row; default 5, 0 never "
+        "(docs/reliability.md)"
+    ),
+    "max_input_shape": "per-input bound on the non-batch dims, JSON (docs/limits.md)",
+    "max_input_elements": "elements per input tensor (docs/limits.md)",
+    "max_bytes_element_size": "bytes per BYTES element (docs/limits.md)",
+    "canary_weights": 'traffic split, JSON `{"2": 10, "1": 90}` (docs/lifecycle.md)',
+    "canary_auto_rollback": "`true`: a failing canary loses its traffic (docs/lifecycle.md)",
+    "canary_window_s": "the canary guard's window (docs/lifecycle.md)",
+    "canary_min_requests": "requests in the window before the guard judges (docs/lifecycle.md)",
+    "canary_error_rate_margin": "error rate a canary may exceed stable's by (docs/lifecycle.md)",
+    "canary_p99_ratio": "p99 a canary may reach, times stable's (docs/lifecycle.md)",
+    "circuit_breaker_failures": "model errors in a row that open the circuit (docs/reliability.md)",
+    "circuit_breaker_error_rate": "error rate that opens the circuit (docs/reliability.md)",
+    "circuit_breaker_window_s": "the error-rate window (docs/reliability.md)",
+    "circuit_breaker_min_requests": "requests before the rate counts (docs/reliability.md)",
+    "circuit_breaker_open_s": "how long the circuit stays open (docs/reliability.md)",
+    "fallback_model": "where requests go while the circuit is open (docs/reliability.md)",
+    "health_p99_baseline_ms": "the p99 the health score compares with (docs/metrics.md)",
+    "model_checksum": (
+        "set by inferd in the config it serves (the files' sha256); a value given is replaced"
+    ),
+}
+
+# Read by one backend: backend -> key -> what it does.
+BACKEND_PARAMETERS: dict[str, dict[str, str]] = {
+    "onnxruntime": {
+        "intra_op_thread_count": "threads per session (default: cores / instances)",
+        "inter_op_thread_count": "ONNX Runtime's inter-op threads (default 0: its own choice)",
+        "execution_mode": "0 sequential (default), 1 parallel",
+    },
+    "pytorch": {
+        "INTRA_OP_THREAD_COUNT": "torch's intra-op threads, process-wide (default: cores / N)",
+        "intra_op_thread_count": "the same as INTRA_OP_THREAD_COUNT",
+        "torch_compile": "`true`: torch.compile the module at load (docs/pytorch-models.md)",
+    },
+    "python": {
+        "isolation": "`thread` (default) or `process`, its own worker (docs/python-models.md)",
+    },
+}
+
+# Backends whose models receive the whole config and read custom keys themselves.
+PASS_THROUGH_BACKENDS = ("python",)
+
+# Keys a backend's Triton counterpart acts on and inferd does not: refused even where unknown
+# keys pass through.
+REFUSED_PARAMETERS: dict[str, dict[str, str]] = {
+    "python": {
+        "EXECUTION_ENV_PATH": (
+            "inferd runs Python models in the server's own environment, not a packed one; "
+            "install the model's packages there"
+        ),
+    },
+}
+
+
+def accepted_keys(backend: str) -> list[str]:
+    return sorted({*INFERD_PARAMETERS, *BACKEND_PARAMETERS.get(backend, {})})
+
+
+def refused_parameters(config: mc.ModelConfig, backend: str) -> list[tuple[str, str]]:
+    """(key, why) for each `parameters` key the model's backend would ignore."""
+    found: list[tuple[str, str]] = []
+    for key in sorted(config.parameters):
+        if key in INFERD_PARAMETERS or key in BACKEND_PARAMETERS.get(backend, {}):
+            continue
+        refused = REFUSED_PARAMETERS.get(backend, {}).get(key)
+        if refused:
+            found.append((key, refused))
+        elif backend not in PASS_THROUGH_BACKENDS:
+            found.append(
+                (
+                    key,
+                    f"neither inferd nor the {backend or 'model'} backend reads it; accepted "
+                    f"keys: {', '.join(accepted_keys(backend))}",
+                )
+            )
+    return found
