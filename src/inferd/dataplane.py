@@ -24,6 +24,7 @@ from inferd.repository import uploads
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
+from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
 from inferd.types import InferRequest, InferResponse, min_wire_bytes
@@ -38,6 +39,7 @@ EXTENSIONS = [
     "parameters",
     "sequence",
     "statistics",
+    "system_shared_memory",
 ]
 
 
@@ -64,6 +66,7 @@ class DataPlane:
         self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
         self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
         self._inflight = 0
+        self.shared_memory = SharedMemoryRegistry()
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -98,7 +101,10 @@ class DataPlane:
         return ""
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "inferd", "version": __version__, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS
+        if self.workers is not None:  # see _shared_memory_gate
+            extensions = [e for e in EXTENSIONS if e != "system_shared_memory"]
+        return {"name": "inferd", "version": __version__, "extensions": extensions}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -260,6 +266,40 @@ class DataPlane:
         self.registry.rollback(name, version)
         return self.routing(name)
 
+    # -- system shared memory (Triton's extension; the table: inferd/shared_memory.py) -----
+
+    def _shared_memory_gate(self) -> None:
+        """Every change to the shared-memory table passes here, and only here. Registering
+        makes the server map (and read and write) an object of the client's choosing; the
+        adapters check its credential first (the `shared-memory` API group, see access.py)."""
+        if self.workers is not None:
+            raise invalid(
+                "system shared memory needs a server of one process: with --workers N a "
+                "region registered with one worker would be unknown to the worker that "
+                "takes the request"
+            )
+
+    def register_shared_memory(self, name: str, key: object, offset: object, size: object) -> None:
+        self._shared_memory_gate()
+        self.shared_memory.register(name, key, offset, size)
+
+    def unregister_shared_memory(self, name: str = "") -> None:
+        """Region `name`, or every region when "" (an unknown name is no error, as Triton)."""
+        self._shared_memory_gate()
+        self.shared_memory.unregister(name)
+
+    def shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self.shared_memory.status(name)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        """No CUDA region can exist here: none listed, and a named one is unknown."""
+        if name:
+            raise not_found(f"unknown CUDA shared memory region '{name}'")
+        return []
+
+    def register_cuda_shared_memory(self) -> None:
+        raise invalid(CUDA_UNSUPPORTED)
+
     # -- inference ----------------------------------------------------------------------
 
     async def infer(
@@ -370,24 +410,33 @@ class DataPlane:
         # sticky canary routing.
         mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
         record.model, record.version = mv.name, mv.version
-        bound = mv.signature.bind(request)
-        record.rows = bound.rows
-        priority, timeout_us = _scheduling_parameters(request)
-        if request.parameters or mv.sequence is not None:
-            bound.correlation_id, bound.flags = _sequence_parameters(request, mv)
-        assert mv.batcher is not None  # a READY version always has one
-        outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
-        record.times = times
-        t0 = time.perf_counter_ns()
-        signature = mv.signature
+        # Inputs in shared memory become views of their regions before anything reads them;
+        # the lease keeps those regions mapped until the answer is built.
+        lease = self.shared_memory.lease(request) if request.uses_shared_memory else None
         try:
-            tensors = [
-                conform_output(signature, signature.outputs[name], outputs, bound.rows)
-                for name in bound.output_names
-            ]
-        except OutputMismatchError as exc:
-            raise _model_error(mv, exc.message) from None
-        times.compute_output_ns += time.perf_counter_ns() - t0
+            bound = mv.signature.bind(request)
+            record.rows = bound.rows
+            priority, timeout_us = _scheduling_parameters(request)
+            if request.parameters or mv.sequence is not None:
+                bound.correlation_id, bound.flags = _sequence_parameters(request, mv)
+            assert mv.batcher is not None  # a READY version always has one
+            outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+            record.times = times
+            t0 = time.perf_counter_ns()
+            signature = mv.signature
+            try:
+                tensors = [
+                    conform_output(signature, signature.outputs[name], outputs, bound.rows)
+                    for name in bound.output_names
+                ]
+            except OutputMismatchError as exc:
+                raise _model_error(mv, exc.message) from None
+            if lease is not None:
+                tensors = lease.write_outputs(tensors)
+            times.compute_output_ns += time.perf_counter_ns() - t0
+        finally:
+            if lease is not None:
+                lease.release()
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
         )

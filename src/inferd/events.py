@@ -25,6 +25,7 @@ FAILURE_REASON: dict[ErrorKind, str] = {
     ErrorKind.PAYLOAD_TOO_LARGE: "invalid_input",
     ErrorKind.NOT_FOUND: "not_found",
     ErrorKind.UNAUTHENTICATED: "invalid_input",
+    ErrorKind.ALREADY_EXISTS: "invalid_input",
     ErrorKind.PERMISSION_DENIED: "invalid_input",
     ErrorKind.MODEL_ERROR: "model_error",
     ErrorKind.DEADLINE_EXCEEDED: "timeout",

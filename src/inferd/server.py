@@ -68,6 +68,8 @@ class InferenceServer:
             )
         self.dataplane.max_inflight = settings.max_inflight_requests
         self.dataplane.max_response_bytes = settings.max_response_bytes
+        self.dataplane.shared_memory.max_copy_bytes = settings.max_request_bytes
+        self.dataplane.shared_memory.max_bytes_elements = settings.limits.max_bytes_elements
         self.dataplane.workers = worker
         self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))
@@ -164,6 +166,7 @@ class InferenceServer:
                     await self.registry.unload_all()
             except TimeoutError:
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
+            self.dataplane.shared_memory.unregister()  # unmap the clients' regions
             # 4. flush traces, then stop the metrics endpoint last, so the drain stays visible.
             if self.trace_sink is not None:
                 await asyncio.to_thread(self.trace_sink.shutdown)

@@ -7,6 +7,7 @@ tensors one `np.asarray` call; only BYTES elements (variable length) are walked 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,15 @@ import orjson
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
 from inferd.limits import DEFAULT_LIMITS, check_response_size
-from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+from inferd.types import (
+    Array,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    SharedMemoryRef,
+    Tensor,
+    element_count,
+)
 
 _LEN = struct.Struct("<I")
 
@@ -42,6 +51,41 @@ def declared_count(shape: tuple[int, ...], where: str) -> int:
 
 
 # -- request ----------------------------------------------------------------------------------
+
+# Triton's shared-memory tensor parameters, on an input or a requested output: the codecs
+# parse them into a `SharedMemoryRef`; the core (inferd/shared_memory.py) resolves it.
+REGION = "shared_memory_region"
+BYTE_SIZE = "shared_memory_byte_size"
+OFFSET = "shared_memory_offset"
+
+# The data of a tensor whose bytes are in shared memory: an input's until the core resolves
+# it (nothing reads it before), a response output's for good (encoders send no data).
+NO_DATA: Array = np.empty(0, dtype=np.uint8)
+NO_DATA.flags.writeable = False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def shared_memory_ref(params: Mapping[str, Any], where: str) -> SharedMemoryRef | None:
+    """The region a tensor's parameters name, or None; raises naming the bad parameter."""
+    region = params.get(REGION)
+    if region is None:
+        if BYTE_SIZE in params or OFFSET in params:
+            raise invalid(f"{where}: {BYTE_SIZE} and {OFFSET} need {REGION}")
+        return None
+    if not isinstance(region, str) or not region:
+        raise invalid(f"{where}: {REGION} must be a non-empty string")
+    size = params.get(BYTE_SIZE)
+    if size is None:
+        raise invalid(f"{where}: {REGION} '{region}' needs {BYTE_SIZE}")
+    if not _is_int(size) or size < 0:
+        raise invalid(f"{where}: {BYTE_SIZE} must be an integer >= 0, got {size!r}")
+    offset = params.get(OFFSET, 0)
+    if not _is_int(offset) or offset < 0:
+        raise invalid(f"{where}: {OFFSET} must be an integer >= 0, got {offset!r}")
+    return SharedMemoryRef(region, size, offset)
 
 
 def decode_request(
@@ -74,9 +118,11 @@ def decode_request(
         raise invalid("malformed request: 'inputs' must be a non-empty list")
     offset = 0
     inputs: list[Tensor] = []
+    uses_shared_memory = False
     for i, raw in enumerate(raw_inputs):
         tensor, offset = _decode_input(raw, i, binary, offset, max_bytes_elements)
         inputs.append(tensor)
+        uses_shared_memory = uses_shared_memory or tensor.shared_memory is not None
     if offset != len(binary):
         raise invalid(
             f"binary data holds {len(binary) - offset} bytes more than the inputs' "
@@ -97,12 +143,13 @@ def decode_request(
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 raise invalid(f"outputs[{j}] must be an object with a string 'name'")
             check_requested_once(raw["name"], seen)
-            params = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
+            where = f"output '{raw['name']}'"
+            params = _parameters(raw.get("parameters"), where)
             if "classification" in params:
-                raise invalid(
-                    f"output '{raw['name']}': the classification extension is not supported"
-                )
-            outputs.append(RequestedOutput(raw["name"], params))
+                raise invalid(f"{where}: the classification extension is not supported")
+            ref = shared_memory_ref(params, where) if params else None
+            uses_shared_memory = uses_shared_memory or ref is not None
+            outputs.append(RequestedOutput(raw["name"], params, ref))
     return InferRequest(
         model_name=model_name,
         model_version=model_version,
@@ -110,6 +157,7 @@ def decode_request(
         id=request_id,
         outputs=outputs,
         parameters=parameters,
+        uses_shared_memory=uses_shared_memory,
     )
 
 
@@ -152,6 +200,11 @@ def _decode_input(
     count = declared_count(shape, where)
     params = _parameters(raw.get("parameters"), where)
     size = params.get("binary_data_size")
+    ref = shared_memory_ref(params, where) if params else None
+    if ref is not None:  # the core reads the data from the region
+        if size is not None or "data" in raw:
+            raise invalid(f"{where}: give one of 'data', binary_data_size or {REGION}")
+        return Tensor(name, datatype, shape, NO_DATA, params, ref), offset
     if size is not None:
         if "data" in raw:
             raise invalid(f"{where}: give either 'data' or binary_data_size, not both")
@@ -354,6 +407,9 @@ def encode_response(
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
+        if tensor.shared_memory is not None:
+            outputs.append(entry)  # written into the client's region: no data, as Triton
+            continue
         json_data = None if binary else _to_json(tensor)
         if json_data is None:
             raw = to_binary(tensor)

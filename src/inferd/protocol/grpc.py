@@ -44,6 +44,7 @@ STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -236,28 +237,55 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         await self.dp.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    @errors_mapped
+    async def SystemSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        regions = self.dp.shared_memory_status(request.name)
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={r["name"]: status(**r) for r in regions}
+        )
+
+    @errors_mapped
+    async def SystemSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.dp.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @errors_mapped
+    async def SystemSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.dp.unregister_shared_memory(request.name)  # "" unregisters every region
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @errors_mapped
+    async def CudaSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self.dp.cuda_shared_memory_status(request.name)  # empty, or NOT_FOUND for a name
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @errors_mapped
+    async def CudaSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self.dp.register_cuda_shared_memory()
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @errors_mapped
+    async def CudaSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # nothing can be registered
+
     # Features that land with later releases answer UNIMPLEMENTED until then.
     async def _unimplemented(self, context: Any, what: str) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented yet")
 
-    # Not planned yet: shared-memory tensors, trace and log settings over the API.
-    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "system shared memory")
-
-    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "system shared memory")
-
-    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "system shared memory")
-
-    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "CUDA shared memory")
-
-    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "CUDA shared memory")
-
-    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "CUDA shared memory")
+    # Not planned yet: trace and log settings over the API.
 
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         return await self._unimplemented(context, "TraceSetting")

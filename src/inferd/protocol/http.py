@@ -37,6 +37,7 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.UNAUTHENTICATED: 401,
     ErrorKind.PERMISSION_DENIED: 403,
     ErrorKind.NOT_FOUND: 404,
+    ErrorKind.ALREADY_EXISTS: 400,  # as Triton's HTTP server answers ALREADY_EXISTS
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
     ErrorKind.RESOURCE_EXHAUSTED: 429,
     ErrorKind.MODEL_ERROR: 500,
@@ -49,6 +50,8 @@ HEADER_LENGTH = "inference-header-content-length"
 ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
 TIMEOUT_MS = "inferd-timeout-ms"  # the client's deadline for this request
 RETRY_AFTER_S = "1"
+SYSTEM_SHM = "/v2/systemsharedmemory"
+CUDA_SHM = "/v2/cudasharedmemory"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -105,6 +108,7 @@ class HttpAdapter:
         mv = "/v2/models/{model}/versions/{version}"
         health, meta, stats = ApiGroup.HEALTH, ApiGroup.METADATA, ApiGroup.STATISTICS
         config, repo, infer = ApiGroup.MODEL_CONFIG, ApiGroup.MODEL_REPOSITORY, ApiGroup.INFERENCE
+        shm = ApiGroup.SHARED_MEMORY
         # (path, endpoint, methods, Triton's API group: what --http-restricted-api names)
         table: list[tuple[str, Endpoint, list[str], ApiGroup]] = [
             ("/v2/models/stats", self.statistics, ["GET"], stats),  # before /v2/models/{model}
@@ -129,6 +133,16 @@ class HttpAdapter:
             (m + "/routing", self.routing, ["GET", "POST"], repo),
             (m + "/routing/promote", self.promote, ["POST"], repo),
             (m + "/routing/rollback", self.rollback, ["POST"], repo),
+            (f"{SYSTEM_SHM}/status", self.shm_status, ["GET"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/status", self.shm_status, ["GET"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/register", self.shm_register, ["POST"], shm),
+            (f"{SYSTEM_SHM}/unregister", self.shm_unregister, ["POST"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/unregister", self.shm_unregister, ["POST"], shm),
+            (f"{CUDA_SHM}/status", self.cuda_shm_status, ["GET"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/status", self.cuda_shm_status, ["GET"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/register", self.cuda_shm_register, ["POST"], shm),
+            (f"{CUDA_SHM}/unregister", self.cuda_shm_unregister, ["POST"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/unregister", self.cuda_shm_unregister, ["POST"], shm),
         ]
         access = self.dp.access
         return [
@@ -211,6 +225,37 @@ class HttpAdapter:
         return json_response(
             self.dp.rollback(request.path_params["model"], str(doc.get("version", "")))
         )
+
+    async def shm_status(self, request: Request) -> Response:
+        return json_response(self.dp.shared_memory_status(request.path_params.get("region", "")))
+
+    async def shm_register(self, request: Request) -> Response:
+        doc = await self._json_body(request)
+        self.dp.register_shared_memory(
+            request.path_params["region"],
+            doc.get("key"),
+            doc.get("offset", 0),
+            doc.get("byte_size"),
+        )
+        return Response(status_code=200)
+
+    async def shm_unregister(self, request: Request) -> Response:
+        await self._json_body(request)  # Triton's clients send an empty body
+        self.dp.unregister_shared_memory(request.path_params.get("region", ""))
+        return Response(status_code=200)
+
+    async def cuda_shm_status(self, request: Request) -> Response:
+        region = request.path_params.get("region", "")
+        return json_response(self.dp.cuda_shared_memory_status(region))
+
+    async def cuda_shm_register(self, request: Request) -> Response:
+        await self._json_body(request)
+        self.dp.register_cuda_shared_memory()
+        return Response(status_code=200)
+
+    async def cuda_shm_unregister(self, request: Request) -> Response:
+        await self._json_body(request)  # nothing can be registered: nothing to do
+        return Response(status_code=200)
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
         body = await self._read_body(request)

@@ -18,10 +18,13 @@ from inferd.errors import invalid
 from inferd.limits import check_response_size
 from inferd.protocol.codec import (
     MAX_BYTES_ELEMENTS,
+    NO_DATA,
+    REGION,
     check_bytes_count,
     check_requested_once,
     declared_count,
     decode_bytes_elements,
+    shared_memory_ref,
     to_binary,
 )
 from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
@@ -66,15 +69,23 @@ def set_parameter(target: Any, key: str, value: Any) -> None:
 def decode_infer_request(
     msg: pb.ModelInferRequest, max_bytes_elements: int = MAX_BYTES_ELEMENTS
 ) -> InferRequest:
-    raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
-        raise invalid(
-            f"raw_input_contents holds {len(raw)} buffers for {len(msg.inputs)} inputs; "
-            "give one per input, in the inputs' order"
-        )
     if not msg.inputs:
         raise invalid("malformed request: 'inputs' must not be empty")
+    params = [parameters_to_dict(t.parameters) for t in msg.inputs]
+    refs = [
+        shared_memory_ref(p, f"input '{t.name}'") if p else None
+        for t, p in zip(msg.inputs, params, strict=True)
+    ]
+    # As Triton: raw_input_contents holds the inputs that are not in shared memory, in order.
+    raw = msg.raw_input_contents
+    sent = len(msg.inputs) - sum(ref is not None for ref in refs)
+    if raw and len(raw) != sent:
+        raise invalid(
+            f"raw_input_contents holds {len(raw)} buffers for {sent} inputs not in shared "
+            "memory; give one per such input, in the inputs' order"
+        )
     inputs = []
+    next_raw = 0
     for index, t in enumerate(msg.inputs):
         where = f"input '{t.name}'"
         if not t.name:
@@ -84,23 +95,34 @@ def decode_infer_request(
             raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
         shape = tuple(int(d) for d in t.shape)
         count = declared_count(shape, where)
-        if raw:
-            data = _from_raw(raw[index], t.datatype, shape, count, where, max_bytes_elements)
+        ref = refs[index]
+        if ref is not None:
+            if t.HasField("contents"):
+                raise invalid(f"{where}: give either contents or {REGION}, not both")
+            data = NO_DATA  # the core reads it from the region
+        elif raw:
+            buf = raw[next_raw]
+            data = _from_raw(buf, t.datatype, shape, count, where, max_bytes_elements)
+            next_raw += 1
         else:
             if t.datatype == "BYTES":
                 check_bytes_count(count, max_bytes_elements, where)
             data = _from_contents(t, dtype, shape, count, where)
-        inputs.append(Tensor(t.name, t.datatype, shape, data, parameters_to_dict(t.parameters)))
+        inputs.append(Tensor(t.name, t.datatype, shape, data, params[index], ref))
+    uses_shared_memory = sent < len(msg.inputs)
     outputs = None
     if msg.outputs:
         outputs = []
         seen: set[str] = set()
         for o in msg.outputs:
             check_requested_once(o.name, seen)
-            params = parameters_to_dict(o.parameters)
-            if "classification" in params:
-                raise invalid(f"output '{o.name}': the classification extension is not supported")
-            outputs.append(RequestedOutput(o.name, params))
+            where = f"output '{o.name}'"
+            out_params = parameters_to_dict(o.parameters)
+            if "classification" in out_params:
+                raise invalid(f"{where}: the classification extension is not supported")
+            out_ref = shared_memory_ref(out_params, where) if out_params else None
+            uses_shared_memory = uses_shared_memory or out_ref is not None
+            outputs.append(RequestedOutput(o.name, out_params, out_ref))
     return InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
@@ -108,6 +130,7 @@ def decode_infer_request(
         id=msg.id,
         outputs=outputs,
         parameters=parameters_to_dict(msg.parameters),
+        uses_shared_memory=uses_shared_memory,
     )
 
 
@@ -169,7 +192,9 @@ def encode_infer_response(response: InferResponse, max_bytes: int = 0) -> pb.Mod
         set_parameter(msg.parameters, key, value)
     produced = 0
     for tensor in response.outputs:
-        raw = to_binary(tensor)
+        # An output written to shared memory keeps its (empty) place, as Triton's: clients
+        # find each output's contents by its index.
+        raw = b"" if tensor.shared_memory is not None else to_binary(tensor)
         produced += len(raw)
         check_response_size(produced, max_bytes, at_least=True)
         msg.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
