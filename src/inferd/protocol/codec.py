@@ -177,6 +177,11 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     return raw
 
 
+def decode_json_input(raw: Any, index: int, max_bytes_elements: int = MAX_BYTES_ELEMENTS) -> Tensor:
+    """One input object of a JSON request (`name`, `datatype`, `shape`, `data`)."""
+    return _decode_input(raw, index, memoryview(b""), 0, max_bytes_elements)[0]
+
+
 def _decode_input(
     raw: Any, index: int, binary: memoryview, offset: int, max_bytes_elements: int
 ) -> tuple[Tensor, int]:
@@ -437,6 +442,13 @@ def encode_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+def tensor_json(tensor: Tensor) -> Any:
+    """A tensor's elements as JSON data (flat), or None when it can only travel as binary
+    (BYTES that are not UTF-8 text)."""
+    data = _to_json(tensor)
+    return orjson.Fragment(data) if isinstance(data, bytes) else data
 
 
 # Elements per orjson call for a large tensor's JSON data: each call holds the interpreter

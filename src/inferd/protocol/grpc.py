@@ -35,6 +35,7 @@ from inferd.protocol.pb_codec import (
     serialize_infer_response,
 )
 from inferd.settings import TlsFiles
+from inferd.streams import STREAM_QUEUE_LIMIT, StreamResponse
 from inferd.tls import grpc_credentials
 from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
@@ -46,6 +47,7 @@ STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,  # Triton's mapping of UNSUPPORTED
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.MODEL_ERROR: grpc.StatusCode.INTERNAL,
@@ -141,9 +143,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         if traceparent := tracing.echo(ctx):  # "" unless a valid traceparent came in
             context.set_trailing_metadata((("traceparent", traceparent),))
         msg = await self.offload.run(len(request), parse_infer_request, request)
-        return await self._infer(msg, len(request), ctx, stream=False)
+        return await self._infer(msg, len(request), ctx)
 
-    async def _infer(self, msg: Any, size: int, ctx: CallContext, stream: bool) -> bytes:
+    async def _infer(self, msg: Any, size: int, ctx: CallContext) -> bytes:
         async def decode() -> InferRequest:
             return await self.offload.run(
                 size, decode_infer_request, msg, self.limits.max_bytes_elements
@@ -155,7 +157,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 serialize_infer_response,
                 response,
                 self.max_response_bytes,
-                stream,
             )
 
         return await self.dp.infer(msg.model_name, msg.model_version, decode, ctx, encode)
@@ -163,32 +164,51 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: Any
     ) -> AsyncIterator[bytes]:
-        """Each request of the stream runs as soon as it arrives; responses (or errors, which
-        don't end the stream) come back as they complete, carrying the request's id.
+        """Each request of the stream runs as soon as it arrives; its responses (a decoupled
+        model's any number, or errors, which don't end the stream) come back as they are
+        ready, each carrying the request's id and, as Triton's, `triton_final_response`.
 
-        At most `max_stream_pending` requests are unanswered (read, but their response not
-        yet sent) at once: past that the stream is not read until the client takes its
-        responses, so a client that never reads cannot make the server hold answers without
-        bound (gRPC's flow control then stops the client's sends)."""
-        done: asyncio.Queue[bytes | None] = asyncio.Queue()
+        Bounded twice, so that a client that never reads costs the server a fixed amount:
+        at most `max_stream_pending` requests are in progress (read, with responses still to
+        come); past that the stream is not read, and gRPC's flow control stops the client's
+        sends. And at most STREAM_QUEUE_LIMIT messages wait to be written, which holds back
+        the requests' responses, down to the models' senders."""
+        done: asyncio.Queue[bytes | None] = asyncio.Queue(STREAM_QUEUE_LIMIT)
         tasks: set[asyncio.Task[None]] = set()
         room = asyncio.Semaphore(self.limits.max_stream_pending)
 
         async def one(raw: bytes) -> None:
-            msg = None
+            request: Any = None  # the parsed message, once it parses
             try:
-                msg = await self.offload.run(len(raw), parse_infer_request, raw)
-                done.put_nowait(await self._infer(msg, len(raw), _call_context(context), True))
+                request = await self.offload.run(len(raw), parse_infer_request, raw)
+                ctx = _call_context(context)
+                empty_final: list[bool] = []  # the request's triton_enable_empty_final_response
+
+                async def decode() -> InferRequest:
+                    decoded = await self.offload.run(
+                        len(raw), decode_infer_request, request, self.limits.max_bytes_elements
+                    )
+                    empty_final.append(_empty_final_wanted(decoded))
+                    return decoded
+
+                items = self.dp.stream_infer(request.model_name, request.model_version, decode, ctx)
+                async with contextlib.aclosing(items):
+                    async for item in items:
+                        message = await self._stream_message(request, item, bool(empty_final[0]))
+                        if message is not None:
+                            await done.put(message)
             except InferdError as exc:
-                done.put_nowait(_stream_error(msg, exc.message))
+                await done.put(_stream_error(request, exc.message))
             except Exception:
                 log.exception("unhandled error in ModelStreamInfer")
-                done.put_nowait(_stream_error(msg, "internal error; see the server log"))
+                await done.put(_stream_error(request, "internal error; see the server log"))
+            finally:
+                room.release()
 
         async def read() -> None:
             incoming = aiter(requests)
             while True:
-                if room.locked():  # max_stream_pending unanswered: wait for the client
+                if room.locked():  # max_stream_pending in progress: wait for the client
                     self.streams_held += 1
                     try:
                         await room.acquire()
@@ -205,19 +225,37 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 task.add_done_callback(tasks.discard)
             while tasks:
                 await asyncio.gather(*tasks)
-            done.put_nowait(None)
+            await done.put(None)
 
         reader = asyncio.create_task(read())
         try:
             while (item := await done.get()) is not None:
                 yield item  # resumed once gRPC has sent it (or queued it within its window)
-                room.release()
         finally:
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def _stream_message(
+        self, request: Any, item: StreamResponse, empty_final: bool
+    ) -> bytes | None:
+        """One stream message's wire bytes (a large response serialised off the loop)."""
+        if item.response is not None:
+            response = item.response
+            return await self.offload.run(
+                min_wire_bytes(response.outputs),
+                serialize_infer_response,
+                response,
+                self.max_response_bytes,
+                {FINAL: item.final},
+            )
+        if item.error is not None:
+            return _stream_error(request, item.error.message, item.final)
+        if empty_final:  # the final flag alone
+            return _stream_error(request, "", True)
+        return None
 
     @errors_mapped
     async def RepositoryModelLoad(
@@ -309,14 +347,28 @@ def _call_context(context: Any) -> CallContext:
     )
 
 
-def _stream_error(request: Any, message: str) -> bytes:
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL = "triton_final_response"
+
+
+def _empty_final_wanted(request: InferRequest) -> bool:
+    """Triton's stream parameter: send the final flag as an empty response when it comes
+    without one. Taken out of the request's parameters: it is for the server, not the model."""
+    wanted = request.parameters.pop(EMPTY_FINAL, False)
+    if not isinstance(wanted, bool):
+        raise invalid(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param")
+    return wanted
+
+
+def _stream_error(request: Any, message: str, final: bool = True) -> bytes:
     """An error on the stream, naming the request (when it could be parsed at all)."""
-    response = pb.ModelStreamInferResponse(error_message=message)
+    answer = pb.ModelStreamInferResponse(error_message=message)
     if request is not None:
-        response.infer_response.model_name = request.model_name
-        response.infer_response.model_version = request.model_version
-        response.infer_response.id = request.id
-    return bytes(response.SerializeToString())
+        answer.infer_response.model_name = request.model_name
+        answer.infer_response.model_version = request.model_version
+        answer.infer_response.id = request.id
+    answer.infer_response.parameters[FINAL].bool_param = final
+    return bytes(answer.SerializeToString())
 
 
 ADMIN_SERVICE = "inferd.admin.v1.Admin"

@@ -202,13 +202,19 @@ def encode_infer_response(response: InferResponse, max_bytes: int = 0) -> pb.Mod
     return msg
 
 
-def serialize_infer_response(response: InferResponse, max_bytes: int, stream: bool) -> bytes:
-    """A ModelInferResponse's wire bytes, or (`stream`) a ModelStreamInferResponse's holding
-    it: that is the same bytes behind field 2's tag and length, built without copying the
-    message into another."""
-    inner: bytes = encode_infer_response(response, max_bytes).SerializeToString()
-    if not stream:
-        return inner
+def serialize_infer_response(
+    response: InferResponse, max_bytes: int, stream_parameters: dict[str, Any] | None = None
+) -> bytes:
+    """A ModelInferResponse's wire bytes; with `stream_parameters` (added to it), those of a
+    ModelStreamInferResponse holding it: the same bytes behind field 2's tag and length,
+    built without copying the message into another."""
+    msg = encode_infer_response(response, max_bytes)
+    if stream_parameters is None:
+        plain: bytes = msg.SerializeToString()
+        return plain
+    for key, value in stream_parameters.items():
+        set_parameter(msg.parameters, key, value)
+    inner: bytes = msg.SerializeToString()
     return _STREAM_INFER_RESPONSE_TAG + _varint(len(inner)) + inner
 
 

@@ -67,6 +67,11 @@ class ModelVersion:
     checksum: str = ""  # of the version directory's files
     load_duration_s: float = 0.0
     warmup_duration_s: float = 0.0
+    # model_transaction_policy { decoupled: true }: answers through a response stream.
+    decoupled: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
     @property
     def is_ready(self) -> bool:
@@ -282,7 +287,7 @@ class ModelRegistry:
             signature = ModelSignature(config)  # its limits can be malformed config too
             sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
             if sequence is not None:
-                signature.server_inputs = sequence.server_inputs()
+                signature.server_inputs.update(sequence.server_inputs())
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
                     n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
@@ -394,7 +399,12 @@ class ModelRegistry:
             )
         else:
             mv.batcher = DynamicBatcher(
-                mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
+                mv.name,
+                instances,
+                batching_options(mv.config),
+                mv.version,
+                self.telemetry,
+                mv.signature.ragged,
             )
         mv.devices = [inst.device for inst in instances]
         mv.providers = [inst.provider for inst in instances]
