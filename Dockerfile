@@ -9,6 +9,8 @@
 #               "torch,gpu,otel", ...
 #   ONNXRUNTIME the ONNX Runtime distribution: onnxruntime (CPU), onnxruntime-gpu (CUDA)
 #   PIP_ARGS    extra pip arguments for the wheel build, e.g. an index with CPU-only torch
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_CERT: pip's own settings (a mirror, the CA of a
+#               proxy), when given; with PIP_CERT, mount the file (build -v FILE:FILE:ro)
 #   ALLOCATOR   none (glibc's malloc), jemalloc or tcmalloc: installed and linked at
 #               /usr/local/lib/inferd-malloc.so; LD_PRELOAD it to use it (docs/deploy.md)
 ARG BASE_IMAGE=python:3.11.13-slim-bookworm
@@ -17,6 +19,10 @@ FROM ${BASE_IMAGE} AS build
 ARG EXTRAS=torch
 ARG ONNXRUNTIME=onnxruntime
 ARG PIP_ARGS=""
+# Unset unless given (ARG without a default), so pip's defaults hold.
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_CERT
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -47,7 +53,8 @@ RUN set -eu; \
     esac; \
     apt-get update; \
     apt-get install -y --no-install-recommends tini ${malloc}; \
-    rm -rf /var/lib/apt/lists/*; \
+    apt-get clean; \
+    rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin; \
     if [ -n "${malloc}" ]; then \
       ln -s "$(dpkg -L "${malloc}" | grep -E '/lib(jemalloc|tcmalloc_minimal)\.so\.[0-9]+$')" \
         /usr/local/lib/inferd-malloc.so; \

@@ -3,6 +3,8 @@ rule broken: a rule that cannot fail would prove nothing."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,35 @@ def test_the_lint_catches_a_broken_rule(change: tuple[str, str], says: str) -> N
     assert old in DOCKERFILE, old
     problems = violations(DOCKERFILE.replace(old, new))
     assert any(says in p for p in problems), problems
+
+
+def test_the_build_script_says_why_when_no_engine_can_run(tmp_path: Path) -> None:
+    """Where neither podman nor buildah is installed, scripts/build-image.sh fails at once,
+    saying what to install (not with a shell's 'command not found' halfway)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "sed", "dirname", "tail", "id"):
+        found = shutil.which(tool)
+        assert found, tool
+        (bin_dir / tool).symlink_to(found)
+    result = subprocess.run(
+        ["sh", str(ROOT / "scripts" / "build-image.sh")],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "no container engine can run here" in result.stderr
+    assert "apt-get install podman" in result.stderr
+
+
+def test_the_build_script_refuses_an_unknown_option() -> None:
+    result = subprocess.run(
+        ["sh", str(ROOT / "scripts" / "build-image.sh"), "--fast"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "unknown option '--fast'" in result.stderr
