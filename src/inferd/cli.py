@@ -10,6 +10,7 @@ from inferd import __version__
 from inferd.bench.options import add_request_options
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
+from inferd.optimize.main import add_optimize_parser
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
 
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_options(serve)
     add_bench_parser(commands)
     add_tune_parser(commands)
+    add_optimize_parser(commands)
     return parser
 
 
@@ -259,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.bench.main import main as bench_main
 
         return bench_main(args)
+    if args.command == "optimize":
+        from inferd.optimize.main import main as optimize_main
+
+        return optimize_main(args)
     if args.command == "tune":
         from inferd.tune.main import main as tune_main
 
