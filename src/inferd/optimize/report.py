@@ -186,7 +186,8 @@ def write_plot(report: Report, path: Path) -> None:
         ax.annotate(
             label, (x, y), textcoords="offset points", xytext=(6, -10 - 10 * near), fontsize=8
         )
-    ax.axhline(base / report.rules.min_speedup, color="grey", linestyle="--", linewidth=1)
+    if report.rules.min_speedup > 0:  # the slowest latency still eligible
+        ax.axhline(base / report.rules.min_speedup, color="grey", linestyle="--", linewidth=1)
     ax.axvline(report.rules.max_accuracy_drop * 100, color="grey", linestyle="--", linewidth=1)
     ax.set_xlim(-right * 0.05, right * 1.1)
     ax.set_ylim(bottom=0)

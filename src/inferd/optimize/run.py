@@ -42,11 +42,11 @@ if TYPE_CHECKING:
 class Progress:
     """One line per step on stderr, `[k/n] candidate: what it is doing`."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
         self.total = total
         self.index = 0
         self.name = ""
-        self.stream = stream
+        self.stream = stream or sys.stderr
 
     def start(self, name: str) -> None:
         self.index += 1
@@ -146,7 +146,8 @@ def _datasets(
     return validation, calibration, labels, notes
 
 
-def run(options: Options, out: TextIO = sys.stdout) -> int:
+def run(options: Options, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     model = open_model(options.repository, options.model, options.version)
     check_installed(model)
     tries = options.tries or DEFAULT_TRIES[model.format]
