@@ -158,3 +158,20 @@ def test_a_canary_gets_its_share_through_the_routing_api(
     assert routing["weights"] == {"2": 25, "1": 75}
     assert routing["auto_rollback"] is True  # the guard watches the canary
     assert run.report["published"]["routing"]["weights"] == {"2": 25, "1": 75}
+
+
+def test_a_server_that_does_not_pick_the_version_up_exits_1(tmp_path: Path) -> None:
+    """Model control mode none: the version is written, but never served; optimize says so."""
+    repo = tmp_path / "repo"
+    write_mlp(repo)
+    with run_server(repo) as server:
+        run = optimize(
+            repo, "mlp", *PUBLISH, "--publish", "--server", server.url, "--wait-s", "0.5",
+            report=tmp_path / "report.json",
+        )  # fmt: skip
+    assert run.code == 1
+    assert "the server did not serve mlp version 2 with checksum sha256:" in run.stderr
+    assert "--model-control-mode poll" in run.stderr
+    assert (repo / "mlp" / "2" / "model.onnx").is_file()  # written, and the report says so
+    assert run.report["published"]["version"] == 2 and "error" in run.report["published"]
+    assert "published: mlp version 2 in" in run.stdout and "not completed:" in run.stdout

@@ -185,8 +185,10 @@ def run(options: Options, out: TextIO | None = None) -> int:
         report = Report(model, rules, original, outcomes, winner, notes)
         code = EXIT_OK if winner is not None else EXIT_NO_WINNER
         if winner is not None and options.publish:
-            code = _publish(report, options, server, out, progress)
+            code = _publish(report, options, server, progress)
     print(table(report), file=out)
+    for line in _published_lines(report):
+        print(line, file=out)
     if options.json is not None:
         write_json(report, options.json)
     if options.plot is not None:
@@ -194,9 +196,7 @@ def run(options: Options, out: TextIO | None = None) -> int:
     return code
 
 
-def _publish(
-    report: Report, options: Options, server: ServerApi | None, out: TextIO, progress: Progress
-) -> int:
+def _publish(report: Report, options: Options, server: ServerApi | None, progress: Progress) -> int:
     winner = report.winner
     assert winner is not None and winner.built is not None
     model = report.model
@@ -205,8 +205,6 @@ def _publish(
         published = publish(model, winner.built, to_json(report))
         report.published = published.to_json()
         progress(f"wrote {published.directory} ({published.checksum})")
-        if published.policy_note:
-            print(f"warning: {published.policy_note}", file=out)
         if server is not None:
             server.wait_until_serving(
                 published.version, published.checksum, options.wait_s, progress
@@ -225,3 +223,22 @@ def _publish(
         report.published["error"] = str(e)
         return EXIT_PUBLISH_FAILED
     return EXIT_OK
+
+
+def _published_lines(report: Report) -> list[str]:
+    done = report.published
+    if not done or "version" not in done:
+        return []
+    lines = [
+        f"published: {report.model.name} version {done['version']} in {done['directory']}, "
+        f"checksum {done['checksum']}"
+    ]
+    if done.get("policy_note"):
+        lines.append(f"warning: {done['policy_note']}")
+    if done.get("served"):
+        lines.append(f"served: version {done['version']} is ready with that checksum")
+    if "routing" in done:
+        lines.append(f"canary: routing weights {done['routing'].get('weights')}")
+    if "error" in done:
+        lines.append(f"not completed: {done['error']}")
+    return lines
