@@ -3,6 +3,7 @@ report written, and the winner published (with the server step) or refused."""
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -217,7 +218,7 @@ def _publish(report: Report, options: Options, server: ServerApi | None, progres
                 }
                 routing = server.set_weights(weights)
                 report.published["routing"] = routing
-                progress(f"canary weights set: {weights}")
+                progress(f"canary weights set: {json.dumps(weights)}")
     except PublishError as e:
         print(f"inferd optimize: {e}", file=sys.stderr)
         report.published["error"] = str(e)
@@ -238,7 +239,7 @@ def _published_lines(report: Report) -> list[str]:
     if done.get("served"):
         lines.append(f"served: version {done['version']} is ready with that checksum")
     if "routing" in done:
-        lines.append(f"canary: routing weights {done['routing'].get('weights')}")
+        lines.append(f"canary: routing weights {json.dumps(done['routing'].get('weights'))}")
     if "error" in done:
         lines.append(f"not completed: {done['error']}")
     return lines
