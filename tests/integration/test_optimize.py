@@ -6,6 +6,7 @@ the tests that want a winner pass --min-speedup 0."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import subprocess
@@ -24,9 +25,10 @@ import tritonclient.http as httpclient
 
 from inferd import cli
 from inferd.optimize.publish import REPORT_FILE, file_sha256
-from tests.models import write_counter
+from tests.models import builders, write_counter
 from tests.optimize_models import write_mlp, write_outlier_classifier, write_torch_mlp
 from tests.servers import RunningServer, run_server
+from tests.torch_models import build_torch_repository
 
 FAST = ["--duration-s", "0.05", "--samples", "64"]
 ROWS = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32)
@@ -272,3 +274,35 @@ def test_the_command_line_exits_2_on_a_missing_model(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert f"inferd optimize: -m nope: no model directory {tmp_path / 'nope'}" in done.stderr
+
+
+def test_what_cannot_be_built_for_torch_models_is_reported_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """A torch.export program cannot be quantised dynamically; a TorchScript model without
+    Linear layers neither, while its ONNX export (INPUT__<i> / OUTPUT__<i> names, outputs
+    declared out of order) computes exactly what it does."""
+    repo = tmp_path / "repo"
+    build_torch_repository(repo, builders)
+    exported = optimize(repo, "exported", "--min-speedup", "0", report=tmp_path / "e.json")
+    assert exported.code == 3
+    quantised = candidate(exported, "int8-dynamic")
+    assert quantised["status"] == "failed"
+    assert quantised["reason"].startswith("cannot be built: a torch.export program has no eager")
+    export = candidate(exported, "onnx-export")
+    if importlib.util.find_spec("onnxscript") is None:
+        assert export["reason"] == (
+            "cannot be built: exporting a torch.export program to ONNX needs torch's dynamo "
+            "exporter, which needs onnxscript (pip install onnxscript)"
+        )
+    indexed = optimize(repo, "ts_indexed", "--min-speedup", "0", report=tmp_path / "i.json")
+    assert indexed.code == 3
+    assert candidate(indexed, "int8-dynamic")["reason"] == (
+        "cannot be built: the model has no Linear layer that dynamic quantisation handles"
+    )
+    export = candidate(indexed, "onnx-export")
+    assert export["status"] == "measured"
+    outputs = {o["name"]: o for o in export["accuracy"]["outputs"]}
+    assert set(outputs) == {"OUTPUT__0", "OUTPUT__1"}
+    assert all(o["kind"] == "exact" and o["agreement"] == 1.0 for o in outputs.values())
+    assert "cannot be a version of this TorchScript model" in export["reason"]

@@ -29,7 +29,13 @@ def add_optimize_parser(commands: argparse._SubParsersAction[argparse.ArgumentPa
         formatter_class=DefaultsOnceFormatter,
     )
     p.add_argument("-m", "--model", required=True, help="the model to optimise")
-    p.add_argument("--model-repository", type=Path, required=True, metavar="DIR")
+    p.add_argument(
+        "--model-repository",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the repository holding the model (Triton's layout); --publish writes into it",
+    )
     p.add_argument(
         "--version", type=int, default=None, help="the version to optimise (default: the latest)"
     )
