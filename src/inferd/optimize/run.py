@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TextIO
 import numpy as np
 
 from inferd.optimize import accuracy as acc
-from inferd.optimize.candidates import DEFAULT_TRIES, CandidateError, build
+from inferd.optimize.candidates import DEFAULT_TRIES, INT8_STATIC, CandidateError, build
 from inferd.optimize.data import Dataset, load_inputs, load_labels, synthetic_inputs
 from inferd.optimize.errors import (
     EXIT_NO_WINNER,
@@ -119,7 +119,7 @@ class Evaluation:
 
 
 def _datasets(
-    model: OriginalModel, options: Options
+    model: OriginalModel, options: Options, tries: list[str]
 ) -> tuple[Dataset, Dataset, np.ndarray | None, dict[str, str]]:
     notes: dict[str, str] = {}
     if options.validation is not None:
@@ -129,13 +129,19 @@ def _datasets(
     if options.calibration is not None:
         calibration = load_inputs(options.calibration, "--calibration", model)
     else:
-        calibration = synthetic_inputs(model, options.samples, options.seed + 1)
+        try:
+            calibration = synthetic_inputs(model, options.samples, options.seed + 1)
+        except OptimizeError:
+            if INT8_STATIC in tries or options.validation is None:
+                raise
+            # Nothing is calibrated; the export's example input comes from the validation data.
+            calibration = validation
     labels = None
     if options.labels is not None:
         labels = load_labels(options.labels, validation.rows)
         notes["labels"] = f"{options.labels} ({validation.rows} labels)"
     notes["validation"] = validation.source
-    notes["calibration"] = calibration.source
+    notes["calibration"] = calibration.source if INT8_STATIC in tries else "none (no int8-static)"
     if labels is not None:
         notes["accuracy_basis"] = f"the labels in {options.labels}"
     elif validation.synthetic:
@@ -152,7 +158,7 @@ def run(options: Options, out: TextIO | None = None) -> int:
     model = open_model(options.repository, options.model, options.version)
     check_installed(model)
     tries = options.tries or DEFAULT_TRIES[model.format]
-    validation, calibration, labels, notes = _datasets(model, options)
+    validation, calibration, labels, notes = _datasets(model, options, tries)
     if options.plot is not None:
         check_plot_available()
     if options.canary is not None:
