@@ -15,6 +15,7 @@ from inferd.cli_env import EnvironmentParser, unknown_variables
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
 from inferd.limit_options import add_limit_options, limits_from
+from inferd.optimize.main import add_optimize_parser
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
 
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_options(serve)
     add_bench_parser(commands)
     add_tune_parser(commands)
+    add_optimize_parser(commands)
     return parser
 
 
@@ -284,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.bench.main import main as bench_main
 
         return bench_main(args)
+    if args.command == "optimize":
+        from inferd.optimize.main import main as optimize_main
+
+        return optimize_main(args)
     if args.command == "tune":
         from inferd.tune.main import main as tune_main
 
