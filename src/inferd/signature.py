@@ -7,7 +7,7 @@ that names the input and what was expected: nothing malformed reaches the batche
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.datatypes import CONFIG_TO_V2
 from inferd.errors import invalid
 from inferd.repository.config import ConfigError
+from inferd.request_parameters import model_parameters
 from inferd.types import Array, InferRequest, RequestedOutput
 
 # Per-input limits a model config may set as `parameters` (docs/limits.md). They are checked
@@ -54,6 +55,14 @@ class BoundRequest:
     shape_key: tuple[tuple[int, ...], ...]  # non-batch shapes: only equal keys may be merged
     output_names: list[str]
     request_id: str = ""  # the client's request id, "" when it sent none
+    # For models that read them (ModelSignature.model_parameters): the request's parameters
+    # without Triton's reserved keys, and its `timeout` (µs; 0: none).
+    parameters: dict[str, Any] = field(default_factory=dict)
+    timeout_us: int = 0
+    # Set while a Triton Python model executes it: whether the client gave up on it.
+    is_cancelled: Callable[[], bool] | None = None
+    # What a Triton Python model attached to its response (InferenceResponse(parameters=)).
+    response_parameters: dict[str, Any] | None = None
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
@@ -146,6 +155,8 @@ class ModelSignature:
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
+        # Request parameters reach the model (the Python backend): checked and handed over.
+        self.model_parameters = False
         self.max_batch_size = int(config.max_batch_size)
         self.is_batched = self.max_batch_size > 0  # read on every request: not a property
         self.inputs = {
@@ -234,13 +245,16 @@ class ModelSignature:
                 inputs[name] = given[name]
             elif not spec.optional:
                 raise invalid(f"missing input '{name}' for model '{model}'")
-        return BoundRequest(
+        bound = BoundRequest(
             inputs=inputs,
             rows=rows if self.is_batched else 1,
             shape_key=tuple(a.shape[1:] for a in inputs.values()),
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
         )
+        if request.parameters and self.model_parameters:
+            bound.parameters, bound.timeout_us = model_parameters(request.parameters)
+        return bound
 
     def _check_limits(
         self,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -12,6 +13,7 @@ from inferd.errors import InferdError
 from inferd.types import Array
 
 if TYPE_CHECKING:
+    from inferd.backends.pb_utils.host import HostProvider
     from inferd.signature import BoundRequest
 
 
@@ -23,6 +25,9 @@ class LoadContext:
     config: mc.ModelConfig
     instance_index: int
     instance_count: int
+    # What Python models may ask of the server (pb_utils.load_model, custom metrics);
+    # None outside a server.
+    host: HostProvider | None = None
 
 
 class Instance(Protocol):
@@ -42,6 +47,18 @@ class Instance(Protocol):
     def close(self) -> None:
         """Release the instance's memory; it is not called again afterwards."""
         ...
+
+
+class ParametersInstance(Instance, Protocol):
+    """An instance whose model reads request parameters (inferd's Python `Model` with a
+    `predict(inputs, parameters)`): `takes_parameters` is True, and `execute` gets one
+    mapping per row of the batch, each the parameters of the row's request."""
+
+    takes_parameters: bool
+
+    def execute(
+        self, inputs: dict[str, Array], parameters: Sequence[Mapping[str, Any]] | None = None
+    ) -> dict[str, Array]: ...
 
 
 @runtime_checkable
@@ -79,6 +96,9 @@ class Backend(Protocol):
     model_files: tuple[str, ...]  # every file name it can load, in order of preference
     # BYTES inputs reach the model as text, so they must be UTF-8 (checked at the edge).
     decodes_bytes_as_text: bool
+    # Optional, False when absent: request parameters reach the model (the Python backend),
+    # so `bind` checks them and hands them over in BoundRequest.parameters.
+    # passes_request_parameters: bool
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         """Fill what the config leaves out (inputs, outputs, batching) from the model file.

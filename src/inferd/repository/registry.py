@@ -21,6 +21,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import Backend
+from inferd.backends.pb_utils.host import HostProvider
 from inferd.circuit import CircuitBreaker, CircuitPolicy
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
@@ -96,6 +97,8 @@ class ModelRegistry:
         self.repository = repository
         self.telemetry = telemetry or Telemetry()
         self.models: dict[str, Model] = {}
+        # What Python models may ask of the server (pb_utils); set by the server.
+        self.model_host: HostProvider | None = None
 
     # -- lookups on the request path ----------------------------------------------------
 
@@ -276,6 +279,7 @@ class ModelRegistry:
             policy = RollbackPolicy.from_config(config)
             circuit_policy = CircuitPolicy.from_config(config)
             signature = ModelSignature(config)  # its limits can be malformed config too
+            signature.model_parameters = getattr(backend, "passes_request_parameters", False)
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
                     n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
@@ -355,7 +359,14 @@ class ModelRegistry:
                     f"{mv.name}/{mv.version}/ holds no {' or '.join(backend.model_files)}"
                 )
             instances = await asyncio.to_thread(
-                load_instances, backend, mv.name, mv.version, mv.config, version_dir, count
+                load_instances,
+                backend,
+                mv.name,
+                mv.version,
+                mv.config,
+                version_dir,
+                count,
+                self.model_host,
             )
         except Exception as exc:
             mv.state = State.UNAVAILABLE

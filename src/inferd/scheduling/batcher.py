@@ -28,7 +28,13 @@ from typing import cast
 
 import numpy as np
 
-from inferd.backends.base import AnyInstance, Instance, RequestListInstance, SupervisedInstance
+from inferd.backends.base import (
+    AnyInstance,
+    Instance,
+    ParametersInstance,
+    RequestListInstance,
+    SupervisedInstance,
+)
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, shed, unavailable
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.scheduling.admission import refuse_unmeetable_deadline
@@ -100,6 +106,9 @@ class DynamicBatcher:
         # Decided once: a runtime protocol check costs microseconds on every batch.
         self._takes_request_lists = all(
             isinstance(inst, RequestListInstance) for inst in self._instances
+        )
+        self._takes_parameters = not self._takes_request_lists and all(
+            getattr(inst, "takes_parameters", False) for inst in self._instances
         )
         self._opts = options
         self._all_bounded = all(p.max_queue_size for p in options.queue_policies)
@@ -356,6 +365,7 @@ class DynamicBatcher:
                 batch,
                 self._opts.max_batch_size > 0,
                 self._takes_request_lists,
+                self._takes_parameters,
             )
         except InferdError as exc:
             self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
@@ -397,13 +407,20 @@ Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), 
 
 
 def _run_batch(
-    instance: AnyInstance, batch: list[Pending], batched: bool, by_request: bool
+    instance: AnyInstance,
+    batch: list[Pending],
+    batched: bool,
+    by_request: bool,
+    with_parameters: bool = False,
 ) -> tuple[list[dict[str, Array] | InferdError], Timings]:
     """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
     clock = time.perf_counter_ns
     if by_request:
         # Models written against Triton's execute(requests) contract see the requests
-        # separately, and answer each one (or fail it alone).
+        # separately, and answer each one (or fail it alone). A request's future is done
+        # once its client gave up (cancelled, deadline): request.is_cancelled() reads it.
+        for p in batch:
+            p.request.is_cancelled = p.future.done
         started = clock()
         results = cast(RequestListInstance, instance).execute_requests([p.request for p in batch])
         if len(results) != len(batch):
@@ -422,7 +439,11 @@ def _run_batch(
             name: np.concatenate([p.request.inputs[name] for p in batch]) for name in first.inputs
         }
     t1 = clock()
-    outputs = cast(Instance, instance).execute(inputs)
+    if with_parameters:  # one mapping per row: the parameters of the row's request
+        rows = [p.request.parameters for p in batch for _ in range(p.request.rows)]
+        outputs = cast(ParametersInstance, instance).execute(inputs, rows)
+    else:
+        outputs = cast(Instance, instance).execute(inputs)
     t2 = clock()
     if not batched:
         return [outputs], (t1 - t0, t2 - t1, clock() - t2)
