@@ -227,7 +227,7 @@ def _answer_readiness(conn: Connection, instance: Any) -> None:
     """Answer the parent's `is_ready` probes: (question id, answer or None when it raised)."""
     while True:
         try:
-            question = conn.recv()
+            (question,) = conn.recv()
         except (EOFError, OSError):
             return
         try:
