@@ -147,3 +147,61 @@ def test_the_walks_metrics_are_exported(walk_server: RunningServer) -> None:
         assert f'walk_histogram_count{{run="{model}"}}' in text
     assert "# TYPE walk_counter counter" in text
     assert "# HELP walk_counter a COUNTER of the API walk" in text
+
+
+# Tries the model management calls it is told to, and answers with what each raised.
+TRY_LOAD_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        outcomes = []
+        for call in (
+            lambda: pb_utils.load_model("other"),
+            lambda: pb_utils.unload_model("other"),
+            lambda: pb_utils.load_model("{name}"),
+        ):
+            try:
+                call()
+                outcomes.append("done")
+            except pb_utils.TritonModelException as exc:
+                outcomes.append(exc.message())
+        report = np.array(["\\n".join(outcomes).encode()], dtype=object)
+        return [
+            pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", np.zeros(1, np.float32)),
+                pb_utils.Tensor("REPORT", report),
+            ])
+            for _ in requests
+        ]
+"""
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_model_management_is_refused_naming_the_call_without_the_admin_api(
+    tmp_path: Path, isolation: str
+) -> None:
+    name = f"try_{isolation}"
+    extra = PROCESS if isolation == "process" else ""
+    _write(
+        tmp_path,
+        name,
+        WALK_CONFIG.format(name=name, extra=extra),
+        TRY_LOAD_PY.replace("{name}", name),
+    )
+    _write(tmp_path, "other", OTHER_CONFIG, OTHER_PY)
+    with run_server(tmp_path) as server:  # the admin API is off by default
+        client = Client("http", server)
+        try:
+            result = client.infer(name, {"IN": (np.zeros(1, np.float32), "FP32")})
+        finally:
+            client.raw.close()
+        load, unload, itself = result.as_numpy("REPORT")[0].decode().split("\n")
+        assert load.startswith("pb_utils.load_model('other'): the repository API is disabled")
+        assert unload.startswith("pb_utils.unload_model('other'): the repository API is disabled")
+        assert itself.startswith(
+            f"pb_utils.load_model('{name}'): a model cannot load or unload itself"
+        )
+        with server.client() as c:  # nothing changed
+            assert c.get("/v2/models/other/ready").status_code == 200
