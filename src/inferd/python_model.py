@@ -8,7 +8,9 @@
         def unload(self):                   # once, when the version is unloaded
             ...
 
-See docs/python-models.md.
+`predict(self, inputs, parameters)` (the second parameter named `parameters`) also gets the
+request parameters: a list with one mapping per row of the batch, the parameters of the
+request the row came from. Any of the three may be `async def`. See docs/python-models.md.
 """
 
 from __future__ import annotations
