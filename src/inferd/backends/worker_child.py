@@ -139,6 +139,7 @@ def worker_main(
     """The child process: load the model, then answer batches until told to stop."""
     # Imported here: python.py imports the parent's side, which names this function.
     from inferd import model_output
+    from inferd.backends.inferd_python import PythonInstance
     from inferd.backends.python import instantiate
     from inferd.backends.python_autocomplete import completed_config
     from inferd.backends.python_import import import_model_module
@@ -169,10 +170,9 @@ def worker_main(
         except Exception as exc:
             host.answer(_dumps(("load_failed", _describe(exc))))
             return
-        triton = isinstance(instance, TritonPythonInstance)
         probed = isinstance(instance, TritonPythonInstance) and instance.has_is_ready
         info = {
-            "api": "triton" if triton else "inferd",
+            "api": "triton" if isinstance(instance, TritonPythonInstance) else "inferd",
             "takes_parameters": bool(getattr(instance, "takes_parameters", False)),
             "is_ready": probed,
         }
@@ -197,16 +197,18 @@ def worker_main(
             break
         with host.parent_waiting():
             try:
-                if kind == "execute":
-                    data = _dumps(("ok", instance.execute(message[1], message[2])))  # type: ignore[union-attr]
-                else:  # "execute_requests"
+                if kind == "execute" and isinstance(instance, PythonInstance):
+                    data = _dumps(("ok", instance.execute(message[1], message[2])))
+                elif kind == "execute_requests" and isinstance(instance, TritonPythonInstance):
                     requests = _requests(message[1], cancelled)
-                    results = instance.execute_requests(requests)  # type: ignore[union-attr]
+                    results = instance.execute_requests(requests)
                     answers = [
                         (*_as_result(res), req.response_parameters)
                         for res, req in zip(results, requests, strict=True)
                     ]
                     data = _dumps(("ok", answers))
+                else:
+                    raise RuntimeError(f"the worker got '{kind}' for a {type(instance).__name__}")
             except Exception as exc:
                 data = _dumps(("error", _describe(exc)))
             host.answer(data)
@@ -224,7 +226,7 @@ def _requests(items: list[tuple[Any, ...]], cancelled: Any) -> list[BoundRequest
 
 
 def _answer_readiness(conn: Connection, instance: Any) -> None:
-    """Answer the parent's `is_ready` probes: (question id, answer or None when it raised)."""
+    """Answer the parent's `is_ready` probes: (question id, answer; False when it raised)."""
     while True:
         try:
             (question,) = conn.recv()

@@ -1,6 +1,6 @@
 """The parent's end of one Python-model worker process: start it, talk to it, reap it.
 
-A `_Worker` owns the child process (multiprocessing's "spawn" context: the server has
+A `Worker` owns the child process (multiprocessing's "spawn" context: the server has
 threads, so it never forks) and its pipes:
 
 - the main pipe, both ways: the parent's requests, the child's answers, and in between the
@@ -103,13 +103,13 @@ class WorkerDiedError(Exception):
     """The child died; `str()` describes how (`exit code 1`, `killed by signal SIGSEGV`)."""
 
 
-class _Worker:
+class Worker:
     """One child process, its pipes and the thread relaying its log records."""
 
     def __init__(
         self,
         spec: WorkerSpec,
-        on_exit: Callable[[_Worker], None],
+        on_exit: Callable[[Worker], None],
         host: InstanceModelHost | None = None,
     ) -> None:
         from inferd.backends.worker_child import worker_main  # the child's side

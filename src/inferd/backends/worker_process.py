@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.base import LoadContext
 from inferd.backends.model_calls import READY_TIMEOUT_S, ReadinessCheck
 from inferd.backends.pb_utils.host import InstanceModelHost
-from inferd.backends.worker_pipe import STOP_TIMEOUT_S, WorkerDiedError, WorkerSpec, _Worker
+from inferd.backends.worker_pipe import STOP_TIMEOUT_S, Worker, WorkerDiedError, WorkerSpec
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.repository.config import ConfigError
@@ -51,7 +51,7 @@ def auto_complete_in_worker(config: mc.ModelConfig, version_dir: Path) -> str | 
     """TritonPythonModel.auto_complete_config's config, run in a short-lived worker process
     (importing model.py could crash the server too); None when model.py defines none."""
     ctx = LoadContext(config.name, version_dir.name, version_dir, config, 0, 1)
-    worker = _Worker(WorkerSpec.from_context(ctx, "auto_complete"), lambda _: None)
+    worker = Worker(WorkerSpec.from_context(ctx, "auto_complete"), lambda _: None)
     try:
         message = worker.receive()
     except WorkerDiedError as exc:
@@ -73,7 +73,7 @@ def start_process_instance(ctx: LoadContext) -> ProcessInstance:
     host = ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
     spec = WorkerSpec.from_context(ctx)
     try:
-        worker = _Worker(spec, lambda w: None, host)
+        worker = Worker(spec, lambda w: None, host)
         info = worker.wait_ready()
     except BaseException:
         if host is not None:
@@ -95,7 +95,7 @@ class ProcessInstance:
         ctx: LoadContext,
         spec: WorkerSpec,
         host: InstanceModelHost | None,
-        worker: _Worker,
+        worker: Worker,
         info: dict[str, Any],
     ) -> None:
         self._spec = spec
@@ -111,10 +111,10 @@ class ProcessInstance:
         # The first worker started before this object existed: its exit comes here from now
         # on (a death before this line is found by the next batch, as a death while idle).
         worker.on_exit = self._on_worker_exit
-        self._worker: _Worker | None = worker
+        self._worker: Worker | None = worker
 
-    def _start(self) -> _Worker:
-        worker = _Worker(self._spec, self._on_worker_exit, self._host)
+    def _start(self) -> Worker:
+        worker = Worker(self._spec, self._on_worker_exit, self._host)
         info = worker.wait_ready()
         if info["api"] != self._api:
             worker.stop()
@@ -143,9 +143,13 @@ class ProcessInstance:
         return outputs
 
     def _exchange(
-        self, request: tuple[Any, ...], on_poll: Any = None, before: Any = None
+        self,
+        request: tuple[Any, ...],
+        on_poll: Callable[[Worker], None] | None = None,
+        before: Callable[[Worker], None] | None = None,
     ) -> tuple[Any, ...]:
-        """Send one batch and wait for its answer; a dead worker fails it and restarts."""
+        """Send one batch and wait for its answer; a dead worker fails it and restarts.
+        `before(worker)` runs before the send, `on_poll(worker)` while it waits."""
         worker = self._ready_worker()
         if before is not None:
             before(worker)
@@ -163,7 +167,7 @@ class ProcessInstance:
             raise InferdError(ErrorKind.MODEL_ERROR, str(message[1]))
         return message
 
-    def _ready_worker(self) -> _Worker:
+    def _ready_worker(self) -> Worker:
         """The live worker; waits for a restart in progress, starts one if the worker died
         while idle, raises UNAVAILABLE when the instance cannot serve."""
         while True:
@@ -185,10 +189,10 @@ class ProcessInstance:
                 continue
             return worker
 
-    def _on_worker_exit(self, worker: _Worker) -> None:
+    def _on_worker_exit(self, worker: Worker) -> None:
         self._begin_restart(worker)
 
-    def _begin_restart(self, dead: _Worker) -> None:
+    def _begin_restart(self, dead: Worker) -> None:
         """Replace `dead` by a new worker, in the background; once per dead worker."""
         with self._lock:
             if self._closed or self._worker is not dead:
@@ -212,7 +216,7 @@ class ProcessInstance:
             daemon=True,
         ).start()
 
-    def _restart(self, dead: _Worker, done: threading.Event) -> None:
+    def _restart(self, dead: Worker, done: threading.Event) -> None:
         try:
             dead.reap()
             worker = self._start()
@@ -268,7 +272,7 @@ class TritonProcessInstance(ProcessInstance):
         ctx: LoadContext,
         spec: WorkerSpec,
         host: InstanceModelHost | None,
-        worker: _Worker,
+        worker: Worker,
         info: dict[str, Any],
     ) -> None:
         super().__init__(ctx, spec, host, worker, info)
@@ -288,10 +292,10 @@ class TritonProcessInstance(ProcessInstance):
     def execute_requests(
         self, requests: list[BoundRequest]
     ) -> list[dict[str, Array] | InferdError]:
-        def clear_flags(worker: _Worker) -> None:
+        def clear_flags(worker: Worker) -> None:
             worker.cancelled[:] = [0] * len(worker.cancelled)
 
-        def mark_cancelled(worker: _Worker) -> None:
+        def mark_cancelled(worker: Worker) -> None:
             for i, request in enumerate(requests[: len(worker.cancelled)]):
                 if request.is_cancelled is not None and request.is_cancelled():
                     worker.cancelled[i] = 1
