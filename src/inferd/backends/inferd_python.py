@@ -67,6 +67,7 @@ class PythonInstance:
                     self._loop.resolve(self._model.load(context))
             self.takes_parameters = takes_parameters(self._model)
         except BaseException:
+            self._loop.close()  # an async initialize/load may have started it
             self._release()
             raise
 

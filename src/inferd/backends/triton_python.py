@@ -83,6 +83,7 @@ class TritonPythonInstance:
             if self.has_is_ready and probe_readiness:
                 self._readiness = ReadinessCheck(task, self.check_ready)
         except BaseException:
+            self._loop.close()  # an async initialize/load may have started it
             self._release()
             raise
 
