@@ -34,12 +34,16 @@ models: $(VENV)/.serve-deps
 serve: models
 	$(BIN)/inferd serve --model-repository examples/models $(ARGS)
 
-# promtool and prometheus, for tests/integration/test_deploy.py (a no-op once installed):
-# Debian's `prometheus` package through apt-get, with sudo when not root. If that cannot be
-# done the run goes on and those tests are skipped, saying why (CI makes them fail instead).
+# promtool and prometheus, for tests/integration/test_deploy.py: Debian's `prometheus` package
+# through apt-get, with sudo when not root; and perf_analyzer (its own venv under benchmarks/,
+# about a minute the first time) for test_perf_analyzer.py. A no-op once installed. If they
+# cannot be installed the run goes on and those tests are skipped, saying why (CI makes the
+# Prometheus ones fail instead).
 test-tools:
 	@sh scripts/install-test-tools.sh || echo "make test: promtool/prometheus not installed" \
 	  "(see above); the tests that need them will be skipped" >&2
+	@bash benchmarks/perf_analyzer.sh --install || echo "make test: perf_analyzer not" \
+	  "installed (see above); the tests that need it will be skipped" >&2
 
 test: $(VENV)/.test-deps test-tools
 	$(BIN)/python -m pytest $(ARGS)

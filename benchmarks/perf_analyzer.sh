@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run Triton's perf_analyzer against inferd, setting it up on first use.
 #   usage: benchmarks/perf_analyzer.sh -m mlp -u 127.0.0.1:8000 -i http --concurrency-range 1
+#          benchmarks/perf_analyzer.sh --install   # only set it up (`make test-tools` does)
 #
 # Why it's done this way:
 # - PyPI's `perf-analyzer` wheel needs a newer glibc than Debian 12 (2.36) has,
@@ -37,6 +38,10 @@ if ! ldconfig -p | grep 'libb64\.so\.0d' >/dev/null && ! dpkg -s libb64-0d >/dev
   SUDO=""; [[ $EUID -ne 0 ]] && SUDO="sudo"
   $SUDO apt-get update
   $SUDO apt-get install -y --no-install-recommends libb64-0d
+fi
+
+if [[ "${1:-}" == "--install" ]]; then
+  exit 0
 fi
 
 export LD_LIBRARY_PATH="$(cudart_dir)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

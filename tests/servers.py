@@ -12,12 +12,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
 
 from inferd.scheduling.batcher import DynamicBatcher
+from inferd.scheduling.scheduler import Scheduler
+from inferd.scheduling.sequence_batcher import SequenceBatcher
 from inferd.server import InferenceServer
 from inferd.settings import Settings
 from tests.server_process import check_port_free, free_port, wait_until_serving
@@ -74,8 +76,17 @@ def run_server(repository: Path, **settings: Any) -> Iterator[RunningServer]:
 
 def batcher_of(server: RunningServer, model: str) -> DynamicBatcher:
     batcher = server.server.registry.get(model).batcher
-    assert batcher is not None, f"model '{model}' has no batcher"
+    assert isinstance(batcher, DynamicBatcher), f"model '{model}' has no dynamic batcher"
     return batcher
+
+
+def sequence_batcher_of(server: RunningServer, model: str) -> SequenceBatcher:
+    batcher = server.server.registry.get(model).batcher
+    assert isinstance(batcher, SequenceBatcher), f"model '{model}' has no sequence batcher"
+    return batcher
+
+
+B = TypeVar("B", bound=Scheduler)
 
 
 # Tests that need requests queued in a given order wait on the server's own state (queue
@@ -83,7 +94,7 @@ def batcher_of(server: RunningServer, model: str) -> DynamicBatcher:
 STATE_DEADLINE_S = 30.0
 
 
-def _check_deadline(batcher: DynamicBatcher, what: str, deadline: float) -> None:
+def _check_deadline(batcher: Scheduler, what: str, deadline: float) -> None:
     if time.monotonic() > deadline:
         raise AssertionError(
             f"model '{batcher.name}': {what} not reached within {STATE_DEADLINE_S:.0f} s "
@@ -91,9 +102,7 @@ def _check_deadline(batcher: DynamicBatcher, what: str, deadline: float) -> None
         )
 
 
-def wait_for(
-    batcher: DynamicBatcher, condition: Callable[[DynamicBatcher], bool], what: str
-) -> None:
+def wait_for(batcher: B, condition: Callable[[B], bool], what: str) -> None:
     """Poll until `condition(batcher)` holds; fail, naming `what`, at the deadline."""
     deadline = time.monotonic() + STATE_DEADLINE_S
     while not condition(batcher):

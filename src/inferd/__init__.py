@@ -4,6 +4,21 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from inferd.python_model import ModelContext, PythonModel  # noqa: E402
+from inferd.python_model import (  # noqa: E402
+    SEQUENCE_END,
+    SEQUENCE_START,
+    ModelContext,
+    PythonModel,
+    RequestInfo,
+    ResponseSender,
+)
 
-__all__ = ["ModelContext", "PythonModel", "__version__"]
+__all__ = [
+    "SEQUENCE_END",
+    "SEQUENCE_START",
+    "ModelContext",
+    "PythonModel",
+    "RequestInfo",
+    "ResponseSender",
+    "__version__",
+]

@@ -13,30 +13,40 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd import __version__
+from inferd import __version__, classification
 from inferd.access import AccessPolicy
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
-from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
+from inferd.events import CallContext, RequestRecord, Telemetry, note_failure
 from inferd.repository import uploads
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
+from inferd.runtime_settings import RuntimeSettings
+from inferd.scheduling.admission import scheduling_parameters
+from inferd.scheduling.sequence_parameters import sequence_parameters
+from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
+from inferd.streaming import MODEL_FAILURES, StreamingEntry, unary_to_decoupled
 from inferd.types import InferRequest, InferResponse
 from inferd.workers import peers
 
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
     "parameters",
+    "sequence",
     "statistics",
+    "system_shared_memory",
+    "trace",
+    "logging",
 ]
 
 
-class DataPlane:
+class DataPlane(StreamingEntry):
     def __init__(
         self,
         registry: ModelRegistry,
@@ -58,6 +68,9 @@ class DataPlane:
         self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
         self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
         self._inflight = 0
+        self.shared_memory = SharedMemoryRegistry()
+        # The trace and log settings APIs, changed through the same gate as the repository.
+        self.runtime = RuntimeSettings(self._admin, lambda name: name in self.registry.models)
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -92,7 +105,10 @@ class DataPlane:
         return ""
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "inferd", "version": __version__, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS
+        if self.workers is not None:  # see _shared_memory_gate
+            extensions = [e for e in EXTENSIONS if e != "system_shared_memory"]
+        return {"name": "inferd", "version": __version__, "extensions": extensions}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -254,7 +270,41 @@ class DataPlane:
         self.registry.rollback(name, version)
         return self.routing(name)
 
-    # -- inference ----------------------------------------------------------------------
+    # -- system shared memory (Triton's extension; the table: inferd/shared_memory.py) -----
+
+    def _shared_memory_gate(self) -> None:
+        """Every change to the shared-memory table passes here, and only here. Registering
+        makes the server map (and read and write) an object of the client's choosing; the
+        adapters check its credential first (the `shared-memory` API group, see access.py)."""
+        if self.workers is not None:
+            raise invalid(
+                "system shared memory needs a server of one process: with --workers N a "
+                "region registered with one worker would be unknown to the worker that "
+                "takes the request"
+            )
+
+    def register_shared_memory(self, name: str, key: object, offset: object, size: object) -> None:
+        self._shared_memory_gate()
+        self.shared_memory.register(name, key, offset, size)
+
+    def unregister_shared_memory(self, name: str = "") -> None:
+        """Region `name`, or every region when "" (an unknown name is no error, as Triton)."""
+        self._shared_memory_gate()
+        self.shared_memory.unregister(name)
+
+    def shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self.shared_memory.status(name)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        """No CUDA region can exist here: none listed, and a named one is unknown."""
+        if name:
+            raise not_found(f"unknown CUDA shared memory region '{name}'")
+        return []
+
+    def register_cuda_shared_memory(self) -> None:
+        raise invalid(CUDA_UNSUPPORTED)
+
+    # -- inference (and `stream_infer`, from StreamingEntry) ------------------------------
 
     async def infer(
         self,
@@ -273,21 +323,8 @@ class DataPlane:
         record = RequestRecord(model="", version="", ctx=ctx, duration_ns=0)
         self._inflight += 1
         try:
-            if self.is_shutting_down:
-                raise unavailable("the server is shutting down; retry on another replica")
-            if self.max_inflight and self._inflight > self.max_inflight:
-                raise shed(
-                    f"the server has {self.max_inflight} requests in flight "
-                    "(--max-inflight-requests); retry later"
-                )
-            model = self.registry.models.get(model_name)
-            if model is not None:
-                record.model = model_name
-            early = self.registry.get(model_name, version, ctx.routing_key)
-            record.version = early.version
-            if early.batcher is not None and early.batcher.refuses_all():
-                # Shed before reading and decoding the body: overload answers cost little.
-                raise shed(f"model '{model_name}' queue is full; retry later")
+            if self._admit(model_name, version, ctx, record).decoupled:
+                raise unary_to_decoupled(model_name, ctx)
             request = await decode()
             record.request = request
             record.request_id = request.id
@@ -303,35 +340,43 @@ class DataPlane:
             try:
                 response = await self._serve(model_name, version, request, ctx, record)
             except InferdError as exc:
-                circuit.record(False, counts=exc.kind in _MODEL_FAILURES)
+                circuit.record(False, counts=exc.kind in MODEL_FAILURES)
                 raise
             except BaseException:
                 circuit.record(False, counts=False)
                 raise
             circuit.record(True)
             return response
-        except InferdError as exc:
-            record.failure = FAILURE_REASON[exc.kind]
-            record.message = exc.message
-            raise
-        except asyncio.CancelledError:
-            # gRPC cancels the call when the client's deadline passes, racing the server's
-            # own deadline timer: past the deadline it is a timeout, whichever came first.
-            if ctx.deadline_ns is not None and time.perf_counter_ns() >= ctx.deadline_ns:
-                record.failure = FAILURE_REASON[ErrorKind.DEADLINE_EXCEEDED]
-                record.message = "the request's deadline passed"
-            else:
-                record.failure = CANCELLED
-                record.message = "the client cancelled the request"
-            raise
-        except Exception as exc:
-            record.failure = FAILURE_REASON[ErrorKind.INTERNAL]
-            record.message = str(exc)
+        except BaseException as exc:
+            note_failure(record, exc)
             raise
         finally:
             self._inflight -= 1
             record.duration_ns = time.perf_counter_ns() - ctx.start_ns
             self.telemetry.request(record)
+
+    def _request_over(self) -> None:
+        self._inflight -= 1
+
+    def _admit(
+        self, model_name: str, version: str, ctx: CallContext, record: RequestRecord
+    ) -> ModelVersion:
+        """The checks before a request's body is read; the version it would go to."""
+        if self.is_shutting_down:
+            raise unavailable("the server is shutting down; retry on another replica")
+        if self.max_inflight and self._inflight > self.max_inflight:
+            raise shed(
+                f"the server has {self.max_inflight} requests in flight "
+                "(--max-inflight-requests); retry later"
+            )
+        if model_name in self.registry.models:
+            record.model = model_name
+        early = self.registry.get(model_name, version, ctx.routing_key)
+        record.version = early.version
+        if early.batcher is not None and early.batcher.refuses_all():
+            # Shed before reading and decoding the body: overload answers cost little.
+            raise shed(f"model '{model_name}' queue is full; retry later")
+        return early
 
     async def _serve(
         self,
@@ -347,22 +392,40 @@ class DataPlane:
         # sticky canary routing.
         mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
         record.model, record.version = mv.name, mv.version
-        bound = mv.signature.bind(request)
-        record.rows = bound.rows
-        priority, timeout_us = _scheduling_parameters(request)
-        assert mv.batcher is not None  # a READY version always has one
-        outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
-        record.times = times
-        t0 = time.perf_counter_ns()
-        signature = mv.signature
+        if mv.decoupled:  # a canary version (or the fallback) may be one
+            raise unary_to_decoupled(mv.name, ctx)
+        # Inputs in shared memory become views of their regions before anything reads them;
+        # the lease keeps those regions mapped until the answer is built.
+        lease = self.shared_memory.lease(request) if request.uses_shared_memory else None
         try:
-            tensors = [
-                conform_output(signature, signature.outputs[name], outputs, bound.rows)
-                for name in bound.output_names
-            ]
-        except OutputMismatchError as exc:
-            raise _model_error(mv, exc.message) from None
-        times.compute_output_ns += time.perf_counter_ns() - t0
+            bound = mv.signature.bind(request)
+            bound.classes = classification.requested_classes(request, mv.signature)
+            record.rows = bound.rows
+            priority, timeout_us = scheduling_parameters(request)
+            if request.parameters or mv.sequence is not None:
+                bound.correlation_id, bound.flags = sequence_parameters(
+                    request, mv.name, mv.sequence is not None
+                )
+            assert mv.batcher is not None  # a READY version always has one
+            outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+            record.times = times
+            t0 = time.perf_counter_ns()
+            signature = mv.signature
+            try:
+                tensors = [
+                    conform_output(signature, signature.outputs[name], outputs, bound.rows)
+                    for name in bound.output_names
+                ]
+            except OutputMismatchError as exc:
+                raise _model_error(mv, exc.message) from None
+            if bound.classes:
+                tensors = classification.apply(tensors, bound.classes, signature)
+            if lease is not None:
+                tensors = lease.write_outputs(tensors)
+            times.compute_output_ns += time.perf_counter_ns() - t0
+        finally:
+            if lease is not None:
+                lease.release()
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
         )
@@ -371,23 +434,6 @@ class DataPlane:
         if fallback_from:
             response.parameters["fallback_from"] = fallback_from
         return response
-
-
-# Failures that say something about the model (they count for its circuit breaker).
-_MODEL_FAILURES = {ErrorKind.MODEL_ERROR, ErrorKind.INTERNAL, ErrorKind.DEADLINE_EXCEEDED}
-
-
-def _scheduling_parameters(request: InferRequest) -> tuple[int, int]:
-    """Triton's request parameters `priority` (level, 0 = default) and `timeout` (µs)."""
-    if not request.parameters:
-        return 0, 0  # the common case, on every request
-    values = []
-    for key in ("priority", "timeout"):
-        value = request.parameters.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise invalid(f"request parameter '{key}' must be an integer >= 0, got {value!r}")
-        values.append(value)
-    return values[0], values[1]
 
 
 def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from inferd.host_metrics import GpuCollector, register_host_metrics
 from inferd.metrics_triton import TritonCollector
 from inferd.repository.config import backend_name, parameter
 from inferd.repository.registry import ModelRegistry, State
+from inferd.scheduling.sequence_batcher import SequenceBatcher
 from inferd.snapshots import items
 from inferd.statistics import StatisticsSink
 
@@ -141,6 +142,8 @@ class MetricsSink:
         r = self.prometheus
         self.series: dict[tuple[str, str], _Series] = {}
         self.failures: dict[tuple[str, str, str], int] = {}
+        # Decoupled models: (responses sent to clients, responses dropped) per version.
+        self.stream_responses: dict[tuple[str, str], list[int]] = {}
         self.batch_closes: dict[tuple[str, str, str], int] = {}
         # GC callbacks run on whichever thread collects: this one keeps its lock.
         self.gc_pause = Histogram(
@@ -173,6 +176,10 @@ class MetricsSink:
 
     def on_request(self, record: RequestRecord) -> None:
         model, version = record.model, record.version
+        if record.responses is not None and model and version:
+            counts = self.stream_responses.setdefault((model, version), [0, 0])
+            counts[0] += sum(1 for r in record.responses if r.kind in ("success", "fail"))
+            counts[1] += record.dropped
         if record.failure is not None:
             key = (model, version, record.failure)
             self.failures[key] = self.failures.get(key, 0) + 1
@@ -270,7 +277,21 @@ class _CountsCollector(Collector):
         )
         for key, count in sorted(items(sink.batch_closes)):
             close.add_metric(list(key), count)
-        yield from (success, failure, inferences, executions, close, *histograms.values())
+        sent = CounterMetricFamily(
+            "inferd_stream_responses",
+            "Responses decoupled models sent to their clients (error responses included).",
+            labels=MV,
+        )
+        dropped = CounterMetricFamily(
+            "inferd_stream_responses_dropped",
+            "Responses decoupled models sent after their client had gone, dropped.",
+            labels=MV,
+        )
+        for (model, version), (count, lost) in sorted(dict(sink.stream_responses).items()):
+            sent.add_metric([model, version], count)
+            dropped.add_metric([model, version], lost)
+        yield from (success, failure, inferences, executions, close, sent, dropped)
+        yield from histograms.values()
 
 
 class _StateCollector(Collector):
@@ -332,6 +353,22 @@ class _StateCollector(Collector):
             "0..1 health of a model version over the last 60 s (see docs/metrics.md).",
             labels=MV,
         )
+        sequences = GaugeMetricFamily(
+            "inferd_sequences_active",
+            "Sequences holding a batch slot of a sequence model.",
+            labels=MV,
+        )
+        backlog = GaugeMetricFamily(
+            "inferd_sequences_backlog",
+            "Sequences started but waiting for a free batch slot.",
+            labels=MV,
+        )
+        released = CounterMetricFamily(
+            "inferd_sequences_released",
+            "Sequences released, by reason: end (their END request executed), idle "
+            "(max_sequence_idle_microseconds without a request), unload.",
+            labels=(*MV, "reason"),
+        )
         for name, model in sorted(items(self._registry.models)):
             load_failures.add_metric([name], model.load_failures)
             if model.circuit.policy.enabled:
@@ -354,9 +391,15 @@ class _StateCollector(Collector):
                 if mv.batcher is not None:
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())
+                if isinstance(mv.batcher, SequenceBatcher):
+                    sequences.add_metric(labels, mv.batcher.active_sequences())
+                    backlog.add_metric(labels, mv.batcher.backlog())
+                    for reason, count in sorted(mv.batcher.released().items()):
+                        released.add_metric([*labels, reason], count)
                 if mv.is_ready:
                     raw = parameter(mv.config, "health_p99_baseline_ms", "")
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         yield from (depth, inflight, state, load, warmup, info, health)
+        yield from (sequences, backlog, released)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)

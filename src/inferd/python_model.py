@@ -5,20 +5,30 @@
             ...
         def predict(self, inputs):          # a batch: {input name: array}, batch dim first
             return {"OUT": inputs["IN"] * 2}  # {output name: array}, same batch size
+        # or predict(self, inputs, requests): `requests` tells, per request of the batch in
+        # row order, its request_id, rows, parameters, correlation_id() and sequence flags()
         def unload(self):                   # once, when the version is unloaded
             ...
 
-`predict(self, inputs, parameters)` (the second parameter named `parameters`) also gets the
-request parameters: a list with one mapping per row of the batch, the parameters of the
-request the row came from. Any of the three may be `async def`. See docs/python-models.md.
+A decoupled model (`model_transaction_policy { decoupled: true }`) defines `predict_stream`
+instead of `predict`: called once per request, it sends any number of responses and then the
+final flag through a `ResponseSender`. `load`, `predict` and `unload` may be `async def`.
+
+See docs/python-models.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Protocol
 
+import numpy as np
+
+from inferd.errors import ErrorKind, InferdError
+from inferd.streams import ResponseSink
 from inferd.types import Array
 
 
@@ -35,6 +45,89 @@ class ModelContext:
     config: Any  # the full Triton ModelConfig message, for anything else
 
 
+# Bits of `RequestInfo.flags()`: Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END.
+SEQUENCE_START = 1
+SEQUENCE_END = 2
+
+
+class _RequestFields(Protocol):
+    request_id: str
+    rows: int
+    correlation_id: int | str
+    flags: int
+
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+
+
+_NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+
+
+class RequestInfo:
+    """Who sent one request of the batch `predict(inputs, requests)` receives.
+
+    Requests are in row order: request i holds the next `rows` rows of every input.
+    `parameters` are the request's parameters (Triton's reserved keys, such as `priority` and
+    `timeout`, left out; docs/python-models.md). The method names are Triton's
+    (`pb_utils.InferenceRequest`).
+    """
+
+    __slots__ = ("_correlation_id", "_flags", "parameters", "request_id", "rows")
+
+    def __init__(
+        self,
+        request_id: str = "",
+        rows: int = 1,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        parameters: Mapping[str, Any] = _NO_PARAMETERS,
+    ) -> None:
+        self.request_id = request_id
+        self.rows = rows
+        self.parameters = parameters
+        self._correlation_id = correlation_id
+        self._flags = flags
+
+    @classmethod
+    def of(cls, request: _RequestFields) -> RequestInfo:
+        return cls(
+            request.request_id,
+            request.rows,
+            request.correlation_id,
+            request.flags,
+            request.parameters,
+        )
+
+    def correlation_id(self) -> int | str:
+        """The request's sequence id (an int or a str); 0 when it is not part of a sequence."""
+        return self._correlation_id
+
+    def flags(self) -> int:
+        """SEQUENCE_START (1) and/or SEQUENCE_END (2) when the request starts / ends its
+        sequence; 0 otherwise."""
+        return self._flags
+
+    def __getstate__(self) -> tuple[str, int, int | str, int, dict[str, Any]]:
+        # Crosses to worker processes (a mapping proxy does not pickle: a dict does).
+        return (
+            self.request_id,
+            self.rows,
+            self._correlation_id,
+            self._flags,
+            dict(self.parameters),
+        )
+
+    def __setstate__(self, state: tuple[str, int, int | str, int, dict[str, Any]]) -> None:
+        self.request_id, self.rows, self._correlation_id, self._flags, self.parameters = state
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestInfo(request_id={self.request_id!r}, rows={self.rows}, "
+            f"correlation_id={self._correlation_id!r}, flags={self._flags}, "
+            f"parameters={dict(self.parameters)!r})"
+        )
+
+
 class PythonModel:
     """Base class for Python models; subclassing it is optional, the method names are not."""
 
@@ -42,8 +135,58 @@ class PythonModel:
         """Prepare the model; raising here marks the version UNAVAILABLE with the message."""
 
     def predict(self, inputs: dict[str, Array]) -> dict[str, Array]:
-        """Compute every output for one batch; each output keeps the inputs' batch size."""
+        """Compute every output for one batch; each output keeps the inputs' batch size.
+
+        A model may declare `predict(self, inputs, requests)` instead, to receive a
+        `RequestInfo` per request of the batch.
+        """
+        raise NotImplementedError
+
+    def predict_stream(self, inputs: dict[str, Array], responses: ResponseSender) -> None:
+        """A decoupled model's answer to one request: `responses.send(...)` any number of
+        times, then `responses.close()` (or `send(..., final=True)`), here or later from a
+        thread of the model's. Raising fails this request alone."""
         raise NotImplementedError
 
     def unload(self) -> None:
         """Release what `load` acquired."""
+
+
+class ResponseSender:
+    """The responses of one request to a decoupled model.
+
+    `send` may block while the client reads slower than the model sends (a bounded queue per
+    request, docs/python-models.md). Once the client has gone, `is_cancelled()` is True and
+    sends are dropped: stop working and `close()`. Sending after the final flag raises
+    `inferd.streams.StreamClosedError`.
+    """
+
+    def __init__(
+        self, sink: ResponseSink, model: str, request_id: str, parameters: Mapping[str, Any]
+    ) -> None:
+        self._sink = sink
+        self._model = model
+        self.request_id = request_id  # the client's request id, "" when it sent none
+        self.parameters = parameters  # the request's parameters (e.g. generate's keys)
+
+    def send(self, outputs: Mapping[str, Any], final: bool = False) -> None:
+        """One response: {output name: array}; `final=True` makes it the last one."""
+        if not isinstance(outputs, Mapping):
+            raise TypeError(
+                f"send() takes a dict of output name to array, got {type(outputs).__name__}"
+            )
+        arrays = {name: np.asarray(value) for name, value in outputs.items()}
+        self._sink.send(arrays, None, final)
+
+    def send_error(self, message: str, final: bool = False) -> None:
+        """An error response to this request (HTTP 500 / gRPC INTERNAL with `message`)."""
+        error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self._model}': {message}")
+        self._sink.send(None, error, final)
+
+    def close(self) -> None:
+        """The final flag, with no response: nothing more comes for this request."""
+        self._sink.send(None, None, True)
+
+    def is_cancelled(self) -> bool:
+        """True once the client has gone away."""
+        return self._sink.is_cancelled()

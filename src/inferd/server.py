@@ -31,6 +31,7 @@ from inferd.repository.watcher import RepositoryPoller
 from inferd.request_log import RequestLogSink
 from inferd.routing import CanaryGuard
 from inferd.settings import Settings
+from inferd.trace_settings import TraceSettings
 from inferd.tracing import TraceSink
 from inferd.workers.peers import PeerServer, WorkerSlot
 
@@ -45,8 +46,9 @@ class InferenceServer:
         self.telemetry = Telemetry()
         self.telemetry.add(RequestLogSink(settings.log_sample_rate))
         self.trace_sink: TraceSink | None = None
+        trace_settings = TraceSettings(exporting=bool(settings.trace_otlp_endpoint))
         if settings.trace_otlp_endpoint:
-            self.trace_sink = TraceSink(settings.trace_otlp_endpoint)
+            self.trace_sink = TraceSink(settings.trace_otlp_endpoint, settings=trace_settings)
             self.telemetry.add(self.trace_sink)
         self.registry = ModelRegistry(settings.model_repository, self.telemetry)
         admin = admin_api_enabled(settings)
@@ -71,7 +73,10 @@ class InferenceServer:
                 " and ".join(open_to_all),
             )
         self.dataplane.max_inflight = settings.max_inflight_requests
+        self.dataplane.shared_memory.max_copy_bytes = settings.max_request_bytes
         self.dataplane.workers = worker
+        self.dataplane.runtime.trace = trace_settings
+        self.dataplane.runtime.workers = worker.count if worker is not None else 1
         self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))
         self.poller: RepositoryPoller | None = None
@@ -158,6 +163,7 @@ class InferenceServer:
                     await self.registry.unload_all()
             except TimeoutError:
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
+            self.dataplane.shared_memory.unregister()  # unmap the clients' regions
             # 4. flush traces, then stop the metrics endpoint last, so the drain stays visible.
             if self.trace_sink is not None:
                 await asyncio.to_thread(self.trace_sink.shutdown)

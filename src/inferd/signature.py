@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -18,8 +18,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.datatypes import CONFIG_TO_V2
 from inferd.errors import invalid
 from inferd.repository.config import ConfigError
+from inferd.repository.ragged_config import read_ragged_plan
 from inferd.request_parameters import model_parameters
-from inferd.types import Array, InferRequest, RequestedOutput
+from inferd.types import Array, InferRequest, Parameters, RequestedOutput
+
+if TYPE_CHECKING:
+    from inferd.streams import ResponseSink
 
 # Per-input limits a model config may set as `parameters` (docs/limits.md). They are checked
 # in `bind`, so HTTP and gRPC share them, on the declared shape: nothing is allocated from it.
@@ -52,13 +56,22 @@ class BoundRequest:
 
     inputs: dict[str, Array]  # in the model's declared input order, reshaped for the model
     rows: int  # batch size of this request; 1 for unbatched models
-    shape_key: tuple[tuple[int, ...], ...]  # non-batch shapes: only equal keys may be merged
+    # Non-batch shapes of the inputs that are not ragged: only equal keys may be merged.
+    shape_key: tuple[tuple[int, ...], ...]
     output_names: list[str]
     request_id: str = ""  # the client's request id, "" when it sent none
-    # For models that read them (ModelSignature.model_parameters): the request's parameters
-    # without Triton's reserved keys, and its `timeout` (µs; 0: none).
-    parameters: dict[str, Any] = field(default_factory=dict)
+    # For models that read them (ModelSignature.model_parameters: Python models): the
+    # request's parameters without Triton's reserved keys, and its `timeout` (µs; 0: none).
+    parameters: Parameters = field(default_factory=dict)
     timeout_us: int = 0
+    # Sequence models: the request's sequence id (0 / "": none) and its SEQUENCE_START (1) /
+    # SEQUENCE_END (2) flags, set by the data plane from the request parameters.
+    correlation_id: int | str = 0
+    flags: int = 0
+    responses: ResponseSink | None = None  # a decoupled model's response stream for it
+    # Output name -> k: outputs the client asked for as their top k classes (set by the
+    # data plane from the requested outputs' `classification` parameters); None: none.
+    classes: dict[str, int] | None = None
     # Set while a Triton Python model executes it: whether the client gave up on it.
     is_cancelled: Callable[[], bool] | None = None
     # What a Triton Python model attached to its response (InferenceResponse(parameters=)).
@@ -150,13 +163,26 @@ def read_limits(config: mc.ModelConfig) -> InputLimits:
 
 class ModelSignature:
     def __init__(self, config: mc.ModelConfig) -> None:
-        """Raises `ConfigError` when the config's input limits are malformed."""
+        """Raises `ConfigError` when the config's input limits or ragged inputs are
+        malformed."""
         self.limits = read_limits(config)
+        self.ragged = read_ragged_plan(config)
+        # Inputs the server feeds the model itself (sequence control inputs, implicit state,
+        # batch inputs): name -> what it is, for the error a client sending one gets.
+        self.server_inputs: dict[str, str] = self.ragged.targets()
+        # Inputs whose shapes key a batch: all but the ragged ones (None: all of them).
+        self._keyed: tuple[str, ...] | None = (
+            tuple(i.name for i in config.input if i.name not in self.ragged.ragged)
+            if self.ragged.ragged
+            else None
+        )
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
         # Request parameters reach the model (the Python backend): checked and handed over.
         self.model_parameters = False
+        # Output name -> its classification labels (label_filename), set when it loads.
+        self.labels: dict[str, tuple[str, ...]] = {}
         self.max_batch_size = int(config.max_batch_size)
         self.is_batched = self.max_batch_size > 0  # read on every request: not a property
         self.inputs = {
@@ -190,6 +216,11 @@ class ModelSignature:
         for tensor in request.inputs:
             spec = self.inputs.get(tensor.name)
             if spec is None:
+                if tensor.name in self.server_inputs:
+                    raise invalid(
+                        f"input '{tensor.name}' is {self.server_inputs[tensor.name]} of model "
+                        f"'{model}': the server supplies it, the request must not"
+                    )
                 raise invalid(
                     f"unexpected input '{tensor.name}' for model '{model}'; "
                     f"expected inputs: {', '.join(self.inputs) or '(none)'}"
@@ -245,10 +276,13 @@ class ModelSignature:
                 inputs[name] = given[name]
             elif not spec.optional:
                 raise invalid(f"missing input '{name}' for model '{model}'")
+        keyed = self._keyed
         bound = BoundRequest(
             inputs=inputs,
             rows=rows if self.is_batched else 1,
-            shape_key=tuple(a.shape[1:] for a in inputs.values()),
+            shape_key=tuple(a.shape[1:] for a in inputs.values())
+            if keyed is None
+            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs),
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
         )

@@ -12,21 +12,37 @@ Array = npt.NDArray[Any]
 Parameters = dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """Where a tensor lies in a registered system shared-memory region: Triton's tensor
+    parameters `shared_memory_region`, `shared_memory_byte_size`, `shared_memory_offset`."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
 @dataclass(slots=True)
 class Tensor:
-    """A named tensor; `data` is already shaped as `shape` with the dtype of `datatype`."""
+    """A named tensor; `data` is already shaped as `shape` with the dtype of `datatype`.
+
+    `shared_memory`: on a request's input, where its data is to be read (the core replaces
+    `data` with a view of the region before anything else reads it); on a response's
+    output, where its data was written (the response then carries none, as Triton's)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     data: Array
     parameters: Parameters = field(default_factory=dict)
+    shared_memory: SharedMemoryRef | None = None
 
 
 @dataclass(slots=True)
 class RequestedOutput:
     name: str
     parameters: Parameters = field(default_factory=dict)
+    shared_memory: SharedMemoryRef | None = None  # write the output there
 
 
 @dataclass(slots=True)
@@ -37,6 +53,9 @@ class InferRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None  # None: every output of the model
     parameters: Parameters = field(default_factory=dict)
+    # Some input or requested output names a shared-memory region: one flag for the core
+    # to read, so requests without any (nearly all) pay nothing for the feature.
+    uses_shared_memory: bool = False
 
 
 @dataclass(slots=True)

@@ -170,19 +170,19 @@ def test_grpc_routing_service_is_behind_the_gate(secured: RunningServer) -> None
     "method",
     ["TraceSetting", "LogSettings", "SystemSharedMemoryRegister", "CudaSharedMemoryStatus"],
 )
-def test_the_gate_covers_admin_methods_not_implemented_yet(
-    secured: RunningServer, method: str
-) -> None:
-    """The gate sits below every method, by API group: an admin method lands behind it."""
+def test_the_gate_covers_every_admin_method(secured: RunningServer, method: str) -> None:
+    """The gate sits below every method, by API group: an admin method, implemented or not,
+    answers UNAUTHENTICATED without the credential and goes on to its own answer with it."""
     channel = grpc.insecure_channel(secured.grpc_address)
     call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
     try:
         with pytest.raises(grpc.RpcError) as info:
             call(b"")
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        with pytest.raises(grpc.RpcError) as info:
+        try:
             call(b"", metadata=tuple(AUTH.items()))
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        except grpc.RpcError as exc:
+            assert exc.code() != grpc.StatusCode.UNAUTHENTICATED, exc.details()
     finally:
         channel.close()
 
@@ -251,3 +251,26 @@ def test_restricted_inference_over_a_grpc_stream(
     else:
         assert result is None
         assert "the inference API is restricted" in str(error)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_trace_and_log_settings_are_behind_the_admin_token(
+    secured: RunningServer, protocol: str
+) -> None:
+    client = triton_client(protocol, secured)
+    try:
+        for call in (
+            lambda h: client.get_log_settings(headers=h),
+            lambda h: client.get_trace_settings(headers=h),
+            lambda h: client.update_trace_settings(settings={"trace_rate": "2"}, headers=h),
+        ):
+            with pytest.raises(InferenceServerException) as info:
+                call(None)
+            assert info.value.status() == DENIED[protocol]
+        assert client.get_log_settings(headers=dict(AUTH)) is not None
+        # Past the gate, the change itself is refused: this server exports no spans.
+        with pytest.raises(InferenceServerException) as info:
+            client.update_trace_settings(settings={"trace_rate": "2"}, headers=dict(AUTH))
+        assert "tracing is off" in info.value.message()
+    finally:
+        client.close()

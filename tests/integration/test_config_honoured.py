@@ -59,7 +59,11 @@ instance_group [ { name: "wants_gpu", count: 1, kind: KIND_GPU } ]
 
 # (model, what its config adds, the field path its load error names)
 REFUSED = [
-    ("sequence", "sequence_batching { }", "sequence_batching"),
+    (
+        "iterative",
+        "sequence_batching { iterative_sequence: true }",
+        "sequence_batching.iterative_sequence",
+    ),
     ("cached", "response_cache { enable: true }", "response_cache.enable"),
     (
         "decoupled",
@@ -204,12 +208,12 @@ def test_a_load_request_with_a_refused_field_is_a_400_naming_it(client: Client) 
             "name": "onnx_gpu",
             "platform": "onnxruntime_onnx",
             "max_batch_size": 8,
-            "sequence_batching": {"max_sequence_idle_microseconds": 1000},
+            "response_cache": {"enable": True},
         }
     )
     with pytest.raises(InferenceServerException) as info:
         client.raw.load_model("onnx_gpu", config=config)
-    assert "onnx_gpu/config.pbtxt: sequence_batching: " in str(info.value)
+    assert "onnx_gpu/config.pbtxt: response_cache.enable: " in str(info.value)
     expected = "400" if client.protocol == "http" else "StatusCode.INVALID_ARGUMENT"
     assert str(info.value.status()) == expected
     assert client.raw.is_model_ready("onnx_gpu")  # the loaded version keeps serving

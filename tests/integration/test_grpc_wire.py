@@ -44,6 +44,15 @@ def _request(model: str, datatype: str, shape: list[int]) -> pb.ModelInferReques
     return req
 
 
+def _shm(tensor: pb.ModelInferRequest.InferInputTensor, region: object, size: object) -> None:
+    """Set the shared-memory parameters as any client could, typed as given."""
+    for key, value in (("shared_memory_region", region), ("shared_memory_byte_size", size)):
+        if isinstance(value, str):
+            tensor.parameters[key].string_param = value
+        else:
+            tensor.parameters[key].int64_param = value
+
+
 def _call_error(call, request) -> grpc.RpcError:  # type: ignore[no-untyped-def]
     with pytest.raises(grpc.RpcError) as info:
         call(request)
@@ -104,6 +113,34 @@ WIRE_ERRORS = [
         ["input 'INPUT0'", "past the data's end"],
     ),
     (
+        "shared memory region not a string",
+        "FP32",
+        [1, 2],
+        lambda r: _shm(r.inputs[0], 3, 8),
+        ["input 'INPUT0'", "shared_memory_region must be a non-empty string"],
+    ),
+    (
+        "shared memory size not an integer",
+        "FP32",
+        [1, 2],
+        lambda r: _shm(r.inputs[0], "r", "8"),
+        ["input 'INPUT0'", "shared_memory_byte_size must be an integer"],
+    ),
+    (
+        "shared memory and contents",
+        "FP32",
+        [1, 2],
+        lambda r: (_shm(r.inputs[0], "r", 8), r.inputs[0].contents.fp32_contents.extend([1, 2])),
+        ["input 'INPUT0'", "either contents or shared_memory_region"],
+    ),
+    (
+        "raw contents for a shared memory input",
+        "FP32",
+        [1, 2],
+        lambda r: (_shm(r.inputs[0], "r", 8), r.raw_input_contents.append(b"\0" * 8)),
+        ["raw_input_contents holds 1 buffers for 0 inputs not in shared memory"],
+    ),
+    (
         "unknown datatype",
         "FLOAT",
         [1, 1],
@@ -126,21 +163,6 @@ def test_malformed_messages_are_invalid_argument(stub, datatype, shape, fill, wo
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     for word in words:
         assert word in error.details()
-
-
-UNIMPLEMENTED = {
-    "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest(),
-    "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest(name="x"),
-    "TraceSetting": pb.TraceSettingRequest(),
-    "LogSettings": pb.LogSettingsRequest(),
-}
-
-
-@pytest.mark.parametrize("method", list(UNIMPLEMENTED))
-def test_later_features_answer_unimplemented(stub, method: str) -> None:  # type: ignore[no-untyped-def]
-    request = UNIMPLEMENTED[method]
-    error = _call_error(getattr(stub, method), request)
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_response_over_the_send_limit_is_resource_exhausted(good_repository: Path) -> None:

@@ -9,12 +9,15 @@ process (`isolation: "process"`), asked over HTTP and gRPC.
 from __future__ import annotations
 
 import json
+import queue
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from inferd.backends import pb_utils
 from tests.integration.test_protocols import PROTOCOLS, Client
@@ -41,6 +44,29 @@ class TritonPythonModel:
                 pb_utils.Tensor("REPORT", np.array([report], dtype=object)),
             ]))
         return responses
+"""
+
+# The same walk in a decoupled model: the report goes through the request's sender.
+WALK_DECOUPLED_PY = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from tests.pb_utils_checks import Context, run_checks
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            context = Context(
+                pb_utils, request, "other", "walk_decoupled", pb_utils.get_model_dir(), True
+            )
+            report = json.dumps(run_checks(context)).encode()
+            response = pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", np.zeros(1, np.float32)),
+                pb_utils.Tensor("REPORT", np.array([report], dtype=object)),
+            ])
+            sender = request.get_response_sender()
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
 """
 
 WALK_CONFIG = """
@@ -82,6 +108,13 @@ def walk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     repo = tmp_path_factory.mktemp("walk_repo")
     _write(repo, "walk_thread", WALK_CONFIG.format(name="walk_thread", extra=""), WALK_PY)
     _write(repo, "walk_process", WALK_CONFIG.format(name="walk_process", extra=PROCESS), WALK_PY)
+    decoupled = "model_transaction_policy { decoupled: true }"
+    _write(
+        repo,
+        "walk_decoupled",
+        WALK_CONFIG.format(name="walk_decoupled", extra=decoupled),
+        WALK_DECOUPLED_PY,
+    )
     _write(repo, "other", OTHER_CONFIG, OTHER_PY)
     with run_server(repo, admin_api=True) as running:
         yield running
@@ -92,7 +125,7 @@ def test_the_checks_cover_tritons_list_exactly() -> None:
     assert len(names) == len(set(names)), "a name is checked twice"
     assert set(names) == set(TRITON_NAMES)
     # Whatever inferd's pb_utils exports beyond Triton's list is on it too (or a type).
-    exported = {n.split(".")[0] for n in TRITON_NAMES} | {"LogLevel", "MetricKind", "Metric"}
+    exported = {n.split(".")[0] for n in TRITON_NAMES} | {"LogLevel", "MetricKind"}
     extra = set(pb_utils.__all__) - exported - {"InferenceTrace", "PreferredMemory"}
     assert not extra, f"exported but not in the table: {extra}"
 
@@ -113,18 +146,56 @@ def test_every_documented_name_works_or_refuses_naming_itself(
         )
     finally:
         client.raw.close()
-    report = json.loads(result.as_numpy("REPORT")[0])
+    report = _checked_report(result.as_numpy("REPORT")[0])
+    refused = {row["name"] for row in report if row["outcome"] == "refused"}
+    assert refused == REFUSED | {"InferenceRequest.get_response_sender"}
+    skipped = {row["name"] for row in report if row["outcome"] == "skipped"}
+    assert skipped == {"InferenceResponseSender.send", "InferenceResponseSender.is_cancelled"}
+
+
+# Refused in every model: what inferd does not implement.
+REFUSED = {
+    "InferenceRequest.set_release_flags",
+    "InferenceRequest.exec",
+    "InferenceRequest.async_exec",
+    "unload_model(unload_dependents=True)",
+}
+
+
+def _checked_report(raw: bytes) -> list[dict[str, str]]:
+    report: list[dict[str, str]] = json.loads(raw)
     assert [row["name"] for row in report] == [check.name for check in CHECKS]
     wrong = [row for row in report if row["outcome"] != row["expected"]]
     assert not wrong, json.dumps(wrong, indent=1)
-    refused = {row["name"] for row in report if row["outcome"] == "refused"}
-    assert refused == {
-        "InferenceRequest.get_response_sender",
-        "InferenceRequest.set_release_flags",
-        "InferenceRequest.exec",
-        "InferenceRequest.async_exec",
-        "unload_model(unload_dependents=True)",
-    }
+    return report
+
+
+def test_a_decoupled_model_walks_the_response_sender_too(walk_server: RunningServer) -> None:
+    # A decoupled model answers over a stream: gRPC ModelStreamInfer, Triton's client.
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(walk_server.grpc_address)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        inp = grpcclient.InferInput("IN", [1], "FP32")
+        inp.set_data_from_numpy(np.zeros(1, np.float32))
+        client.async_stream_infer(
+            "walk_decoupled",
+            [inp],
+            request_id="walk-request",
+            outputs=[grpcclient.InferRequestedOutput(n) for n in ("OUT", "REPORT")],
+            parameters={"walk": "yes"},
+        )
+        while True:
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            if result.as_numpy("REPORT") is not None:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    report = _checked_report(result.as_numpy("REPORT")[0])
+    assert {row["name"] for row in report if row["outcome"] == "refused"} == REFUSED
+    assert not [row for row in report if row["outcome"] == "skipped"]
 
 
 def test_the_walks_metrics_are_exported(walk_server: RunningServer) -> None:

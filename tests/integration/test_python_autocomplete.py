@@ -71,11 +71,11 @@ BROKEN = [
         ["auto_complete_config must return a pb_utils.ModelConfig, got dict"],
     ),
     (
-        "ac_decoupled",
-        'c.set_model_transaction_policy({"decoupled": True}); return c',
+        "ac_unhonoured",
+        'c.as_dict()["response_cache"] = {"enable": True}; return c',
         [
-            "ac_decoupled/config.pbtxt as completed by 1/model.py auto_complete_config",
-            "model_transaction_policy.decoupled",
+            "ac_unhonoured/config.pbtxt as completed by 1/model.py auto_complete_config",
+            "response_cache",
         ],
     ),
     (

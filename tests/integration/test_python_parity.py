@@ -2,12 +2,14 @@
 process of their own (`isolation: "process"`), over HTTP and gRPC with Triton's clients:
 
 - request parameters reach `request.parameters()` (Triton's reserved ones left out) and
-  inferd's `predict(inputs, parameters)` (one mapping per row), and a bad one is a 400;
+  inferd's `predict(inputs, requests)` (`RequestInfo.parameters`), and a bad one is a 400;
 - `async def execute` / `async def predict` run on the instance's own event loop;
 - `InferenceResponse(parameters=...)` reach the client's response;
 - `request.timeout()` and `request.is_cancelled()` say what the client asked and did;
 - `is_ready()` decides what the readiness endpoints answer;
-- model.py imports modules shipped beside it, as with Triton.
+- model.py imports modules shipped beside it, as with Triton;
+- a decoupled model's `async def execute` is not waited for (Triton's rule), and a decoupled
+  TritonPythonModel with isolation process is refused naming it.
 """
 
 from __future__ import annotations
@@ -76,17 +78,20 @@ dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
 {extra}
 """
 
-# inferd's API, async, reading parameters: OUT = IN * the row's own `scale`; ROWS: how many
-# rows the batch had (to see that requests with different parameters were batched).
+# inferd's API, async, reading parameters: OUT = IN * its request's own `scale`; ROWS: how
+# many rows the batch had (to see that requests with different parameters were batched).
 MPARAMS_PY = """
 import asyncio
 import numpy as np
 
 class Model:
-    async def predict(self, inputs, parameters):
+    async def predict(self, inputs, requests):
         await asyncio.sleep(0.02)
         x = inputs["IN"]
-        scale = np.array([[float(p.get("scale", 1))] for p in parameters], np.float32)
+        scale = np.concatenate([
+            np.full((r.rows, 1), float(r.parameters.get("scale", 1)), np.float32)
+            for r in requests
+        ])
         return {"OUT": x * scale, "ROWS": np.full((x.shape[0], 1), x.shape[0], np.int64)}
 """
 
@@ -121,7 +126,9 @@ class TritonPythonModel:
         while not request.is_cancelled() and time.monotonic() < deadline:
             time.sleep(0.01)
         seen = "cancelled" if request.is_cancelled() else "never cancelled"
-        (self.markers / request.request_id()).write_text(seen)
+        partial = self.markers / (request.request_id() + ".partial")
+        partial.write_text(seen)
+        partial.replace(self.markers / request.request_id())  # the test never reads it half-written
         x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)])]
 """
@@ -387,3 +394,82 @@ def test_is_ready_decides_readiness(
     finally:
         flag.touch()
     becomes(True)
+
+
+# Decoupled and async: the first request's coroutine waits until a second one has started,
+# which only happens if the instance took the next batch while the first was still running.
+TASYNC_STREAM_PY = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.started = 0
+        self.second = None
+
+    async def execute(self, requests):
+        self.started += 1
+        if self.second is None:
+            self.second = asyncio.Event()
+        if self.started >= 2:
+            self.second.set()
+        try:
+            await asyncio.wait_for(self.second.wait(), timeout=20)
+            overlapped = 1
+        except asyncio.TimeoutError:
+            overlapped = 0
+        for request in requests:
+            out = pb_utils.Tensor("OUT", np.array([overlapped], np.float32))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+"""
+
+DECOUPLED_CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+model_transaction_policy {{ decoupled: true }}
+parameters {{ key: "auto_warmup" value: {{ string_value: "false" }} }}
+{extra}
+"""
+
+
+def test_an_async_decoupled_execute_is_not_waited_for(tmp_path: Path) -> None:
+    import tritonclient.grpc as grpcclient
+
+    _write(tmp_path, "tasync", DECOUPLED_CONFIG.format(name="tasync", extra=""), TASYNC_STREAM_PY)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with run_server(tmp_path) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_address)
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            for i in range(2):
+                inp = grpcclient.InferInput("IN", [1], "FP32")
+                inp.set_data_from_numpy(np.zeros(1, np.float32))
+                client.async_stream_infer("tasync", [inp], request_id=f"r{i}")
+            seen = {}
+            for _ in range(2):
+                result, error = answers.get(timeout=60)
+                assert error is None, error
+                seen[result.get_response().id] = float(result.as_numpy("OUT")[0])
+        finally:
+            client.stop_stream()
+            client.close()
+    # Both coroutines ran at once on the instance's loop (one instance, two executions).
+    assert seen == {"r0": 1.0, "r1": 1.0}
+
+
+def test_a_decoupled_triton_model_with_isolation_process_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    _write(
+        tmp_path, "tproc", DECOUPLED_CONFIG.format(name="tproc", extra=PROCESS), TASYNC_STREAM_PY
+    )
+    with run_server(tmp_path) as server, server.client() as c:
+        rows = {row["name"]: row for row in c.post("/v2/repository/index").json()}
+    assert rows["tproc"]["state"] == "UNAVAILABLE"
+    assert "a decoupled TritonPythonModel runs in the server process" in rows["tproc"]["reason"]

@@ -123,11 +123,15 @@ def test_every_parameter_key_the_source_reads_is_listed() -> None:
 
 # (id, config text appended to an ONNX model's config, the field path the error names)
 REFUSED = [
-    ("sequence batching", "sequence_batching { }", "sequence_batching"),
     (
-        "sequence control input",
-        'sequence_batching { control_input [ { name: "START" } ] }',
-        "sequence_batching",
+        "iterative sequence",
+        "sequence_batching { iterative_sequence: true }",
+        "sequence_batching.iterative_sequence",
+    ),
+    (
+        "ordered sequence responses",
+        "sequence_batching { oldest { preserve_ordering: true } }",
+        "sequence_batching.oldest.preserve_ordering",
     ),
     ("response cache", "response_cache { enable: true }", "response_cache.enable"),
     ("decoupled", "model_transaction_policy { decoupled: true }", "model_transaction_policy"),
@@ -137,11 +141,10 @@ REFUSED = [
         "ensemble_scheduling",
     ),
     (
-        "ragged input",
-        "",  # set on the input below
-        "input.allow_ragged_batch",
+        "batch output",
+        'batch_output [ { target_name: "y", source_input: "x" } ]',
+        "batch_output",
     ),
-    ("batch input", 'batch_input [ { target_name: "n" } ]', "batch_input"),
     (
         "preserve ordering",
         "dynamic_batching { preserve_ordering: true }",
@@ -213,15 +216,14 @@ def test_a_refused_field_fails_the_load_naming_file_and_field(
     tmp_path: Path, extra: str, path: str
 ) -> None:
     text = LINEAR_CONFIG + extra + "\n"
-    if path == "input.allow_ragged_batch":
-        text = text.replace("dims: [ 4 ] }", "dims: [ 4 ], allow_ragged_batch: true }")
     message = prepare_error(make_model(tmp_path, text))
     assert message.startswith(f"m/config.pbtxt: {path}"), message
 
 
 def test_the_error_says_why_and_what_to_do(tmp_path: Path) -> None:
-    message = prepare_error(make_model(tmp_path, LINEAR_CONFIG + "sequence_batching { }\n"))
-    assert "control inputs would never be delivered" in message
+    text = LINEAR_CONFIG + 'ensemble_scheduling { step [ { model_name: "a" } ] }\n'
+    message = prepare_error(make_model(tmp_path, text))
+    assert "ensembles are not implemented; chain the models in the client" in message
     message = prepare_error(
         make_model(
             tmp_path / "p",
@@ -240,10 +242,14 @@ def test_every_refused_field_is_named_at_once(tmp_path: Path) -> None:
 
 
 def test_a_refused_scheduler_is_caught_before_completion_replaces_it(tmp_path: Path) -> None:
-    # Without inputs the ONNX backend completes the config and adds dynamic_batching, which
-    # shares a oneof with sequence_batching: checked only afterwards, it would vanish.
-    text = 'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\nsequence_batching { }\n'
-    assert prepare_error(make_model(tmp_path, text)).startswith("m/config.pbtxt: sequence_batching")
+    # Without inputs the ONNX backend completes the config; a refused sequence_batching field
+    # is named before completion touches the scheduler (dynamic_batching shares its oneof).
+    text = (
+        'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        "sequence_batching { iterative_sequence: true }\n"
+    )
+    message = prepare_error(make_model(tmp_path, text))
+    assert message.startswith("m/config.pbtxt: sequence_batching.iterative_sequence")
 
 
 def test_a_config_given_with_a_load_request_is_checked_too(tmp_path: Path) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -14,6 +13,7 @@ from inferd.types import Array
 
 if TYPE_CHECKING:
     from inferd.backends.pb_utils.host import HostProvider
+    from inferd.python_model import RequestInfo
     from inferd.signature import BoundRequest
 
 
@@ -49,18 +49,6 @@ class Instance(Protocol):
         ...
 
 
-class ParametersInstance(Instance, Protocol):
-    """An instance whose model reads request parameters (inferd's Python `Model` with a
-    `predict(inputs, parameters)`): `takes_parameters` is True, and `execute` gets one
-    mapping per row of the batch, each the parameters of the row's request."""
-
-    takes_parameters: bool
-
-    def execute(
-        self, inputs: dict[str, Array], parameters: Sequence[Mapping[str, Any]] | None = None
-    ) -> dict[str, Array]: ...
-
-
 @runtime_checkable
 class RequestListInstance(Protocol):
     """An instance that takes the batch's requests one by one instead of merged tensors
@@ -73,6 +61,27 @@ class RequestListInstance(Protocol):
         self, requests: list[BoundRequest]
     ) -> list[dict[str, Array] | InferdError]:
         """One result per request, in order: its outputs, or an error failing it alone."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class RequestInfoInstance(Protocol):
+    """An `Instance` that can also be told who sent each request of the merged batch
+    (inferd's Python models whose `predict` takes a second argument: the request id,
+    rows, parameters, correlation id and sequence flags of each request)."""
+
+    device: str
+    provider: str
+    wants_request_info: bool  # False: `execute` is enough, skip building the infos
+
+    def execute(self, inputs: dict[str, Array]) -> dict[str, Array]: ...
+
+    def execute_with_info(
+        self, inputs: dict[str, Array], requests: list[RequestInfo]
+    ) -> dict[str, Array]:
+        """`execute`, with one `RequestInfo` per request of the batch, in row order."""
         ...
 
     def close(self) -> None: ...

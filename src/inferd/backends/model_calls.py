@@ -40,6 +40,20 @@ class ModelLoop:
             return result
         return asyncio.run_coroutine_threadsafe(result, self._running_loop()).result()
 
+    def submit(self, coroutine: Any, on_error: Callable[[BaseException], None]) -> None:
+        """Run `coroutine` on the loop without waiting for it; `on_error(exc)` if it raises."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
+
+        def done(f: concurrent.futures.Future[Any]) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is not None:
+                log.error("%s: a coroutine of the model raised: %s", self._name, exc)
+                on_error(exc)
+
+        future.add_done_callback(done)
+
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:

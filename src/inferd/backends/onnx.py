@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.backends import onnx_bf16 as bf16_session
 from inferd.backends.base import LoadContext
 from inferd.repository.config import ConfigError, instance_group_of, int_parameter
 from inferd.types import Array
@@ -28,6 +29,7 @@ ORT_TO_CONFIG = {
     "tensor(int32)": mc.TYPE_INT32,
     "tensor(int64)": mc.TYPE_INT64,
     "tensor(float16)": mc.TYPE_FP16,
+    "tensor(bfloat16)": mc.TYPE_BF16,
     "tensor(float)": mc.TYPE_FP32,
     "tensor(double)": mc.TYPE_FP64,
     "tensor(string)": mc.TYPE_STRING,
@@ -65,6 +67,25 @@ class OnnxBackend:
         for name, typ, _ in ins + outs:
             if typ not in ORT_TO_CONFIG:
                 raise ConfigError(f"{where}: tensor '{name}' has unsupported ONNX type {typ}")
+        # Tensors the server feeds or keeps itself (sequence control inputs, implicit
+        # state) are not the client's: auto-completion leaves them out of input/output.
+        fed, kept = _sequence_tensors(config)
+        model_inputs = {name for name, _, _ in ins}
+        if missing := sorted(fed - model_inputs):
+            raise ConfigError(
+                f"{where}: sequence_batching names input '{missing[0]}' (a control or state "
+                f"input), which the model file does not have; it has "
+                f"{', '.join(sorted(model_inputs))}"
+            )
+        model_outputs = {name for name, _, _ in outs}
+        if missing := sorted(kept - model_outputs):
+            raise ConfigError(
+                f"{where}: sequence_batching.state output_name '{missing[0]}' is not an output "
+                f"of the model file; it has {', '.join(sorted(model_outputs))}"
+            )
+        # Batch inputs too are the server's: checked against the model file, never completed.
+        targets = _check_batch_inputs(where, config, ins)
+        ins = [t for t in ins if t[0] not in fed and t[0] not in targets]
 
         if not config.input and not config.output:
             # Batching is possible only if every tensor has a variable leading dimension.
@@ -76,7 +97,9 @@ class OnnxBackend:
                     f"{where}: max_batch_size is {config.max_batch_size} but the model's "
                     "tensors have no variable leading (batch) dimension"
                 )
-            if config.max_batch_size > 1 and not config.HasField("dynamic_batching"):
+            # (Setting dynamic_batching would clear sequence_batching: they are a oneof.)
+            scheduled = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
+            if config.max_batch_size > 1 and not scheduled:
                 config.dynamic_batching.SetInParent()
         skip = 1 if config.max_batch_size > 0 else 0
         for kind, declared, actual in (
@@ -86,6 +109,8 @@ class OnnxBackend:
             by_name = {name: (typ, shape) for name, typ, shape in actual}
             if not declared:
                 for name, typ, shape in actual:
+                    if kind == "output" and name in kept:
+                        continue  # a state output: the server keeps it
                     t = declared.add()
                     t.name = name
                     t.data_type = ORT_TO_CONFIG[typ]
@@ -104,7 +129,10 @@ class OnnxBackend:
                         f"{mc.DataType.Name(t.data_type)} does not match the model file's "
                         f"{mc.DataType.Name(ORT_TO_CONFIG[typ])}"
                     )
-                _check_dims(f"{where}: {kind} '{t.name}'", t, shape, config.max_batch_size)
+                if isinstance(t, mc.ModelInput) and t.allow_ragged_batch:
+                    _check_ragged(f"{where}: {kind} '{t.name}'", shape)
+                else:
+                    _check_dims(f"{where}: {kind} '{t.name}'", t, shape, config.max_batch_size)
 
     def load(self, ctx: LoadContext) -> OnnxInstance:
         return OnnxInstance(ctx)
@@ -138,6 +166,48 @@ def _check_dims(field: str, t: mc.ModelInput | mc.ModelOutput, shape: list[int],
                 f"dimension {axis}{batch_note} is {size} in the model file but {want} in the "
                 "config"
             )
+
+
+def _check_ragged(field: str, shape: list[int]) -> None:
+    """Triton's rule: a ragged input reaches the model as one flat dimension."""
+    if shape != [-1]:
+        raise ConfigError(
+            f"{field}: allow_ragged_batch: the model file's shape is {shape}, but a ragged "
+            "input reaches the model as the batch's values concatenated in one dimension, so "
+            "the model must take shape [-1]"
+        )
+
+
+def _check_batch_inputs(
+    where: str, config: mc.ModelConfig, ins: list[tuple[str, str, list[int]]]
+) -> set[str]:
+    """Each batch input's target is an input of the model file, of its data type and rank;
+    returns the target names."""
+    by_name = {name: (typ, shape) for name, typ, shape in ins}
+    targets: set[str] = set()
+    for entry in config.batch_input:
+        rank = 2 if entry.kind == mc.BatchInput.BATCH_ITEM_SHAPE else 1
+        for target in entry.target_name:
+            targets.add(target)
+            field = f"{where}: batch_input target_name '{target}'"
+            if target not in by_name:
+                raise ConfigError(
+                    f"{field}: the model file has no such input; it has "
+                    f"{', '.join(by_name) or '(none)'}"
+                )
+            typ, shape = by_name[target]
+            if ORT_TO_CONFIG[typ] != entry.data_type:
+                raise ConfigError(
+                    f"{field}: data_type {mc.DataType.Name(entry.data_type)} does not match "
+                    f"the model file's {mc.DataType.Name(ORT_TO_CONFIG[typ])}"
+                )
+            if len(shape) != rank:
+                kind = mc.BatchInput.Kind.Name(entry.kind)
+                raise ConfigError(
+                    f"{field}: {kind} is a tensor of {rank} dimension{'s' if rank > 1 else ''}, "
+                    f"but the model file's shape is {shape}"
+                )
+    return targets
 
 
 class OnnxInstance:
@@ -203,17 +273,34 @@ class OnnxInstance:
         self._string_inputs = {
             i.name for i in self._session.get_inputs() if i.type == "tensor(string)"
         }
+        tensors = self._session.get_inputs() + self._session.get_outputs()
+        self._bf16 = (
+            bf16_session.BFloat16Run(self._session, f"{ctx.model_name}/config.pbtxt")
+            if any(t.type == bf16_session.ONNX_TYPE for t in tensors)
+            else None
+        )
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
         if self._string_inputs:
             inputs = dict(inputs)
             for name in self._string_inputs & inputs.keys():
                 inputs[name] = np.vectorize(_to_str, otypes=[object])(inputs[name])
+        if self._bf16 is not None:
+            return self._bf16.run(self._output_names, inputs)
         results = self._session.run(self._output_names, inputs)
         return dict(zip(self._output_names, results, strict=True))
 
     def close(self) -> None:
         self.__dict__.pop("_session", None)  # idempotent: closing twice is harmless
+
+
+def _sequence_tensors(config: mc.ModelConfig) -> tuple[set[str], set[str]]:
+    """(inputs the server feeds, outputs it keeps) of a sequence model's config."""
+    if not config.HasField("sequence_batching"):
+        return set(), set()
+    sb = config.sequence_batching
+    fed = {c.name for c in sb.control_input} | {s.input_name for s in sb.state}
+    return fed, {s.output_name for s in sb.state}
 
 
 def _to_str(value: Any) -> str:

@@ -13,7 +13,7 @@ from types import ModuleType
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
-from inferd.backends.inferd_python import PythonInstance
+from inferd.backends.inferd_python import PythonInstance, StreamingPythonInstance
 from inferd.backends.python_autocomplete import apply_completion, completed_config
 from inferd.backends.python_import import MODEL_FILE, import_model_module, may_define_triton_model
 from inferd.backends.triton_python import TritonPythonInstance
@@ -102,11 +102,27 @@ def instantiate(
 ) -> PythonInstance | TritonPythonInstance:
     """The instance for the class model.py defines (`Model` wins over `TritonPythonModel`);
     forgets the module if there is none, or if building it fails."""
-    if hasattr(module, "Model"):
-        return PythonInstance(ctx, module)
-    if hasattr(module, "TritonPythonModel"):
-        return TritonPythonInstance(ctx, module, probe_readiness)
-    sys.modules.pop(module.__name__, None)
-    raise RuntimeError(
-        "model.py defines no class 'Model' (inferd) or 'TritonPythonModel' (Triton Python backend)"
-    )
+    try:
+        if hasattr(module, "Model"):
+            if ctx.config.model_transaction_policy.decoupled:
+                return StreamingPythonInstance(ctx, module)
+            return PythonInstance(ctx, module)
+        if hasattr(module, "TritonPythonModel"):
+            if ctx.config.batch_input:
+                # Its execute(requests) gets each request's own tensors, not one merged
+                # batch: there is no batch to describe (Triton's Python backend does not
+                # create batch inputs either).
+                raise ConfigError(
+                    f"{ctx.model_name}/config.pbtxt: batch_input: a TritonPythonModel "
+                    "receives each request's own tensors, so batch inputs are not "
+                    "supported; read each request's shape instead, or define class "
+                    "'Model' (inferd's API), which receives the merged batch"
+                )
+            return TritonPythonInstance(ctx, module, probe_readiness)
+        raise RuntimeError(
+            "model.py defines no class 'Model' (inferd) or 'TritonPythonModel' "
+            "(Triton Python backend)"
+        )
+    except BaseException:
+        sys.modules.pop(module.__name__, None)
+        raise

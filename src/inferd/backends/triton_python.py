@@ -3,15 +3,20 @@
 Triton's contract: `initialize(args)` once per instance, `execute(requests)` with the list of
 requests of one batch (each request keeps its own tensors and parameters) returning one
 `pb_utils.InferenceResponse` per request, `is_ready()` on readiness probes, `finalize()` at
-unload. `execute` (and `is_ready`) may be `async def`: the coroutine runs on the instance's
-own event loop (model_calls.ModelLoop). The same class runs in the server process and, with
-`isolation: "process"`, in a worker process (worker_child.py).
+unload. A decoupled model's `execute` returns None and answers through each request's
+response sender instead. `execute` (and `is_ready`) may be `async def`: the coroutine runs on
+the instance's own event loop (model_calls.ModelLoop); a decoupled model's is not waited for,
+as in Triton. The same class runs in the server process and, with `isolation: "process"`
+(decoupled models excepted), in a worker process (worker_child.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from types import ModuleType
@@ -28,7 +33,10 @@ from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
 from inferd.repository.config import instance_group_of, to_json
 from inferd.signature import BoundRequest
+from inferd.streams import CollectingSink, ResponseSink, guard_release
 from inferd.types import Array
+
+log = logging.getLogger("inferd.backends.python")
 
 # What a TritonError's code becomes (Triton's HTTP and gRPC statuses for the same codes);
 # UNKNOWN, INTERNAL, ALREADY_EXISTS and CANCELLED fail the request as a model error.
@@ -68,6 +76,7 @@ class TritonPythonInstance:
         self._module_name = module.__name__
         self._model_dir = str(ctx.version_dir)
         self._batched = ctx.config.max_batch_size > 0
+        self._decoupled = bool(ctx.config.model_transaction_policy.decoupled)
         self._host: InstanceModelHost | None = (
             ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
         )
@@ -113,10 +122,14 @@ class TritonPythonInstance:
                 r.output_names,
                 r.parameters,
                 r.timeout_us,
-                r.is_cancelled,
+                None if self._decoupled else r.is_cancelled,  # a stream knows better
+                r.correlation_id,
+                r.flags,
             )
             for r in requests
         ]
+        if self._decoupled:
+            return self._execute_decoupled(requests, triton_requests)
         # An exception here fails every request of the batch, as in Triton.
         with self._marks():
             responses = self._loop.resolve(self._model.execute(triton_requests))
@@ -132,6 +145,55 @@ class TritonPythonInstance:
                 "list with one pb_utils.InferenceResponse per request, in order",
             )
         return [self._result(resp, req) for resp, req in zip(responses, requests, strict=True)]
+
+    def _execute_decoupled(
+        self, requests: list[BoundRequest], triton_requests: list[pb_utils.InferenceRequest]
+    ) -> list[dict[str, Array] | InferdError]:
+        """`execute` returns None; each request's responses go through its sender, now or
+        later from a thread of the model's. The result per request is empty: its stream
+        carries the answer. An `async def execute` runs on, and is not waited for: the
+        instance takes its next batch meanwhile (Triton's async decoupled execute)."""
+        sinks: list[ResponseSink] = []
+        for request, triton_request in zip(requests, triton_requests, strict=True):
+            sink = request.responses if request.responses is not None else CollectingSink()
+            sender = pb_utils.InferenceResponseSender(
+                sink, functools.partial(self._stream_outputs, request=request)
+            )
+            guard_release(sender, sink, self._name)
+            triton_request._sender = sender
+            sink.started()
+            sinks.append(sink)
+        try:
+            with self._marks():
+                returned = self._model.execute(triton_requests)
+            if asyncio.iscoroutine(returned):
+                self._loop.submit(returned, functools.partial(self._failed_later, sinks))
+            elif returned is not None:
+                raise TypeError(
+                    f"execute() returned {type(returned).__name__}; a decoupled model "
+                    "(model_transaction_policy decoupled) must return None and send its "
+                    "responses through request.get_response_sender()"
+                )
+        except Exception as exc:
+            # Before the senders can be released: the client gets this message, not the
+            # "released without the final flag" one. As in Triton, every request fails.
+            self._failed_later(sinks, exc)
+            raise
+        return [{} for _ in requests]
+
+    def _failed_later(self, sinks: list[ResponseSink], exc: BaseException) -> None:
+        error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self._name}': {exc}")
+        failed = [sink.fail(error) for sink in sinks]
+        if not any(failed):  # every stream had ended: no client hears of it, the log must
+            log.warning("%s (after its requests' final flags)", error.message)
+
+    def _stream_outputs(
+        self, response: pb_utils.InferenceResponse, request: BoundRequest
+    ) -> dict[str, Array]:
+        result = self._result(response, request)
+        if isinstance(result, InferdError):
+            raise InferdError(result.kind, f"model '{self._name}': {result.message}")
+        return result
 
     def _result(self, response: object, request: BoundRequest) -> dict[str, Array] | InferdError:
         if not isinstance(response, pb_utils.InferenceResponse):

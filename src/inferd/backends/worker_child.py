@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import MetricKind
+from inferd.backends.worker_stream import PipeSender, serve_stream
 from inferd.errors import InferdError
 from inferd.signature import BoundRequest
 
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
 class PipeHost:
     """A model's `ModelHost` in a worker process: each call is answered by the server."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, pipe: PipeSender) -> None:
         self._conn = conn
+        self.pipe = pipe  # every send to the parent, from any thread, goes through it
         self._lock = threading.Lock()  # model threads may call too: one exchange at a time
         self._parent_waits = False
 
@@ -60,7 +62,7 @@ class PipeHost:
         """Send the parent the answer it waits for; calls are refused from then on."""
         with self._lock:
             self._parent_waits = False
-            self._conn.send_bytes(data)
+            self.pipe.send_bytes(data)
 
     def _call(self, method: str, *args: Any) -> Any:
         with self._lock:
@@ -69,7 +71,7 @@ class PipeHost:
                     f'pb_utils.{method}: with isolation "process", calls that need the '
                     "server work while the model's initialize, execute or finalize runs"
                 )
-            self._conn.send(("call", method, args))
+            self.pipe.send_bytes(_dumps(("call", method, args)))
             reply = self._conn.recv()
         if reply[0] == "raise":
             raise TritonModelException(str(reply[1]))
@@ -139,7 +141,7 @@ def worker_main(
     """The child process: load the model, then answer batches until told to stop."""
     # Imported here: python.py imports the parent's side, which names this function.
     from inferd import model_output
-    from inferd.backends.inferd_python import PythonInstance
+    from inferd.backends.inferd_python import PythonInstance, StreamingPythonInstance
     from inferd.backends.python import instantiate
     from inferd.backends.python_autocomplete import completed_config
     from inferd.backends.python_import import import_model_module
@@ -155,7 +157,7 @@ def worker_main(
     logging.getLogger("inferd.model").setLevel(logging.DEBUG)
     model_output.install()
 
-    host = PipeHost(conn)
+    host = PipeHost(conn, PipeSender(conn))
     ctx = dataclasses.replace(spec.load_context(), host=host)
     if spec.task == "auto_complete":
         try:
@@ -166,6 +168,12 @@ def worker_main(
     with host.parent_waiting():
         try:
             module = import_model_module(ctx.model_name, ctx.version_dir, keep_on_path=True)
+            decoupled = ctx.config.model_transaction_policy.decoupled
+            if decoupled and hasattr(module, "TritonPythonModel") and not hasattr(module, "Model"):
+                raise RuntimeError(
+                    "a decoupled TritonPythonModel runs in the server process: isolation "
+                    '"process" is not supported for it yet (decoupled inferd Models it is)'
+                )
             instance = instantiate(ctx, module, probe_readiness=False)
         except Exception as exc:
             host.answer(_dumps(("load_failed", _describe(exc))))
@@ -173,7 +181,7 @@ def worker_main(
         probed = isinstance(instance, TritonPythonInstance) and instance.has_is_ready
         info = {
             "api": "triton" if isinstance(instance, TritonPythonInstance) else "inferd",
-            "takes_parameters": bool(getattr(instance, "takes_parameters", False)),
+            "wants_request_info": bool(getattr(instance, "wants_request_info", False)),
             "is_ready": probed,
         }
         host.answer(_dumps(("ready", info)))
@@ -198,7 +206,17 @@ def worker_main(
         with host.parent_waiting():
             try:
                 if kind == "execute" and isinstance(instance, PythonInstance):
-                    data = _dumps(("ok", instance.execute(message[1], message[2])))
+                    inputs, infos = message[1], message[2]
+                    outputs = (
+                        instance.execute(inputs)
+                        if infos is None
+                        else instance.execute_with_info(inputs, infos)
+                    )
+                    data = _dumps(("ok", outputs))
+                elif kind == "stream" and isinstance(instance, StreamingPythonInstance):
+                    # Its messages go out as the model sends; "done" closes the exchange.
+                    serve_stream(instance, message, host.pipe, cancelled)
+                    continue
                 elif kind == "execute_requests" and isinstance(instance, TritonPythonInstance):
                     requests = _requests(message[1], cancelled)
                     results = instance.execute_requests(requests)
@@ -217,8 +235,19 @@ def worker_main(
 def _requests(items: list[tuple[Any, ...]], cancelled: Any) -> list[BoundRequest]:
     """The batch's requests as the parent sent them; each reads its cancellation flag."""
     requests = []
-    for i, (inputs, rows, names, request_id, parameters, timeout_us) in enumerate(items):
-        request = BoundRequest(inputs, rows, (), names, request_id, parameters, timeout_us)
+    for i, item in enumerate(items):
+        inputs, rows, names, request_id, parameters, timeout_us, correlation_id, flags = item
+        request = BoundRequest(
+            inputs,
+            rows,
+            (),
+            names,
+            request_id,
+            parameters,
+            timeout_us,
+            correlation_id=correlation_id,
+            flags=flags,
+        )
         if i < len(cancelled):
             request.is_cancelled = lambda i=i: bool(cancelled[i])
         requests.append(request)

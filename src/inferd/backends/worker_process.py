@@ -15,20 +15,24 @@ model again; the next batch waits for it. If that restart fails, every later bat
 Whatever the child logs or prints (prints become records of `inferd.model.<name>`, as in the
 server) is sent over a second pipe and re-emitted by the parent's logging, tagged with the model.
 
-Messages on the main pipe, parent → child: `("execute", inputs, parameters)`,
-`("execute_requests", [(inputs, rows, output names, request id, parameters, timeout µs)])`,
-`("stop",)`; child → parent: `("ready", info)` or `("load_failed", reason)` once, then
-`("ok", outputs | results)` or `("error", message)` per batch, and `("stopped", unload_error |
-None)` at the end; in between, the child's pb_utils calls (worker_pipe.py).
-`auto_complete_in_worker` runs a child whose only answer is `("completed", config JSON |
-None)` or `("load_failed", reason)`.
+Messages on the main pipe, parent → child: `("execute", inputs, infos)` (infos: None, or a
+`RequestInfo` per request when the model's predict takes them), `("execute_requests",
+[(inputs, rows, output names, request id, parameters, timeout µs, correlation id, flags)])`
+(a TritonPythonModel), `("stop",)`; child → parent: `("ready", info)` or `("load_failed",
+reason)` once, then `("ok", outputs | results)` or `("error", message)` per batch, and
+`("stopped", unload_error | None)` at the end; in between, the child's pb_utils calls
+(worker_pipe.py). A decoupled `Model` streams instead (worker_stream.py): `("stream", ...)`
+per request, answered by its `("response", ...)` messages and `("done", error | None)`; the
+parent raises a shared flag when the request's client has gone. `auto_complete_in_worker`
+runs a child whose only answer is `("completed", config JSON | None)` or `("load_failed",
+reason)`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from inferd.backends.pb_utils.host import InstanceModelHost
 from inferd.backends.worker_pipe import STOP_TIMEOUT_S, Worker, WorkerDiedError, WorkerSpec
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
+from inferd.python_model import RequestInfo
 from inferd.repository.config import ConfigError
 from inferd.signature import BoundRequest
 from inferd.types import Array
@@ -70,6 +75,8 @@ def auto_complete_in_worker(config: mc.ModelConfig, version_dir: Path) -> str | 
 
 def start_process_instance(ctx: LoadContext) -> ProcessInstance:
     """The instance for the model class the worker found in model.py."""
+    from inferd.backends.worker_stream import StreamingProcessInstance  # it subclasses ours
+
     host = ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
     spec = WorkerSpec.from_context(ctx)
     try:
@@ -79,7 +86,11 @@ def start_process_instance(ctx: LoadContext) -> ProcessInstance:
         if host is not None:
             host.close()
         raise
-    cls = TritonProcessInstance if info["api"] == "triton" else ProcessInstance
+    cls: type[ProcessInstance] = ProcessInstance
+    if info["api"] == "triton":
+        cls = TritonProcessInstance
+    elif ctx.config.model_transaction_policy.decoupled:
+        cls = StreamingProcessInstance
     return cls(ctx, spec, host, worker, info)
 
 
@@ -102,7 +113,7 @@ class ProcessInstance:
         self._name = ctx.model_name
         self._host = host
         self._api = info["api"]
-        self.takes_parameters: bool = info["takes_parameters"]
+        self.wants_request_info: bool = info["wants_request_info"]  # predict takes them
         self._lock = threading.Lock()
         self._closed = False
         self._restarting: threading.Event | None = None
@@ -135,10 +146,13 @@ class ProcessInstance:
         worker = self._worker
         return worker is not None and not self._closed and worker.is_alive()
 
-    def execute(
-        self, inputs: dict[str, Array], parameters: Sequence[Mapping[str, Any]] | None = None
+    def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        return self.execute_with_info(inputs, None)
+
+    def execute_with_info(
+        self, inputs: dict[str, Array], requests: list[RequestInfo] | None
     ) -> dict[str, Array]:
-        message = self._exchange(("execute", inputs, parameters))
+        message = self._exchange(("execute", inputs, requests))
         outputs: dict[str, Array] = message[1]
         return outputs
 
@@ -304,7 +318,16 @@ class TritonProcessInstance(ProcessInstance):
             (
                 "execute_requests",
                 [
-                    (r.inputs, r.rows, r.output_names, r.request_id, r.parameters, r.timeout_us)
+                    (
+                        r.inputs,
+                        r.rows,
+                        r.output_names,
+                        r.request_id,
+                        r.parameters,
+                        r.timeout_us,
+                        r.correlation_id,
+                        r.flags,
+                    )
                     for r in requests
                 ],
             ),

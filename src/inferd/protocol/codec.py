@@ -7,14 +7,24 @@ tensors one `np.asarray` call; only BYTES elements (variable length) are walked 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import orjson
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
-from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+from inferd.types import (
+    Array,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    SharedMemoryRef,
+    Tensor,
+    element_count,
+)
 
 _LEN = struct.Struct("<I")
 
@@ -40,6 +50,41 @@ def declared_count(shape: tuple[int, ...], where: str) -> int:
 
 
 # -- request ----------------------------------------------------------------------------------
+
+# Triton's shared-memory tensor parameters, on an input or a requested output: the codecs
+# parse them into a `SharedMemoryRef`; the core (inferd/shared_memory.py) resolves it.
+REGION = "shared_memory_region"
+BYTE_SIZE = "shared_memory_byte_size"
+OFFSET = "shared_memory_offset"
+
+# The data of a tensor whose bytes are in shared memory: an input's until the core resolves
+# it (nothing reads it before), a response output's for good (encoders send no data).
+NO_DATA: Array = np.empty(0, dtype=np.uint8)
+NO_DATA.flags.writeable = False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def shared_memory_ref(params: Mapping[str, Any], where: str) -> SharedMemoryRef | None:
+    """The region a tensor's parameters name, or None; raises naming the bad parameter."""
+    region = params.get(REGION)
+    if region is None:
+        if BYTE_SIZE in params or OFFSET in params:
+            raise invalid(f"{where}: {BYTE_SIZE} and {OFFSET} need {REGION}")
+        return None
+    if not isinstance(region, str) or not region:
+        raise invalid(f"{where}: {REGION} must be a non-empty string")
+    size = params.get(BYTE_SIZE)
+    if size is None:
+        raise invalid(f"{where}: {REGION} '{region}' needs {BYTE_SIZE}")
+    if not _is_int(size) or size < 0:
+        raise invalid(f"{where}: {BYTE_SIZE} must be an integer >= 0, got {size!r}")
+    offset = params.get(OFFSET, 0)
+    if not _is_int(offset) or offset < 0:
+        raise invalid(f"{where}: {OFFSET} must be an integer >= 0, got {offset!r}")
+    return SharedMemoryRef(region, size, offset)
 
 
 def decode_request(
@@ -68,9 +113,11 @@ def decode_request(
         raise invalid("malformed request: 'inputs' must be a non-empty list")
     offset = 0
     inputs: list[Tensor] = []
+    uses_shared_memory = False
     for i, raw in enumerate(raw_inputs):
         tensor, offset = _decode_input(raw, i, binary, offset)
         inputs.append(tensor)
+        uses_shared_memory = uses_shared_memory or tensor.shared_memory is not None
     if offset != len(binary):
         raise invalid(
             f"binary data holds {len(binary) - offset} bytes more than the inputs' "
@@ -89,12 +136,11 @@ def decode_request(
         for j, raw in enumerate(raw_outputs):
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 raise invalid(f"outputs[{j}] must be an object with a string 'name'")
-            params = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
-            if "classification" in params:
-                raise invalid(
-                    f"output '{raw['name']}': the classification extension is not supported"
-                )
-            outputs.append(RequestedOutput(raw["name"], params))
+            where = f"output '{raw['name']}'"
+            params = _parameters(raw.get("parameters"), where)
+            ref = shared_memory_ref(params, where) if params else None
+            uses_shared_memory = uses_shared_memory or ref is not None
+            outputs.append(RequestedOutput(raw["name"], params, ref))
     return InferRequest(
         model_name=model_name,
         model_version=model_version,
@@ -102,6 +148,7 @@ def decode_request(
         id=request_id,
         outputs=outputs,
         parameters=parameters,
+        uses_shared_memory=uses_shared_memory,
     )
 
 
@@ -111,6 +158,11 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise invalid(f"{where}: 'parameters' must be an object")
     return raw
+
+
+def decode_json_input(raw: Any, index: int) -> Tensor:
+    """One input object of a JSON request (`name`, `datatype`, `shape`, `data`)."""
+    return _decode_input(raw, index, memoryview(b""), 0)[0]
 
 
 def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tuple[Tensor, int]:
@@ -134,6 +186,11 @@ def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tupl
     count = declared_count(shape, where)
     params = _parameters(raw.get("parameters"), where)
     size = params.get("binary_data_size")
+    ref = shared_memory_ref(params, where) if params else None
+    if ref is not None:  # the core reads the data from the region
+        if size is not None or "data" in raw:
+            raise invalid(f"{where}: give one of 'data', binary_data_size or {REGION}")
+        return Tensor(name, datatype, shape, NO_DATA, params, ref), offset
     if size is not None:
         if "data" in raw:
             raise invalid(f"{where}: give either 'data' or binary_data_size, not both")
@@ -225,15 +282,21 @@ def _from_json(
 _ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
 
 
-def _overflow_limit(dtype: type[np.floating[Any]]) -> float:
-    """The smallest magnitude that rounds to infinity when cast to `dtype`: its largest
-    finite value plus half a unit in the last place (JSON's shortest text for float32's
-    largest value, 3.4028235e+38, reads back slightly above it and still casts to it)."""
-    largest = float(np.finfo(dtype).max)
-    return largest + (largest - float(np.nextafter(dtype(largest), dtype(0)))) / 2
+def _overflow_limit(scalar: Any) -> float:
+    """The smallest magnitude that rounds to infinity when cast to `scalar`'s type: its
+    largest finite value plus half a unit in the last place (JSON's shortest text for
+    float32's largest value, 3.4028235e+38, reads back slightly above it and still casts
+    to it). ml_dtypes.finfo knows numpy's float types and bfloat16 alike."""
+    largest = float(ml_dtypes.finfo(scalar).max)  # type: ignore[no-untyped-call]
+    return largest + (largest - float(np.nextafter(scalar(largest), scalar(0)))) / 2
 
 
-_OVERFLOW = {2: _overflow_limit(np.float16), 4: _overflow_limit(np.float32)}
+# By datatype: FP16 and BF16 have the same size but not the same range.
+_OVERFLOW = {
+    "FP16": _overflow_limit(np.float16),
+    "BF16": _overflow_limit(ml_dtypes.bfloat16),
+    "FP32": _overflow_limit(np.float32),
+}
 
 
 def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], where: str) -> Array:
@@ -247,7 +310,9 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
         if kind == "f" and not np.array_equal(inferred, np.floor(inferred)):
             raise invalid(f"{where}: {datatype} data must be integers, got floats")
         return np.asarray(data, dtype=dtype)
-    accepted = _ACCEPTED_KINDS[dtype.kind]
+    # bfloat16 is an extension dtype (kind "V") that takes JSON numbers as floats do.
+    target_kind = "f" if datatype == "BF16" else dtype.kind
+    accepted = _ACCEPTED_KINDS[target_kind]
     if kind not in accepted:
         expected = {"b": "true/false", "iu": "integers", "iuf": "numbers"}[accepted]
         raise invalid(f"{where}: {datatype} data must be {expected}, got {_kind_name(inferred)}")
@@ -260,12 +325,14 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
     # before the cast (which would warn), without errstate. The sum of squares (one BLAS
     # call, no temporary) stays below the limit squared unless a value may reach it; only
     # then the exact check runs.
-    if dtype.kind == "f" and inferred.dtype.itemsize > dtype.itemsize:
-        limit = _OVERFLOW[dtype.itemsize]
-        if float(np.vdot(inferred, inferred)) >= limit * limit and (
-            float(np.abs(inferred).max()) >= limit
-        ):
-            raise invalid(f"{where}: values are out of {datatype}'s range")
+    limit = _OVERFLOW.get(datatype)
+    if (
+        limit is not None
+        and inferred.dtype.itemsize > dtype.itemsize
+        and float(np.vdot(inferred, inferred)) >= limit * limit
+        and float(np.abs(inferred).max()) >= limit
+    ):
+        raise invalid(f"{where}: values are out of {datatype}'s range")
     return inferred.astype(dtype, copy=False)
 
 
@@ -294,6 +361,9 @@ def encode_response(
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
+        if tensor.shared_memory is not None:
+            outputs.append(entry)  # written into the client's region: no data, as Triton
+            continue
         json_data = None if binary else _to_json(tensor)
         if json_data is None:
             raw = to_binary(tensor)
@@ -317,6 +387,12 @@ def encode_response(
     return b"".join([header, *chunks]), len(header)
 
 
+def tensor_json(tensor: Tensor) -> Any:
+    """A tensor's elements as JSON data (flat), or None when it can only travel as binary
+    (BYTES that are not UTF-8 text)."""
+    return _to_json(tensor)
+
+
 def _to_json(tensor: Tensor) -> Any:
     """JSON data for a tensor, or None when it can only travel as binary."""
     if tensor.datatype == "BYTES":
@@ -326,7 +402,7 @@ def _to_json(tensor: Tensor) -> Any:
             return None  # not text: sent as binary, which every v2 client decodes
     # A flat, contiguous numpy array: orjson serialises it natively without a Python list.
     flat = np.ascontiguousarray(tensor.data).reshape(-1)
-    if flat.dtype == np.float16:
+    if tensor.datatype in ("FP16", "BF16"):  # JSON numbers; orjson knows neither type
         return flat.astype(np.float32)
     return flat
 
@@ -348,4 +424,6 @@ def to_binary(tensor: Tensor) -> bytes | memoryview:
             parts.append(b)
         return b"".join(parts)
     array = np.ascontiguousarray(tensor.data, dtype=V2_TO_WIRE[tensor.datatype]).reshape(-1)
-    return memoryview(array).cast("B")  # type: ignore[arg-type]
+    # A view as bytes, not a copy; through uint8 since the buffer protocol cannot describe
+    # bfloat16 elements.
+    return memoryview(array.view(np.uint8))  # type: ignore[arg-type]

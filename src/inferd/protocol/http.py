@@ -25,6 +25,7 @@ from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.protocol.codec import decode_request, encode_response
+from inferd.protocol.generate import GenerateEndpoint
 from inferd.repository.config import to_json
 from inferd.types import InferRequest
 
@@ -34,7 +35,9 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_ARGUMENT: 400,
     ErrorKind.UNAUTHENTICATED: 401,
     ErrorKind.PERMISSION_DENIED: 403,
+    ErrorKind.UNSUPPORTED: 400,  # Triton's mapping of UNSUPPORTED
     ErrorKind.NOT_FOUND: 404,
+    ErrorKind.ALREADY_EXISTS: 400,  # as Triton's HTTP server answers ALREADY_EXISTS
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
     ErrorKind.RESOURCE_EXHAUSTED: 429,
     ErrorKind.MODEL_ERROR: 500,
@@ -47,6 +50,8 @@ HEADER_LENGTH = "inference-header-content-length"
 ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
 TIMEOUT_MS = "inferd-timeout-ms"  # the client's deadline for this request
 RETRY_AFTER_S = "1"
+SYSTEM_SHM = "/v2/systemsharedmemory"
+CUDA_SHM = "/v2/cudasharedmemory"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -103,6 +108,7 @@ class HttpAdapter:
         mv = "/v2/models/{model}/versions/{version}"
         health, meta, stats = ApiGroup.HEALTH, ApiGroup.METADATA, ApiGroup.STATISTICS
         config, repo, infer = ApiGroup.MODEL_CONFIG, ApiGroup.MODEL_REPOSITORY, ApiGroup.INFERENCE
+        shm = ApiGroup.SHARED_MEMORY
         # (path, endpoint, methods, Triton's API group: what --http-restricted-api names)
         table: list[tuple[str, Endpoint, list[str], ApiGroup]] = [
             ("/v2/models/stats", self.statistics, ["GET"], stats),  # before /v2/models/{model}
@@ -127,12 +133,34 @@ class HttpAdapter:
             (m + "/routing", self.routing, ["GET", "POST"], repo),
             (m + "/routing/promote", self.promote, ["POST"], repo),
             (m + "/routing/rollback", self.rollback, ["POST"], repo),
+            (f"{SYSTEM_SHM}/status", self.shm_status, ["GET"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/status", self.shm_status, ["GET"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/register", self.shm_register, ["POST"], shm),
+            (f"{SYSTEM_SHM}/unregister", self.shm_unregister, ["POST"], shm),
+            (f"{SYSTEM_SHM}/region/{{region}}/unregister", self.shm_unregister, ["POST"], shm),
+            (f"{CUDA_SHM}/status", self.cuda_shm_status, ["GET"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/status", self.cuda_shm_status, ["GET"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/register", self.cuda_shm_register, ["POST"], shm),
+            (f"{CUDA_SHM}/unregister", self.cuda_shm_unregister, ["POST"], shm),
+            (f"{CUDA_SHM}/region/{{region}}/unregister", self.cuda_shm_unregister, ["POST"], shm),
+            ("/v2/trace/setting", self.trace_settings, ["GET", "POST"], ApiGroup.TRACE),
+            (m + "/trace/setting", self.trace_settings, ["GET", "POST"], ApiGroup.TRACE),
+            ("/v2/logging", self.log_settings, ["GET", "POST"], ApiGroup.LOGGING),
         ]
         access = self.dp.access
-        return [
+        routes = [
             Route(path, errors_mapped(fn, access, group), methods=methods)
             for path, fn, methods, group in table
         ]
+        # Triton's generate extension: ASGI apps of their own, since they stream (they
+        # check the inference group's credential themselves).
+        for suffix, streaming in (("/generate", False), ("/generate_stream", True)):
+            endpoint = GenerateEndpoint(
+                self.dp, self.max_request_bytes, streaming, read_body, _deadline_ns, STATUS
+            )
+            routes += [Route(m + suffix, endpoint, methods=["POST"])]
+            routes += [Route(mv + suffix, endpoint, methods=["POST"])]
+        return routes
 
     async def _infer_is_elsewhere(self, request: Request) -> Response:
         raise AssertionError("POST .../infer is served by InferEndpoint")
@@ -209,6 +237,46 @@ class HttpAdapter:
         return json_response(
             self.dp.rollback(request.path_params["model"], str(doc.get("version", "")))
         )
+
+    async def shm_status(self, request: Request) -> Response:
+        return json_response(self.dp.shared_memory_status(request.path_params.get("region", "")))
+
+    async def shm_register(self, request: Request) -> Response:
+        doc = await self._json_body(request)
+        self.dp.register_shared_memory(
+            request.path_params["region"],
+            doc.get("key"),
+            doc.get("offset", 0),
+            doc.get("byte_size"),
+        )
+        return Response(status_code=200)
+
+    async def shm_unregister(self, request: Request) -> Response:
+        await self._json_body(request)  # Triton's clients send an empty body
+        self.dp.unregister_shared_memory(request.path_params.get("region", ""))
+        return Response(status_code=200)
+
+    async def cuda_shm_status(self, request: Request) -> Response:
+        region = request.path_params.get("region", "")
+        return json_response(self.dp.cuda_shared_memory_status(region))
+
+    async def cuda_shm_register(self, request: Request) -> Response:
+        await self._json_body(request)
+        self.dp.register_cuda_shared_memory()
+        return Response(status_code=200)
+
+    async def cuda_shm_unregister(self, request: Request) -> Response:
+        await self._json_body(request)  # nothing can be registered: nothing to do
+        return Response(status_code=200)
+
+    async def trace_settings(self, request: Request) -> Response:
+        changes = await self._json_body(request) if request.method == "POST" else None
+        model = request.path_params.get("model", "")
+        return json_response(self.dp.runtime.trace_settings(model, changes))
+
+    async def log_settings(self, request: Request) -> Response:
+        changes = await self._json_body(request) if request.method == "POST" else None
+        return json_response(self.dp.runtime.log_settings(changes))
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
         body = await self._read_body(request)

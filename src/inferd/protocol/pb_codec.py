@@ -14,7 +14,14 @@ from tritonclient.grpc import service_pb2 as pb
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
-from inferd.protocol.codec import declared_count, decode_bytes_elements, to_binary
+from inferd.protocol.codec import (
+    NO_DATA,
+    REGION,
+    declared_count,
+    decode_bytes_elements,
+    shared_memory_ref,
+    to_binary,
+)
 from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
 
 # Which typed `contents` field carries each datatype (Triton's mapping; FP16 travels raw only).
@@ -55,15 +62,23 @@ def set_parameter(target: Any, key: str, value: Any) -> None:
 
 
 def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
-    raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
-        raise invalid(
-            f"raw_input_contents holds {len(raw)} buffers for {len(msg.inputs)} inputs; "
-            "give one per input, in the inputs' order"
-        )
     if not msg.inputs:
         raise invalid("malformed request: 'inputs' must not be empty")
+    params = [parameters_to_dict(t.parameters) for t in msg.inputs]
+    refs = [
+        shared_memory_ref(p, f"input '{t.name}'") if p else None
+        for t, p in zip(msg.inputs, params, strict=True)
+    ]
+    # As Triton: raw_input_contents holds the inputs that are not in shared memory, in order.
+    raw = msg.raw_input_contents
+    sent = len(msg.inputs) - sum(ref is not None for ref in refs)
+    if raw and len(raw) != sent:
+        raise invalid(
+            f"raw_input_contents holds {len(raw)} buffers for {sent} inputs not in shared "
+            "memory; give one per such input, in the inputs' order"
+        )
     inputs = []
+    next_raw = 0
     for index, t in enumerate(msg.inputs):
         where = f"input '{t.name}'"
         if not t.name:
@@ -73,19 +88,27 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
             raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
         shape = tuple(int(d) for d in t.shape)
         count = declared_count(shape, where)
-        if raw:
-            data = _from_raw(raw[index], t.datatype, shape, count, where)
+        ref = refs[index]
+        if ref is not None:
+            if t.HasField("contents"):
+                raise invalid(f"{where}: give either contents or {REGION}, not both")
+            data = NO_DATA  # the core reads it from the region
+        elif raw:
+            data = _from_raw(raw[next_raw], t.datatype, shape, count, where)
+            next_raw += 1
         else:
             data = _from_contents(t, dtype, shape, count, where)
-        inputs.append(Tensor(t.name, t.datatype, shape, data, parameters_to_dict(t.parameters)))
+        inputs.append(Tensor(t.name, t.datatype, shape, data, params[index], ref))
+    uses_shared_memory = sent < len(msg.inputs)
     outputs = None
     if msg.outputs:
         outputs = []
         for o in msg.outputs:
-            params = parameters_to_dict(o.parameters)
-            if "classification" in params:
-                raise invalid(f"output '{o.name}': the classification extension is not supported")
-            outputs.append(RequestedOutput(o.name, params))
+            where = f"output '{o.name}'"
+            out_params = parameters_to_dict(o.parameters)
+            out_ref = shared_memory_ref(out_params, where) if out_params else None
+            uses_shared_memory = uses_shared_memory or out_ref is not None
+            outputs.append(RequestedOutput(o.name, out_params, out_ref))
     return InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
@@ -93,6 +116,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
         id=msg.id,
         outputs=outputs,
         parameters=parameters_to_dict(msg.parameters),
+        uses_shared_memory=uses_shared_memory,
     )
 
 
@@ -141,5 +165,8 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
         set_parameter(msg.parameters, key, value)
     for tensor in response.outputs:
         msg.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        msg.raw_output_contents.append(bytes(to_binary(tensor)))
+        # An output written to shared memory keeps its (empty) place, as Triton's: clients
+        # find each output's contents by its index.
+        raw = b"" if tensor.shared_memory is not None else bytes(to_binary(tensor))
+        msg.raw_output_contents.append(raw)
     return msg

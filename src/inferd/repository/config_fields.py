@@ -67,11 +67,12 @@ def _each(rule: FieldRule, *paths: str) -> dict[str, FieldRule]:
 GROUP = "a group: its fields are classified one by one"
 TENSORRT = "a TensorRT setting; inferd has no TensorRT backend"
 CUDA_TUNING = "CUDA tuning inferd does not do (no CUDA graphs, streams or pinned buffers)"
-SEQUENCE = (
-    "sequence batching is not implemented: control inputs would never be delivered and "
-    "interleaved sequences would share state; use a stateless model"
-)
-RAGGED = "ragged batching is not implemented; send equal shapes or set max_batch_size: 0"
+# Backends that take inputs by name, so the server's control and state tensors reach them.
+SEQUENCE_INPUT_BACKENDS = ("onnxruntime", "python")
+# Backends whose models take the merged batch by input name (the batch inputs are extra
+# inputs); TritonPythonModel models get each request's own tensors instead.
+RAGGED_BACKENDS = ("onnxruntime", "python")
+BATCH_INPUT = "computed by the server for each batch from the source input's shapes"
 ENSEMBLE = "ensembles are not implemented; chain the models in the client"
 RATE_LIMIT = "inferd has no rate limiter; bound the load with instance counts and queue policy"
 DELAY_NOT_IMPLEMENTED = (
@@ -148,7 +149,11 @@ FIELDS: dict[str, FieldRule] = {
     "input.reshape": _honoured("the shape the model sees"),
     "input.reshape.shape": _honoured("the shape the model sees"),
     "input.is_shape_tensor": _refused(TENSORRT),
-    "input.allow_ragged_batch": _refused(RAGGED),
+    "input.allow_ragged_batch": _honoured(
+        "requests whose shapes of this input differ are batched together: the model gets "
+        "their values concatenated in one dimension (docs/batching.md)",
+        backends=RAGGED_BACKENDS,
+    ),
     "input.optional": _honoured("a request may leave the input out"),
     "input.is_non_linear_format_io": _refused(TENSORRT),
     "output": _honoured("the model's outputs, checked on every response"),
@@ -160,19 +165,34 @@ FIELDS: dict[str, FieldRule] = {
     "output.dims": _honoured("checked on every response"),
     "output.reshape": _honoured("the shape clients receive"),
     "output.reshape.shape": _honoured("the shape clients receive"),
-    "output.label_filename": _refused(
-        "classification labels are not implemented (the `classification` request parameter "
-        "is refused too)"
+    "output.label_filename": _honoured(
+        "the labels of the classification extension: a file in the model directory (never "
+        "outside it), one label per line (docs/classification.md)"
     ),
     "output.is_shape_tensor": _refused(TENSORRT),
     "output.is_non_linear_format_io": _refused(TENSORRT),
+    "batch_input": _honoured(
+        "extra model inputs the server computes per batch (element counts, their running "
+        "sums, item shapes), mostly to find the requests in a ragged input; a "
+        "TritonPythonModel, which gets the requests unmerged, refuses it",
+        backends=RAGGED_BACKENDS,
+    ),
+    "batch_input.kind": _honoured(
+        "all six of Triton's kinds (BATCH_ELEMENT_COUNT ... BATCH_ITEM_SHAPE_FLATTEN)",
+        backends=RAGGED_BACKENDS,
+    ),
+    "batch_input.target_name": _honoured(
+        "the model input(s) that receive it; not declared in input", backends=RAGGED_BACKENDS
+    ),
+    "batch_input.data_type": _honoured("TYPE_INT32 or TYPE_FP32", backends=RAGGED_BACKENDS),
+    "batch_input.source_input": _honoured(
+        "the one input whose shapes it describes", backends=RAGGED_BACKENDS
+    ),
     **_each(
-        _refused(RAGGED),
-        "batch_input",
-        "batch_input.kind",
-        "batch_input.target_name",
-        "batch_input.data_type",
-        "batch_input.source_input",
+        _refused(
+            "batch outputs are not implemented: every output is split back by rows, each "
+            "request getting as many rows as it sent"
+        ),
         "batch_output",
         "batch_output.target_name",
         "batch_output.kind",
@@ -237,18 +257,44 @@ FIELDS: dict[str, FieldRule] = {
     **{f"dynamic_batching.default_queue_policy.{k}": r for k, r in _QUEUE_POLICY.items()},
     "dynamic_batching.priority_queue_policy": _honoured("admission of one level"),
     **{f"dynamic_batching.priority_queue_policy.{k}": r for k, r in _QUEUE_POLICY.items()},
+    "sequence_batching": _honoured(
+        "the sequence batcher: each sequence on one instance and batch slot, its requests in "
+        "order (docs/sequences.md)"
+    ),
+    "sequence_batching.direct": _honoured(
+        "the default strategy: batch row i is slot i, empty slots below a ready one get "
+        "not-ready filler rows"
+    ),
+    "sequence_batching.direct.max_queue_delay_microseconds": _honoured(
+        "how long a batch may wait for minimum_slot_utilization (ignored while that is 0)"
+    ),
+    "sequence_batching.direct.minimum_slot_utilization": _honoured(
+        "the share of ready slots that lets a batch leave before the delay"
+    ),
+    "sequence_batching.oldest": _honoured(
+        "batches from the sequences with the oldest requests, at most one request each"
+    ),
+    "sequence_batching.oldest.max_candidate_sequences": _honoured(
+        "sequences per instance (default max_batch_size); the others wait in the backlog"
+    ),
+    "sequence_batching.oldest.preferred_batch_size": _honoured(
+        "the batch takes the largest preferred size its ready sequences fill"
+    ),
+    "sequence_batching.oldest.max_queue_delay_microseconds": _honoured(
+        "the longest a batch waits to fill up (default 0: never waits)"
+    ),
+    "sequence_batching.oldest.preserve_ordering": _refused(
+        "responses leave as each batch finishes; with several instances a later request can "
+        "be answered first"
+    ),
+    "sequence_batching.max_sequence_idle_microseconds": _honoured(
+        "a sequence idle this long is released (default 1 s); later requests for it get 400"
+    ),
     **_each(
-        _refused(SEQUENCE),
-        "sequence_batching",
-        "sequence_batching.direct",
-        "sequence_batching.direct.max_queue_delay_microseconds",
-        "sequence_batching.direct.minimum_slot_utilization",
-        "sequence_batching.oldest",
-        "sequence_batching.oldest.max_candidate_sequences",
-        "sequence_batching.oldest.preferred_batch_size",
-        "sequence_batching.oldest.max_queue_delay_microseconds",
-        "sequence_batching.oldest.preserve_ordering",
-        "sequence_batching.max_sequence_idle_microseconds",
+        _honoured(
+            "control inputs the server fills per batch row: START, END, READY, CORRID",
+            backends=SEQUENCE_INPUT_BACKENDS,
+        ),
         "sequence_batching.control_input",
         "sequence_batching.control_input.name",
         "sequence_batching.control_input.control",
@@ -257,10 +303,16 @@ FIELDS: dict[str, FieldRule] = {
         "sequence_batching.control_input.control.fp32_false_true",
         "sequence_batching.control_input.control.bool_false_true",
         "sequence_batching.control_input.control.data_type",
-        "sequence_batching.iterative_sequence",
+    ),
+    "sequence_batching.iterative_sequence": _refused(
+        "iterative sequences (a model rescheduling its own requests) are not implemented"
     ),
     **_each(
-        _refused("implicit state is not implemented (it needs sequence batching)"),
+        _honoured(
+            "implicit state: the server keeps each sequence's state output and feeds it back "
+            "as the state input",
+            backends=SEQUENCE_INPUT_BACKENDS,
+        ),
         "sequence_batching.state",
         "sequence_batching.state.input_name",
         "sequence_batching.state.output_name",
@@ -272,6 +324,9 @@ FIELDS: dict[str, FieldRule] = {
         "sequence_batching.state.initial_state.zero_data",
         "sequence_batching.state.initial_state.data_file",
         "sequence_batching.state.initial_state.name",
+    ),
+    **_each(
+        _refused("a GPU memory setting; inferd keeps implicit state in host memory"),
         "sequence_batching.state.use_same_buffer_for_input_output",
         "sequence_batching.state.use_growable_memory",
     ),
@@ -346,8 +401,10 @@ FIELDS: dict[str, FieldRule] = {
         "model_operations.op_library_filename",
     ),
     "model_transaction_policy": _honoured(GROUP),
-    "model_transaction_policy.decoupled": _refused(
-        "decoupled (streaming) models are not implemented: one request, one response"
+    "model_transaction_policy.decoupled": _honoured(
+        "zero or more responses per request, then the final flag, over gRPC ModelStreamInfer "
+        "and HTTP generate_stream (docs/python-models.md#decoupled-models)",
+        backends=("python",),
     ),
     **_each(
         _refused("repository agents are not implemented (checksums: see model_checksum)"),

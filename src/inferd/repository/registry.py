@@ -23,6 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.base import Backend
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.circuit import CircuitBreaker, CircuitPolicy
+from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
@@ -37,6 +38,9 @@ from inferd.repository.uploads import NAME_MAX_BYTES, checked_paths, shown
 from inferd.repository.warmup import warm_up
 from inferd.routing import RollbackPolicy, Router, parse_weights
 from inferd.scheduling.batcher import DynamicBatcher
+from inferd.scheduling.scheduler import Scheduler
+from inferd.scheduling.sequence_batcher import SequenceBatcher
+from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
 from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
@@ -58,12 +62,18 @@ class ModelVersion:
     state: State = State.LOADING
     reason: str = ""  # why it is not serving, or why the latest attempt to replace it failed
     warning: str = ""  # a problem that does not stop it serving (a failed automatic warm-up)
-    batcher: DynamicBatcher | None = None
+    batcher: Scheduler | None = None
+    sequence: SequenceOptions | None = None  # a sequence model's sequence_batching
     devices: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
     checksum: str = ""  # of the version directory's files
     load_duration_s: float = 0.0
     warmup_duration_s: float = 0.0
+    # model_transaction_policy { decoupled: true }: answers through a response stream.
+    decoupled: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
     @property
     def is_ready(self) -> bool:
@@ -280,6 +290,10 @@ class ModelRegistry:
             circuit_policy = CircuitPolicy.from_config(config)
             signature = ModelSignature(config)  # its limits can be malformed config too
             signature.model_parameters = getattr(backend, "passes_request_parameters", False)
+            signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
+            sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
+            if sequence is not None:
+                signature.server_inputs.update(sequence.server_inputs())
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
                     n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
@@ -299,6 +313,8 @@ class ModelRegistry:
         )
         config_sum = await asyncio.to_thread(file_checksum, model_dir / CONFIG_FILE)
         config_sum = config_sum + "|" + str(config)  # an override changes it too
+        # So do the classification labels: loaded versions hold the ones read with them.
+        config_sum += "|" + repr(sorted(signature.labels.items()))
         config_changed = config_sum != model.config_checksum
         keep: dict[str, ModelVersion] = {}
         fresh: list[ModelVersion] = []
@@ -308,7 +324,11 @@ class ModelRegistry:
                 old.reason = ""  # this attempt found it fine: an earlier failure is history
                 keep[v] = old
             else:
-                fresh.append(ModelVersion(model.name, v, config, signature, checksum=digest))
+                fresh.append(
+                    ModelVersion(
+                        model.name, v, config, signature, checksum=digest, sequence=sequence
+                    )
+                )
         await asyncio.gather(*(self._load_version(mv, backend, model_dir) for mv in fresh))
 
         for mv in fresh:
@@ -375,7 +395,9 @@ class ModelRegistry:
             return
         loaded = time.monotonic()
         try:
-            warmed = await asyncio.to_thread(warm_up, instances, mv.config, model_dir, mv.signature)
+            warmed = await asyncio.to_thread(
+                warm_up, instances, mv.config, model_dir, mv.signature, mv.sequence
+            )
         except Exception as exc:
             for inst in instances:
                 inst.close()
@@ -386,9 +408,19 @@ class ModelRegistry:
         if warmed.warning:
             mv.warning = warmed.warning
             log.warning("model %s version %s: %s", mv.name, mv.version, warmed.warning)
-        mv.batcher = DynamicBatcher(
-            mv.name, instances, batching_options(mv.config), mv.version, self.telemetry
-        )
+        if mv.sequence is not None:
+            mv.batcher = SequenceBatcher(
+                mv.name, instances, mv.sequence, mv.version, self.telemetry
+            )
+        else:
+            mv.batcher = DynamicBatcher(
+                mv.name,
+                instances,
+                batching_options(mv.config),
+                mv.version,
+                self.telemetry,
+                mv.signature.ragged,
+            )
         mv.devices = [inst.device for inst in instances]
         mv.providers = [inst.provider for inst in instances]
         mv.load_duration_s = loaded - started
@@ -404,7 +436,7 @@ class ModelRegistry:
             "" if count == 1 else "s",
             ",".join(sorted(set(mv.devices))),
             mv.config.max_batch_size,
-            batching_options(mv.config).policy if mv.config.max_batch_size else "off",
+            _batching(mv),
             mv.load_duration_s,
             mv.warmup_duration_s,
             warmed.samples,
@@ -488,6 +520,12 @@ def _write_files(model_dir: Path, paths: dict[str, PurePosixPath], files: dict[s
             raise invalid(f"file parameter '{shown(name)}' points outside the model directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(files[name])
+
+
+def _batching(mv: ModelVersion) -> str:
+    if mv.sequence is not None:
+        return f"sequence ({mv.sequence.strategy})"
+    return batching_options(mv.config).policy if mv.config.max_batch_size else "off"
 
 
 def _latest_reason(model: Model, mv: ModelVersion) -> str:

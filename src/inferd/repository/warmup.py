@@ -2,7 +2,9 @@
 
 Samples come from Triton's `model_warmup` entries (zero, random or file data, a batch size,
 a count) or, when the config gives none, from zeros at batch size 1 and at each preferred
-batch size. A version becomes READY only after its warm-up ran. A configured warm-up that
+batch size. Samples reach the model through the merge step, as a batch does (a ragged
+model's sample of n rows as n requests of one row). A version becomes READY only after its
+warm-up ran. A configured warm-up that
 fails, or outputs that contradict the config, fail the load, so a version that cannot answer
 never takes traffic; an automatic warm-up the model refuses is only a warning (`warm_up`).
 """
@@ -16,32 +18,54 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends.base import AnyInstance, RequestListInstance
+from inferd.backends.base import AnyInstance, RequestInfoInstance, RequestListInstance
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.errors import InferdError
 from inferd.protocol.codec import decode_bytes_elements
+from inferd.python_model import SEQUENCE_END, SEQUENCE_START, RequestInfo
 from inferd.repository.config import ConfigError, parameter
 from inferd.repository.paths import confined
+from inferd.scheduling.merge import merged_inputs
+from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import BoundRequest, ModelSignature
+from inferd.streams import CollectingSink
 from inferd.types import Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
 
 
-def warmup_samples(config: mc.ModelConfig, model_dir: Path) -> list[Sample]:
+def warmup_samples(
+    config: mc.ModelConfig, model_dir: Path, sequence: SequenceOptions | None = None
+) -> list[Sample]:
+    """The samples; a sequence model's also carry the server's inputs (controls: a one-step
+    sequence with correlation id 0; implicit state: the initial state)."""
     where = f"{config.name}/config.pbtxt"
     if config.model_warmup:
-        return [_configured(w, config, model_dir, where) for w in config.model_warmup]
-    if parameter(config, "auto_warmup", "true").lower() in ("0", "false", "no"):
+        samples = [_configured(w, config, model_dir, where) for w in config.model_warmup]
+    elif parameter(config, "auto_warmup", "true").lower() in ("0", "false", "no"):
         return []
-    sizes = [1]
-    if config.max_batch_size > 0:
-        sizes += sorted({int(s) for s in config.dynamic_batching.preferred_batch_size} - {1})
-    return [
-        (f"auto batch {size}", {t.name: _zeros(t, size, config) for t in config.input}, 1)
-        for size in sizes
-    ]
+    else:
+        sizes = [1]
+        if config.max_batch_size > 0:
+            sizes += sorted({int(s) for s in config.dynamic_batching.preferred_batch_size} - {1})
+        samples = [
+            (f"auto batch {size}", {t.name: _zeros(t, size, config) for t in config.input}, 1)
+            for size in sizes
+        ]
+    if sequence is not None:
+        for _, inputs, _ in samples:
+            inputs.update(_sequence_inputs(sequence, inputs))
+    return samples
+
+
+def _sequence_inputs(sequence: SequenceOptions, inputs: dict[str, Array]) -> dict[str, Array]:
+    extra = sequence.control_tensors(0, SEQUENCE_START | SEQUENCE_END)
+    extra.update(sequence.initial_states())
+    rows = next(iter(inputs.values())).shape[0] if sequence.batched and inputs else 1
+    if rows == 1:
+        return extra
+    return {name: np.repeat(array, rows, axis=0) for name, array in extra.items()}
 
 
 def _zeros(t: mc.ModelInput, batch: int, config: mc.ModelConfig) -> Array:
@@ -108,6 +132,7 @@ def warm_up(
     config: mc.ModelConfig,
     model_dir: Path,
     signature: ModelSignature,
+    sequence: SequenceOptions | None = None,
 ) -> WarmupResult:
     """Warm every instance up before the version takes traffic.
 
@@ -115,12 +140,14 @@ def warm_up(
     warm-up (zeros the config never asked for) that raises only means the model does not
     take zeros; that is a request-time limitation, so it is a warning and the version serves.
     Outputs that contradict the config fail the load either way: every request would fail.
-    Raises `WarmupError`, or `ConfigError` for a malformed `model_warmup` section.
+    Raises `WarmupError`, or `ConfigError` for a malformed `model_warmup` section. A
+    sequence model's samples are one-step sequences (flags SEQUENCE_START | SEQUENCE_END).
     """
     where = f"{config.name}/config.pbtxt"
-    samples = warmup_samples(config, model_dir)
+    samples = warmup_samples(config, model_dir, sequence)
+    flags = SEQUENCE_START | SEQUENCE_END if sequence is not None else 0
     try:
-        run_warmup(instances, samples, signature)
+        run_warmup(instances, samples, signature, flags, config.model_transaction_policy.decoupled)
     except _SampleFailedError as exc:
         if config.model_warmup:
             raise WarmupError(
@@ -165,27 +192,67 @@ def _file_data(
 
 
 def run_warmup(
-    instances: Sequence[AnyInstance], samples: list[Sample], signature: ModelSignature
+    instances: Sequence[AnyInstance],
+    samples: list[Sample],
+    signature: ModelSignature,
+    flags: int = 0,
+    decoupled: bool = False,
 ) -> None:
     """Execute every sample `count` times on every instance and check each answer's outputs
     against the config. Raises `_SampleFailedError` when an execution raises, `WarmupError` when
-    an answer does not conform; both at the first failure."""
+    an answer does not conform; both at the first failure. A decoupled model's answer is the
+    responses it sent before its execution returned, each checked for the outputs it holds."""
     outputs = list(signature.outputs.values())
     for name, inputs, count in samples:
         rows = next(iter(inputs.values())).shape[0] if signature.is_batched and inputs else 1
+        names = list(signature.outputs)
+        request = BoundRequest(inputs, rows, (), names, "warmup", flags=flags)
+        merged = [request]
+        if signature.ragged.active and rows > 1:
+            # A ragged model's batch of n rows is n requests of one row in service (each
+            # with its entry in the batch inputs): warm it up with that batch.
+            merged = [
+                BoundRequest({k: a[i : i + 1] for k, a in inputs.items()}, 1, (), names, "warmup")
+                for i in range(rows)
+            ]
+        model_inputs = merged_inputs(merged, signature.ragged)
         for instance in instances:
             for _ in range(count):
                 try:
                     if isinstance(instance, RequestListInstance):
-                        request = BoundRequest(inputs, rows, (), list(signature.outputs), "warmup")
+                        sink = CollectingSink()
+                        request = BoundRequest(
+                            inputs,
+                            rows,
+                            (),
+                            list(signature.outputs),
+                            "warmup",
+                            flags=flags,
+                            responses=sink,
+                        )
                         (result,) = instance.execute_requests([request])
                         if isinstance(result, Exception):
                             raise result
+                        if decoupled:
+                            _check_responses(signature, sink, rows)
+                            continue
+                    elif isinstance(instance, RequestInfoInstance) and instance.wants_request_info:
+                        infos = [RequestInfo.of(r) for r in merged]
+                        result = instance.execute_with_info(model_inputs, infos)
                     else:
-                        result = instance.execute(inputs)
+                        result = instance.execute(model_inputs)
                     for spec in outputs:
                         conform_output(signature, spec, result, rows)
                 except OutputMismatchError as exc:
                     raise WarmupError(f"warm-up '{name}': {exc.message}") from None
                 except Exception as exc:
                     raise _SampleFailedError(f"warm-up '{name}' failed: {exc}") from None
+
+
+def _check_responses(signature: ModelSignature, sink: CollectingSink, rows: int) -> None:
+    for item in sink.items:
+        if item.error is not None:
+            raise item.error  # the model refused the sample (an error response)
+        for spec in signature.outputs.values():
+            if item.outputs is not None and spec.name in item.outputs:
+                conform_output(signature, spec, item.outputs, rows)

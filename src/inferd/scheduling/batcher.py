@@ -8,59 +8,32 @@ Policies (see docs/batching.md):
   or its oldest request has waited ``max_queue_delay_microseconds``.
 - ``none``: every request executes alone.
 
-Requests are only merged when their non-batch shapes are equal; a batch closes at the first
-request that doesn't fit, so queue order is kept.
+Requests are only merged when their non-batch shapes are equal (ragged inputs aside: their
+shapes may differ, see merge.py); a batch closes at the first request that doesn't fit, so
+queue order is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import logging
 import math
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import cast
+from dataclasses import dataclass
 
-import numpy as np
-
-from inferd.backends.base import (
-    AnyInstance,
-    Instance,
-    ParametersInstance,
-    RequestListInstance,
-    SupervisedInstance,
-)
-from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, shed, unavailable
-from inferd.events import BatchRecord, ExecutionTimes, Telemetry
+from inferd.backends.base import AnyInstance
+from inferd.errors import deadline_exceeded, invalid, shed, unavailable
+from inferd.events import ExecutionTimes, Telemetry
+from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.admission import refuse_unmeetable_deadline
+from inferd.scheduling.execution import BatchClose, BatchRunner, ExecutionRecord, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
-log = logging.getLogger("inferd.scheduling")
-
-
-class BatchClose(enum.Enum):
-    """Why a batch left the queue: the answer to "why doesn't it batch?"."""
-
-    FULL = "full"
-    PREFERRED_SIZE = "preferred_size"
-    MAX_DELAY = "max_delay"
-    SHAPE_MISMATCH = "shape_mismatch"
-    QUEUE_EMPTY = "queue_empty"
-
-
-@dataclass(slots=True, eq=False)
-class Pending:
-    request: BoundRequest
-    future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]]
-    enqueued_ns: int = field(default_factory=time.perf_counter_ns)
-    is_queued: bool = True  # its rows count in the batcher's queued_rows
+__all__ = ["BatchClose", "BatchingOptions", "DynamicBatcher", "ExecutionRecord", "Pending"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +45,6 @@ class BatchingOptions:
     # Admission (Triton's queue policy): one entry per priority level, level 1 first.
     queue_policies: tuple[QueuePolicy, ...] = (QueuePolicy(),)
     default_priority: int = 0  # the level (0-based) of a request that names none
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionRecord:
-    """What one execution did; kept for tests and statistics."""
-
-    batch_size: int  # rows
-    requests: int
-    reason: BatchClose
 
 
 class DynamicBatcher:
@@ -98,44 +62,47 @@ class DynamicBatcher:
         options: BatchingOptions,
         version: str = "",
         telemetry: Telemetry | None = None,
+        ragged: RaggedPlan = NO_RAGGED,
     ):
         self.name = name
         self.version = version
-        self._telemetry = telemetry or Telemetry()
-        self._instances = list(instances)
-        # Decided once: a runtime protocol check costs microseconds on every batch.
-        self._takes_request_lists = all(
-            isinstance(inst, RequestListInstance) for inst in self._instances
+        self._runner = BatchRunner(
+            name,
+            version,
+            instances,
+            options.max_batch_size > 0,
+            telemetry or Telemetry(),
+            ragged,
         )
-        self._takes_parameters = not self._takes_request_lists and all(
-            getattr(inst, "takes_parameters", False) for inst in self._instances
-        )
+        self._instances = self._runner.instances
         self._opts = options
         self._all_bounded = all(p.max_queue_size for p in options.queue_policies)
         self._queue: PriorityQueues[Pending] = PriorityQueues(len(options.queue_policies))
         self._queued_rows = 0
-        self._exec_s: float | None = None  # moving average of a batch's execution time
-        self.consecutive_failures = 0  # executions in a row that failed (readiness)
         self._arrived = asyncio.Event()
         self._idle: asyncio.Queue[AnyInstance] = asyncio.Queue()
         for inst in self._instances:
             self._idle.put_nowait(inst)
-        self._executor = ThreadPoolExecutor(
-            max_workers=len(self._instances), thread_name_prefix=f"inferd-{name}"
-        )
         self._running: set[asyncio.Task[None]] = set()
-        self._executing = 0  # requests in batches that are executing now
         self._stopping = False
-        self.executions: deque[ExecutionRecord] = deque(maxlen=10_000)
         self._loop_task = asyncio.get_running_loop().create_task(self._dispatch_loop())
 
     @property
     def batches(self) -> bool:
         return self._opts.max_batch_size > 0 and self._opts.policy != "none"
 
+    @property
+    def consecutive_failures(self) -> int:
+        """Executions in a row that failed (readiness)."""
+        return self._runner.consecutive_failures
+
+    @property
+    def executions(self) -> deque[ExecutionRecord]:
+        return self._runner.executions
+
     def inflight(self) -> int:
         """Requests queued or executing."""
-        return len(self._queue) + self._executing
+        return len(self._queue) + self._runner.executing
 
     def refuses_all(self) -> bool:
         """Every priority level's queue is bounded and full: any request would be shed."""
@@ -148,9 +115,7 @@ class DynamicBatcher:
 
     def instances_alive(self) -> bool:
         """False while an instance's worker process is dead (crash isolation)."""
-        return all(
-            inst.is_alive() for inst in self._instances if isinstance(inst, SupervisedInstance)
-        )
+        return self._runner.instances_alive()
 
     def queue_depth(self) -> int:
         """Requests waiting for a batch."""
@@ -197,7 +162,7 @@ class DynamicBatcher:
             if remaining_s <= 0:
                 raise deadline_exceeded(f"model '{self.name}': the request's deadline passed")
             refuse_unmeetable_deadline(
-                self.name, self._exec_s, self.estimated_wait_s(request.rows), remaining_s
+                self.name, self._runner.exec_s, self.estimated_wait_s(request.rows), remaining_s
             )
         future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]] = (
             asyncio.get_running_loop().create_future()
@@ -237,13 +202,14 @@ class DynamicBatcher:
     def estimated_wait_s(self, rows: int) -> float | None:
         """How long a request arriving now would take to be answered, from the queued work
         and recent execution times; None until an execution has been timed."""
-        if self._exec_s is None:
+        exec_s = self._runner.exec_s
+        if exec_s is None:
             return None
         per_batch = self._opts.max_batch_size if self.batches else 1
         batches = math.ceil((self._queued_rows + rows) / per_batch)
         rounds = math.ceil(batches / len(self._instances))
         busy = self._idle.empty()  # every instance is executing: the next frees up later
-        return (rounds + (0.5 if busy else 0.0)) * self._exec_s
+        return (rounds + (0.5 if busy else 0.0)) * exec_s
 
     def _unqueue(self, pending: Pending) -> None:
         if pending.is_queued:
@@ -258,12 +224,7 @@ class DynamicBatcher:
         self._loop_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._loop_task
-        self._executor.shutdown(wait=True)
-        for inst in self._instances:
-            try:
-                inst.close()
-            except Exception:
-                log.exception("model %s: closing an instance failed", self.name)
+        self._runner.close()
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -351,116 +312,7 @@ class DynamicBatcher:
     async def _execute(
         self, instance: AnyInstance, batch: list[Pending], reason: BatchClose
     ) -> None:
-        loop = asyncio.get_running_loop()
-        self._executing += len(batch)
-        dequeued_ns = time.perf_counter_ns()
-        rows = sum(p.request.rows for p in batch)
-        timings = (0, 0, 0)
-        failed = True
         try:
-            results, timings = await loop.run_in_executor(
-                self._executor,
-                _run_batch,
-                instance,
-                batch,
-                self._opts.max_batch_size > 0,
-                self._takes_request_lists,
-                self._takes_parameters,
-            )
-        except InferdError as exc:
-            self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
-        except Exception as exc:
-            self._fail(batch, InferdError(ErrorKind.MODEL_ERROR, f"model '{self.name}': {exc}"))
-        else:
-            failed = False
-            exec_s = sum(timings) / 1e9
-            self._exec_s = exec_s if self._exec_s is None else 0.8 * self._exec_s + 0.2 * exec_s
-            for p, out in zip(batch, results, strict=True):
-                if p.future.done():
-                    continue
-                if isinstance(out, InferdError):  # one request of the batch failed alone
-                    p.future.set_exception(
-                        InferdError(out.kind, f"model '{self.name}': {out.message}")
-                    )
-                else:
-                    times = ExecutionTimes(dequeued_ns - p.enqueued_ns, *timings, rows, len(batch))
-                    p.future.set_result((out, times))
+            await self._runner.execute(instance, batch, reason)
         finally:
-            self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
-            self._executing -= len(batch)
             self._idle.put_nowait(instance)
-            self.executions.append(ExecutionRecord(rows, len(batch), reason))
-            self._telemetry.batch(
-                BatchRecord(
-                    self.name, self.version, rows, len(batch), reason.value, *timings, failed
-                )
-            )
-
-    @staticmethod
-    def _fail(batch: list[Pending], exc: InferdError) -> None:
-        for p in batch:
-            if not p.future.done():
-                p.future.set_exception(exc)
-
-
-Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), in ns
-
-
-def _run_batch(
-    instance: AnyInstance,
-    batch: list[Pending],
-    batched: bool,
-    by_request: bool,
-    with_parameters: bool = False,
-) -> tuple[list[dict[str, Array] | InferdError], Timings]:
-    """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
-    clock = time.perf_counter_ns
-    if by_request:
-        # Models written against Triton's execute(requests) contract see the requests
-        # separately, and answer each one (or fail it alone). A request's future is done
-        # once its client gave up (cancelled, deadline): request.is_cancelled() reads it.
-        for p in batch:
-            p.request.is_cancelled = p.future.done
-        started = clock()
-        results = cast(RequestListInstance, instance).execute_requests([p.request for p in batch])
-        if len(results) != len(batch):
-            raise InferdError(
-                ErrorKind.MODEL_ERROR,
-                f"execute() returned {len(results)} responses for {len(batch)} requests; "
-                "it must return one response per request",
-            )
-        return results, (0, clock() - started, 0)
-    t0 = clock()
-    first = batch[0].request
-    if len(batch) == 1:
-        inputs = first.inputs  # no copy for a lone request
-    else:
-        inputs = {
-            name: np.concatenate([p.request.inputs[name] for p in batch]) for name in first.inputs
-        }
-    t1 = clock()
-    if with_parameters:  # one mapping per row: the parameters of the row's request
-        rows = [p.request.parameters for p in batch for _ in range(p.request.rows)]
-        outputs = cast(ParametersInstance, instance).execute(inputs, rows)
-    else:
-        outputs = cast(Instance, instance).execute(inputs)
-    t2 = clock()
-    if not batched:
-        return [outputs], (t1 - t0, t2 - t1, clock() - t2)
-    total = sum(p.request.rows for p in batch)
-    for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != total:
-            raise InferdError(
-                ErrorKind.MODEL_ERROR,
-                f"output '{name}' has batch size {array.shape[0] if array.ndim else 0} "
-                f"for a batch of {total} rows; a model must keep the batch dimension",
-            )
-    if len(batch) == 1:
-        return [outputs], (t1 - t0, t2 - t1, clock() - t2)
-    split: list[dict[str, Array] | InferdError] = []
-    offset = 0
-    for p in batch:
-        end = offset + p.request.rows
-        split.append({name: array[offset:end] for name, array in outputs.items()})
-        offset = end
-    return split, (t1 - t0, t2 - t1, clock() - t2)

@@ -2,9 +2,11 @@
 
 A `model.py` written for Triton does `import triton_python_backend_utils as pb_utils`; the
 Python backend registers this package under that name before importing the model. Names and
-behaviour follow Triton's python_backend. What inferd does not offer (BLS, decoupled response
-senders, request rescheduling) raises `TritonModelException` naming the API; the list of
-every name and its status is docs/python-models.md, checked by tests/unit/test_pb_utils_api.py.
+behaviour follow Triton's python_backend. What inferd does not offer (BLS, request
+rescheduling) raises `TritonModelException` naming the API; the list of every name and its
+status is docs/python-models.md, walked by tests/integration/test_pb_utils_api.py. Decoupled
+models send their responses through `request.get_response_sender()` (an
+`InferenceResponseSender`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from inferd.backends.pb_utils.messages import (
 )
 from inferd.backends.pb_utils.metrics import Metric, MetricFamily
 from inferd.backends.pb_utils.model_config import ModelConfig
+from inferd.backends.pb_utils.sender import InferenceResponseSender
 from inferd.backends.pb_utils.tensor import (
     TRITON_STRING_TO_NUMPY,
     Tensor,
@@ -59,6 +62,7 @@ __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "InferenceTrace",
     "LogLevel",
     "Logger",

@@ -5,10 +5,13 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferd.backends.pb_utils.errors import TritonError, TritonModelException, not_supported
 from inferd.backends.pb_utils.tensor import Tensor
+
+if TYPE_CHECKING:
+    from inferd.backends.pb_utils.sender import InferenceResponseSender
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -58,7 +61,8 @@ def parameters_json(parameters: Mapping[str, Any] | None, where: str) -> str:
 
 class InferenceRequest:
     """One client request as `execute` receives it (or one built for BLS, which inferd does
-    not run yet: `exec` and `async_exec` raise saying so)."""
+    not run yet: `exec` and `async_exec` raise saying so). A decoupled model answers it
+    through `get_response_sender()`."""
 
     def __init__(
         self,
@@ -89,6 +93,7 @@ class InferenceRequest:
         self._parameters_json: str | None = parameters_json(parameters, "InferenceRequest")
         self._parameters: Mapping[str, Any] = dict(parameters or {})
         self._is_cancelled: Callable[[], bool] | None = None
+        self._sender: InferenceResponseSender | None = None  # set for decoupled models
 
     @classmethod
     def incoming(
@@ -97,25 +102,28 @@ class InferenceRequest:
         request_id: str,
         requested_output_names: list[str],
         parameters: Mapping[str, Any],
-        timeout_us: int,
-        is_cancelled: Callable[[], bool] | None,
+        timeout_us: int = 0,
+        is_cancelled: Callable[[], bool] | None = None,
+        correlation_id: int | str = 0,
+        flags: int = 0,
     ) -> InferenceRequest:
         """A request a client sent, as the server hands it to `execute` (no checks: the
         server checked it already; the parameters JSON is only made if asked for)."""
         request = cls.__new__(cls)
         request._inputs = inputs
         request._request_id = request_id
-        request._correlation_id = 0
+        request._correlation_id = correlation_id
         request._requested_output_names = requested_output_names
         request._model_name = ""
         request._model_version = -1
-        request._flags = 0
+        request._flags = flags
         request._timeout = timeout_us
         request._preferred_memory = None
         request._trace = InferenceTrace()
         request._parameters_json = None
         request._parameters = parameters
         request._is_cancelled = is_cancelled
+        request._sender = None
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -125,14 +133,14 @@ class InferenceRequest:
         return self._request_id
 
     def correlation_id(self) -> int | str:
-        """0: inferd has no sequence batching (a config asking for it fails to load)."""
+        """The sequence id (sequence models): an int, or a str for string ids; 0 if none."""
         return self._correlation_id
 
     def requested_output_names(self) -> list[str]:
         return self._requested_output_names
 
     def flags(self) -> int:
-        """0: no sequence start/end flags without sequence batching."""
+        """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and/or _END (sequence models), else 0."""
         return self._flags
 
     def set_flags(self, flags: int) -> None:
@@ -154,14 +162,20 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         """True once the client gave up on the request (cancelled it, or its deadline or
-        queue timeout passed): its answer will not be delivered."""
+        queue timeout passed; a decoupled model's client left its stream): its answer will
+        not be delivered."""
+        if self._sender is not None:
+            return self._sender.is_cancelled()
         return self._is_cancelled is not None and self._is_cancelled()
 
-    def get_response_sender(self) -> Any:
-        raise not_supported(
-            "decoupled mode (InferenceRequest.get_response_sender)",
-            "one request gets one response, returned by execute",
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "InferenceRequest.get_response_sender() is for decoupled models: set "
+                "model_transaction_policy { decoupled: true } in config.pbtxt, or return one "
+                "response per request from execute()"
+            )
+        return self._sender
 
     def set_release_flags(self, flags: int) -> None:
         raise not_supported(

@@ -1,0 +1,39 @@
+"""What the data plane, the registry and the metrics need of a model version's scheduler:
+the dynamic batcher (`batcher.py`) and the sequence batcher (`sequence_batcher.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from inferd.scheduling.execution import ExecutionRecord, Outcome
+from inferd.signature import BoundRequest
+
+
+class Scheduler(Protocol):
+    name: str
+    version: str
+
+    @property
+    def consecutive_failures(self) -> int: ...
+
+    @property
+    def executions(self) -> Sequence[ExecutionRecord]: ...
+
+    async def submit(
+        self,
+        request: BoundRequest,
+        priority: int = 0,
+        timeout_us: int = 0,
+        deadline_ns: int | None = None,
+    ) -> Outcome: ...
+
+    def queue_depth(self) -> int: ...
+
+    def inflight(self) -> int: ...
+
+    def refuses_all(self) -> bool: ...
+
+    def instances_alive(self) -> bool: ...
+
+    async def stop(self) -> None: ...
