@@ -96,7 +96,7 @@ def start_process_instance(ctx: LoadContext) -> ProcessInstance:
 
 class ProcessInstance:
     """A model in its own worker process; an `Instance` and a `SupervisedInstance` (and a
-    `ParametersInstance` when its `predict` reads parameters)."""
+    `RequestInfoInstance` when its `predict` takes the requests)."""
 
     device = "cpu"
     provider = "python-process"
