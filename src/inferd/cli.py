@@ -10,14 +10,14 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.access import TOKEN_ENV
-from inferd.bench.options import add_request_options
 from inferd.cli_env import EnvironmentParser, unknown_variables
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
 from inferd.limit_options import add_limit_options, limits_from
-from inferd.optimize.main import add_optimize_parser
 from inferd.settings import MIB, Settings
-from inferd.tune.main import add_tune_parser
+from inferd_tools.bench.options import add_request_options
+from inferd_tools.optimize.main import add_optimize_parser
+from inferd_tools.tune.main import add_tune_parser
 
 # INFERD_* variables that are not options (the admin token; the test suite's switch): no
 # warning that they name no option.
@@ -283,15 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench":
-        from inferd.bench.main import main as bench_main
+        from inferd_tools.bench.main import main as bench_main
 
         return bench_main(args)
     if args.command == "optimize":
-        from inferd.optimize.main import main as optimize_main
+        from inferd_tools.optimize.main import main as optimize_main
 
         return optimize_main(args)
     if args.command == "tune":
-        from inferd.tune.main import main as tune_main
+        from inferd_tools.tune.main import main as tune_main
 
         return tune_main(args)
     if args.command == "serve":

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from inferd.access import TOKEN_ENV
-from inferd.optimize.server_api import TOKEN_ENV as OPTIMIZE_TOKEN_ENV
+from inferd_tools.optimize.server_api import TOKEN_ENV as OPTIMIZE_TOKEN_ENV
 from tests.integration.test_optimize import optimize
 from tests.optimize_models import write_mlp
 from tests.servers import STATE_DEADLINE_S, run_server

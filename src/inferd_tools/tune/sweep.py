@@ -16,9 +16,9 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.access import TOKEN_ENV
-from inferd.bench.api import ServerApi
-from inferd.bench.errors import BenchError
-from inferd.bench.runner import BenchConfig, LevelResult, run
+from inferd_tools.bench.api import ServerApi
+from inferd_tools.bench.errors import BenchError
+from inferd_tools.bench.runner import BenchConfig, LevelResult, run
 
 CHECKSUM_PARAMETER = "model_checksum"
 

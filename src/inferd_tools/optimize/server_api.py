@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from inferd.optimize.errors import OptimizeError, PublishError
+from inferd_tools.optimize.errors import OptimizeError, PublishError
 
 # The environment variable that holds the server's admin token (inferd serve reads the same).
 TOKEN_ENV = "INFERD_ADMIN_TOKEN"
