@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferd.help_format import DefaultsOnceFormatter
+from inferd.public import DefaultsOnceFormatter
 
 # Everything heavy (onnxruntime's quantisers, torch) is imported only when the command
 # runs: building the parser must stay cheap, since every `inferd` command builds it.

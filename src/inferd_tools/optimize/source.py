@@ -15,7 +15,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import triton_to_np_dtype
 
-from inferd.repository.config import (
+from inferd.public import (
     ConfigError,
     backend_name,
     instance_count,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from inferd.help_format import DefaultsOnceFormatter
+from inferd.public import DefaultsOnceFormatter
 from inferd_tools.bench.options import add_request_options
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import orjson
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.access import TOKEN_ENV
+from inferd.public import ADMIN_TOKEN_ENV
 from inferd_tools.bench.api import ServerApi
 from inferd_tools.bench.errors import BenchError
 from inferd_tools.bench.runner import BenchConfig, LevelResult, run
@@ -173,7 +173,7 @@ class RepositoryApi:
         assert self._session is not None
         data = None if body is None else orjson.dumps(body)
         headers = {} if body is None else {"content-type": "application/json"}
-        if token := os.environ.get(TOKEN_ENV, "").strip():  # a server with an admin token
+        if token := os.environ.get(ADMIN_TOKEN_ENV, "").strip():  # a server with an admin token
             headers["authorization"] = f"Bearer {token}"
         try:
             async with self._session.request(
@@ -276,7 +276,7 @@ async def sweep(
         if status == 401:
             raise TuneError(
                 f"the server's repository API needs a credential (401: {message}); set "
-                f"{TOKEN_ENV} to its admin token"
+                f"{ADMIN_TOKEN_ENV} to its admin token"
             )
         if status != 200:
             raise TuneError(
