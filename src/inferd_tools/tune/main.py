@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from inferd.public import DefaultsOnceFormatter
 from inferd_tools.bench.options import add_request_options
+from inferd_tools.tune.errors import TuneError
 
 if TYPE_CHECKING:
     from inferd_tools.tune.sweep import SweepSettings
@@ -102,8 +103,6 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _int_list(option: str, text: str, least: int) -> list[int]:
-    from inferd_tools.tune.sweep import TuneError
-
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -115,8 +114,6 @@ def _int_list(option: str, text: str, least: int) -> list[int]:
 
 def default_grpc_url(http_url: str) -> str:
     """inferd's layout: gRPC on the HTTP port + 1 (8000 and 8001), on the same host."""
-    from inferd_tools.tune.sweep import TuneError
-
     try:
         parts = urlsplit(http_url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -130,7 +127,7 @@ def default_grpc_url(http_url: str) -> str:
 
 def settings_from_args(args: argparse.Namespace) -> SweepSettings:
     from inferd_tools.bench.inputs import parse_shape_option
-    from inferd_tools.tune.sweep import SweepSettings, TuneError
+    from inferd_tools.tune.sweep import SweepSettings
 
     url = args.url.rstrip("/")
     url = url if "://" in url else f"http://{url}"
@@ -172,7 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
 
 def main(args: argparse.Namespace) -> int:
     from inferd_tools.bench.errors import BenchError
-    from inferd_tools.tune.sweep import TuneError, sweep, table, to_pbtxt
+    from inferd_tools.tune.sweep import sweep, table, to_pbtxt
 
     try:
         settings = settings_from_args(args)
