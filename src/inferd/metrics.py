@@ -216,6 +216,14 @@ class MetricsSink:
             window = self._windows[key] = HealthWindow()
         return window
 
+    def keep_windows(self, live: set[tuple[str, str]]) -> None:
+        """Drop the health windows of versions that are gone (from a scrape thread): an
+        unloaded version's window would otherwise keep its samples for good, one more per
+        version number a model ever had. Popping a key is atomic; the loop only adds."""
+        for key in list(self._windows):
+            if key not in live:
+                self._windows.pop(key, None)
+
     def health_score(self, model: str, version: str, baseline_s: float | None) -> float:
         """The version's health score over the last minute (docs/metrics.md); from a scrape
         thread, so it reads the window without creating one (only the loop adds windows)."""
@@ -371,6 +379,7 @@ class _StateCollector(Collector):
             "(max_sequence_idle_microseconds without a request), unload.",
             labels=(*MV, "reason"),
         )
+        live: set[tuple[str, str]] = set()
         for name, model in sorted(items(self._registry.models)):
             load_failures.add_metric([name], model.load_failures)
             if model.circuit.policy.enabled:
@@ -382,6 +391,7 @@ class _StateCollector(Collector):
                 rollbacks.add_metric([name, v], count)
             for v, mv in sorted(items(model.versions)):
                 labels = [name, v]
+                live.add((name, v))
                 for s in State:
                     state.add_metric([*labels, s.value], 1.0 if mv.state is s else 0.0)
                 if mv.state is State.READY or mv.batcher is not None:
@@ -402,6 +412,7 @@ class _StateCollector(Collector):
                     raw = parameter(mv.config, "health_p99_baseline_ms", "")
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
+        self._sink.keep_windows(live)
         yield from (depth, inflight, state, load, warmup, info, health)
         yield from (sequences, backlog, released)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
