@@ -8,7 +8,10 @@ Config `parameters { key: "isolation" value: { string_value: "process" } }` make
 When the child dies (segfault, `os._exit`, OOM kill, SIGKILL), the batch it was executing fails
 with a `MODEL_ERROR` naming the crash, and a new child is started in the background, loading the
 model again; the next batch waits for it. If that restart fails, every later batch fails with
-`UNAVAILABLE` and the reason, and `is_alive()` stays False.
+`UNAVAILABLE` and the reason, and `is_alive()` stays False. A child that dies while loading
+(rather than raising) is started again with backoff, a few times, before the load fails. An
+execution that hangs past the model's execution timeout is ended by `kill_worker`: the child
+is killed and replaced like one that crashed.
 
 Whatever the child logs or prints (prints become records of `inferd.model.<name>`, as in the
 server) is sent over a second pipe and re-emitted by the parent's logging, tagged with the model.
@@ -46,6 +49,10 @@ from inferd.types import Array
 log = logging.getLogger("inferd.backends.python")
 
 _POLL_S = 0.1  # how often a waiting parent checks that the child is still alive
+# A worker that dies while loading (rather than raising) is started again, this many times in
+# all, the first retry after _LOAD_BACKOFF_S and each further one after twice as long.
+_LOAD_ATTEMPTS = 3
+_LOAD_BACKOFF_S = 0.5
 _STOP_TIMEOUT_S = 30.0  # how long close() waits for unload() before terminating the child
 _REAP_TIMEOUT_S = 5.0
 
@@ -102,6 +109,10 @@ def describe_exit(exitcode: int | None) -> str:
 
 class WorkerDiedError(Exception):
     """The child died; `str()` describes how (`exit code 1`, `killed by signal SIGSEGV`)."""
+
+
+class DiedLoadingError(RuntimeError):
+    """The child died while loading the model (it did not report a load error)."""
 
 
 # -- the parent's side of one child -----------------------------------------------------------
@@ -176,7 +187,10 @@ class _Worker:
             conn.close()
         # The child closed its log pipe: it has exited (or is about to).
         if not self.stopping:
-            on_exit(self)
+            try:
+                on_exit(self)
+            except Exception:  # the relay's last act: never let it die unlogged
+                log.exception("model %s: handling its worker process's exit failed", model)
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Pickle, then send; raises WorkerDiedError when the child is gone."""
@@ -220,7 +234,7 @@ class _Worker:
             message = self.receive()
         except WorkerDiedError as exc:
             self.stop()
-            raise RuntimeError(
+            raise DiedLoadingError(
                 f"the model's worker process died ({exc}) while loading the model"
             ) from None
         if message[0] != "ready":
@@ -285,12 +299,38 @@ class ProcessInstance:
         self._failure: str | None = None  # why the last restart failed
         self.restarts = 0  # how many times a dead worker was replaced
         self.wants_request_info = False  # the child's predict takes the requests' infos
-        self._worker: _Worker | None = self._start()
+        self.execution_started: float | None = None  # see ReplaceableInstance
+        # Set before the first worker starts: its log relay may report its exit (a death
+        # while loading) before _start returns.
+        self._worker: _Worker | None = None
+        self._worker = self._start()
 
     def _start(self) -> _Worker:
-        worker = _Worker(self._spec, self._on_worker_exit)
-        self.wants_request_info = worker.wait_ready()
-        return worker
+        """Start a worker and wait for its load. One that dies while loading is started
+        again, with backoff, up to _LOAD_ATTEMPTS times; one whose load raises is not (it
+        would raise again)."""
+        attempt, delay = 1, _LOAD_BACKOFF_S
+        while True:
+            worker = _Worker(self._spec, self._on_worker_exit)
+            try:
+                self.wants_request_info = worker.wait_ready()
+                return worker
+            except DiedLoadingError as exc:
+                if attempt >= _LOAD_ATTEMPTS or self._closed:
+                    raise DiedLoadingError(
+                        f"{exc}, {attempt} time{'s' if attempt > 1 else ''} in a row; gave up"
+                    ) from None
+                log.warning(
+                    "model %s: %s; starting it again in %.1f s (attempt %d of %d)",
+                    self._name,
+                    exc,
+                    delay,
+                    attempt + 1,
+                    _LOAD_ATTEMPTS,
+                    extra={"model": self._name},
+                )
+            time.sleep(delay)  # a loader or restart thread, never the event loop
+            attempt, delay = attempt + 1, delay * 2
 
     @property
     def pid(self) -> int | None:
@@ -310,6 +350,7 @@ class ProcessInstance:
         self, inputs: dict[str, Array], requests: list[RequestInfo] | None
     ) -> dict[str, Array]:
         worker = self._ready_worker()
+        self.execution_started = time.monotonic()  # the execution timeout counts from here
         try:
             worker.send(("execute", inputs, requests))
             message = worker.receive()
@@ -320,6 +361,8 @@ class ProcessInstance:
                 f"the model's worker process died ({exc}) while executing this batch; "
                 "it is being restarted",
             ) from None
+        finally:
+            self.execution_started = None
         if message[0] == "ok":
             outputs: dict[str, Array] = message[1]
             return outputs
@@ -349,6 +392,21 @@ class ProcessInstance:
 
     def _on_worker_exit(self, worker: _Worker) -> None:
         self._begin_restart(worker)
+
+    def kill_worker(self, reason: str) -> None:
+        """End a hung execution: kill the worker process; the executing thread then fails
+        and a new worker is started (as after a crash)."""
+        worker = self._worker
+        if worker is None or self._closed:
+            return
+        log.warning(
+            "model %s: killing its worker process (pid %s): %s",
+            self._name,
+            worker.pid,
+            reason,
+            extra={"model": self._name},
+        )
+        worker.process.kill()
 
     def _begin_restart(self, dead: _Worker) -> None:
         """Replace `dead` by a new worker, in the background; once per dead worker."""
