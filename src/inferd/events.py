@@ -90,6 +90,7 @@ class BatchRecord:
     compute_infer_ns: int
     compute_output_ns: int
     failed: bool
+    timed_out: bool = False  # failed by the execution timeout (execution_timeout_ms)
 
 
 class Sink(Protocol):

@@ -143,6 +143,7 @@ class MetricsSink:
         self.series: dict[tuple[str, str], _Series] = {}
         self.failures: dict[tuple[str, str, str], int] = {}
         self.batch_closes: dict[tuple[str, str, str], int] = {}
+        self.execution_timeouts: dict[tuple[str, str], int] = {}
         # GC callbacks run on whichever thread collects: this one keeps its lock.
         self.gc_pause = Histogram(
             "inferd_gc_pause_seconds",
@@ -195,6 +196,9 @@ class MetricsSink:
     def on_batch(self, record: BatchRecord) -> None:
         key = (record.model, record.version, record.close_reason)
         self.batch_closes[key] = self.batch_closes.get(key, 0) + 1
+        if record.timed_out:
+            labels = (record.model, record.version)
+            self.execution_timeouts[labels] = self.execution_timeouts.get(labels, 0) + 1
         if not record.failed:
             c = self._series(record.model, record.version)
             c.inferences += record.rows  # with its execution, like the statistics API
@@ -271,7 +275,15 @@ class _CountsCollector(Collector):
         )
         for key, count in sorted(items(sink.batch_closes)):
             close.add_metric(list(key), count)
-        yield from (success, failure, inferences, executions, close, *histograms.values())
+        timeouts = CounterMetricFamily(
+            "inferd_execution_timeouts",
+            "Executions that passed the model's execution timeout (their requests got 504).",
+            labels=MV,
+        )
+        for (model, version), count in sorted(items(sink.execution_timeouts)):
+            timeouts.add_metric([model, version], count)
+        yield from (success, failure, inferences, executions, close, timeouts)
+        yield from histograms.values()
 
 
 class _StateCollector(Collector):
@@ -285,6 +297,12 @@ class _StateCollector(Collector):
         depth = GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=MV)
         inflight = GaugeMetricFamily(
             "inferd_inflight_requests", "Requests queued or executing.", labels=MV
+        )
+        unhealthy = GaugeMetricFamily(
+            "inferd_unhealthy_instances",
+            "Instances that cannot execute now: stuck past the execution timeout, or with "
+            "their worker process down or restarting.",
+            labels=MV,
         )
         state = GaugeMetricFamily(
             "inferd_model_state",
@@ -371,6 +389,7 @@ class _StateCollector(Collector):
                 if mv.batcher is not None:
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())
+                    unhealthy.add_metric(labels, mv.batcher.unhealthy_instances())
                 if isinstance(mv.batcher, SequenceBatcher):
                     sequences.add_metric(labels, mv.batcher.active_sequences())
                     backlog.add_metric(labels, mv.batcher.backlog())
@@ -380,6 +399,6 @@ class _StateCollector(Collector):
                     raw = parameter(mv.config, "health_p99_baseline_ms", "")
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
-        yield from (depth, inflight, state, load, warmup, info, health)
+        yield from (depth, inflight, unhealthy, state, load, warmup, info, health)
         yield from (sequences, backlog, released)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)

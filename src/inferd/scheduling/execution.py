@@ -11,26 +11,29 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
 from inferd.backends.base import (
     AnyInstance,
     Instance,
+    ReplaceableInstance,
     RequestInfoInstance,
     RequestListInstance,
     SupervisedInstance,
 )
-from inferd.errors import ErrorKind, InferdError
+from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.python_model import RequestInfo
 from inferd.signature import BoundRequest
+from inferd.snapshots import items as snapshot_items
 from inferd.types import Array
 
 log = logging.getLogger("inferd.scheduling")
@@ -74,6 +77,29 @@ Result = dict[str, Array] | InferdError
 # returns the results to answer with (the sequence batcher keeps each sequence's state here).
 Finish = Callable[[list[Pending], list[Result]], list[Result]]
 
+# Every execution running now, in every model: (model, version, instance index, started on
+# the monotonic clock). A shutdown that cannot finish reports these, and exits rather than
+# wait at interpreter exit for executor threads that may never return (server.py).
+_RUNNING: dict[int, tuple[str, str, int, float]] = {}
+
+
+def running_executions() -> list[str]:
+    """What is executing now, longest first: "model 'm' version 1 instance 0 for 12.3 s"."""
+    now = time.monotonic()
+    calls = sorted(snapshot_items(_RUNNING), key=lambda kv: kv[1][3])
+    return [
+        f"model '{name}' version {version} instance {index} for {now - started:.1f} s"
+        for _, (name, version, index, started) in calls
+    ]
+
+
+@dataclass(slots=True)
+class _Stuck:
+    """An instance whose execution outlived the execution timeout."""
+
+    returned: asyncio.Future[None]  # resolved once that execution returns
+    replaceable: bool  # its worker process was killed: it is being replaced, not lost
+
 
 class BatchRunner:
     """Executes batches on a model version's instances, one thread per instance."""
@@ -85,7 +111,12 @@ class BatchRunner:
         instances: Sequence[AnyInstance],
         batched: bool,
         telemetry: Telemetry,
+        execution_timeout_s: float = 0.0,
+        on_all_stuck: Callable[[], None] | None = None,
     ) -> None:
+        """`execution_timeout_s` (0: none): how long one execution may take before its
+        requests fail with DEADLINE_EXCEEDED and its instance is taken out of service;
+        `on_all_stuck` is called when that leaves no instance to serve."""
         self.name = name
         self.version = version
         self.instances = list(instances)
@@ -106,12 +137,53 @@ class BatchRunner:
         self._executor = ThreadPoolExecutor(
             max_workers=len(self.instances), thread_name_prefix=f"inferd-{name}"
         )
+        self.execution_timeout_s = execution_timeout_s
+        self._on_all_stuck = on_all_stuck
+        self._index = {id(inst): i for i, inst in enumerate(self.instances)}
+        self._stuck: dict[int, _Stuck] = {}  # by id(instance)
+        # Instances not stuck in an execution that cannot be ended (in-process models): 0
+        # means nothing can serve until one returns, and readiness says so.
+        self.serving = len(self.instances)
+        self._closed = False
 
     def instances_alive(self) -> bool:
         """False while an instance's worker process is dead (crash isolation)."""
         return all(
             inst.is_alive() for inst in self.instances if isinstance(inst, SupervisedInstance)
         )
+
+    def unhealthy_instances(self) -> int:
+        """Instances that cannot execute now: stuck past the execution timeout, or with
+        their worker process dead or restarting."""
+        down = sum(
+            1
+            for inst in self.instances
+            if id(inst) not in self._stuck
+            and isinstance(inst, SupervisedInstance)
+            and not inst.is_alive()
+        )
+        return len(self._stuck) + down
+
+    def out_of_service(self, instance: AnyInstance) -> bool:
+        """The instance is stuck in an execution nothing can end: it serves again only if
+        that execution ever returns."""
+        stuck = self._stuck.get(id(instance))
+        return stuck is not None and not stuck.replaceable
+
+    def returned(self, instance: AnyInstance) -> asyncio.Future[None] | None:
+        """While the instance is stuck past the execution timeout: a future resolved once
+        its execution returns (await it shielded). None when it is not stuck."""
+        stuck = self._stuck.get(id(instance))
+        return None if stuck is None else stuck.returned
+
+    def release(self, instance: AnyInstance, to_pool: Callable[[AnyInstance], None]) -> None:
+        """Give an instance that `execute` returned back to the scheduler's pool: at once,
+        or, when it is stuck, once its execution returns (never, if it never does)."""
+        stuck = self._stuck.get(id(instance))
+        if stuck is None:
+            to_pool(instance)
+        else:
+            stuck.returned.add_done_callback(lambda _: to_pool(instance))
 
     async def execute(
         self,
@@ -122,7 +194,9 @@ class BatchRunner:
     ) -> bool:
         """Execute `batch` on `instance` and answer its requests; True if it executed.
 
-        The caller owns `instance` and gets it back when this returns.
+        The caller owns `instance` and, when this returns, gives it back with `release`:
+        an execution past the execution timeout is answered with DEADLINE_EXCEEDED at the
+        timeout, but its instance stays out of the pool until the call returns.
         """
         loop = asyncio.get_running_loop()
         requests = rows = 0
@@ -133,17 +207,23 @@ class BatchRunner:
         self.executing += requests
         dequeued_ns = time.perf_counter_ns()
         timings = (0, 0, 0)
-        failed = True
+        failed, timed_out = True, False
+        call = loop.run_in_executor(
+            self._executor,
+            run_batch,
+            instance,
+            batch,
+            self.batched,
+            self._takes_request_lists,
+            self._takes_request_info,
+        )
+        _RUNNING[id(call)] = (self.name, self.version, self._index[id(instance)], time.monotonic())
         try:
-            results, timings = await loop.run_in_executor(
-                self._executor,
-                run_batch,
-                instance,
-                batch,
-                self.batched,
-                self._takes_request_lists,
-                self._takes_request_info,
-            )
+            if self.execution_timeout_s and not await self._returns_in_time(instance, call):
+                timed_out = True
+                self._time_out(instance, call, batch)
+                return False
+            results, timings = await call
         except InferdError as exc:
             self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
         except Exception as exc:
@@ -165,13 +245,106 @@ class BatchRunner:
                     times = ExecutionTimes(dequeued_ns - p.enqueued_ns, *timings, rows, requests)
                     p.future.set_result((out, times))
         finally:
+            if not timed_out:
+                del _RUNNING[id(call)]
             self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
             self.executing -= requests
             self.executions.append(ExecutionRecord(rows, requests, reason))
             self._telemetry.batch(
-                BatchRecord(self.name, self.version, rows, requests, reason.value, *timings, failed)
+                BatchRecord(
+                    self.name,
+                    self.version,
+                    rows,
+                    requests,
+                    reason.value,
+                    *timings,
+                    failed,
+                    timed_out,
+                )
             )
         return not failed
+
+    async def _returns_in_time(self, instance: AnyInstance, call: asyncio.Future[Any]) -> bool:
+        """Wait for `call` up to the execution timeout; False if it is still running then.
+
+        Not wait_for: cancelling would not stop the thread, and the instance must stay out
+        of the pool until the thread is done with it. Time a process-isolated instance
+        spends waiting for its worker to (re)start is not execution: it does not count.
+        """
+        timeout = self.execution_timeout_s
+        while True:
+            done, _ = await asyncio.wait((call,), timeout=timeout)
+            if done:
+                return True
+            if not isinstance(instance, ReplaceableInstance):
+                return False
+            started = instance.execution_started
+            if started is not None:
+                timeout = started + self.execution_timeout_s - time.monotonic()
+                if timeout <= 0:
+                    return False
+            # else: still waiting for its worker process; the clock has not started
+
+    def _time_out(
+        self, instance: AnyInstance, call: asyncio.Future[Any], batch: list[Pending]
+    ) -> None:
+        """The execution outlived the timeout: answer its requests now, take the instance
+        out of the pool until the call returns, and replace its worker process if it has
+        one (a thread cannot be killed; a process can)."""
+        replaceable = isinstance(instance, ReplaceableInstance)
+        timeout_ms = round(self.execution_timeout_s * 1000)
+        index = self._index[id(instance)]
+        if replaceable:
+            what = "its worker process is being replaced"
+        else:
+            what = "the instance is out of service until the execution returns"
+        message = (
+            f"model '{self.name}' version {self.version}: the execution did not finish "
+            f"within the model's execution timeout of {timeout_ms} ms "
+            f"(execution_timeout_ms); {what}"
+        )
+        stuck = _Stuck(asyncio.get_running_loop().create_future(), replaceable)
+        self._stuck[id(instance)] = stuck
+        if not replaceable:
+            self.serving -= 1
+        log.error(
+            "model %s version %s: instance %d has executed for longer than its execution "
+            "timeout of %d ms; %s (%d of %d instances still serving)",
+            self.name,
+            self.version,
+            index,
+            timeout_ms,
+            what,
+            self.serving,
+            len(self.instances),
+            extra={"model": self.name},
+        )
+        self._fail(batch, deadline_exceeded(message))
+        call.add_done_callback(lambda _: self._returned(instance, call, stuck))
+        if isinstance(instance, ReplaceableInstance):
+            instance.kill_worker(f"an execution passed the timeout of {timeout_ms} ms")
+        if self.serving == 0 and self._on_all_stuck is not None:
+            self._on_all_stuck()
+
+    def _returned(self, instance: AnyInstance, call: asyncio.Future[Any], stuck: _Stuck) -> None:
+        """A stuck execution returned (on the loop): the instance serves again."""
+        _RUNNING.pop(id(call), None)
+        if not call.cancelled():
+            call.exception()  # its requests were answered at the timeout: nothing to tell
+        del self._stuck[id(instance)]
+        if not stuck.replaceable:
+            self.serving += 1
+        log.warning(
+            "model %s version %s: instance %d's execution that passed the timeout returned; "
+            "the instance is back in service",
+            self.name,
+            self.version,
+            self._index[id(instance)],
+            extra={"model": self.name},
+        )
+        stuck.returned.set_result(None)
+        if self._closed:  # unloaded while it was stuck: release it now
+            threading.Thread(target=self._close_instance, args=(instance,), daemon=True).start()
 
     @staticmethod
     def _fail(batch: list[Pending], exc: InferdError) -> None:
@@ -180,13 +353,19 @@ class BatchRunner:
                 p.future.set_exception(exc)
 
     def close(self) -> None:
-        """Release the threads and the instances; nothing executes afterwards."""
-        self._executor.shutdown(wait=True)
+        """Release the threads and the instances; nothing executes afterwards. An instance
+        stuck in an execution is released if and when that execution returns."""
+        self._closed = True
+        self._executor.shutdown(wait=not self._stuck)
         for inst in self.instances:
-            try:
-                inst.close()
-            except Exception:
-                log.exception("model %s: closing an instance failed", self.name)
+            if id(inst) not in self._stuck:
+                self._close_instance(inst)
+
+    def _close_instance(self, instance: AnyInstance) -> None:
+        try:
+            instance.close()
+        except Exception:
+            log.exception("model %s: closing an instance failed", self.name)
 
 
 Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), in ns
