@@ -27,8 +27,9 @@ EXIT_STUCK = 1  # the status of a shutdown that had to abandon something still e
 
 
 class ShutdownClock:
-    def __init__(self, exit_timeout_s: float) -> None:
+    def __init__(self, exit_timeout_s: float, margin_s: float = EXIT_MARGIN_S) -> None:
         self.exit_timeout_s = exit_timeout_s
+        self.margin_s = margin_s
         self.deadline: float | None = None  # time.monotonic() by which to have exited
         self.incomplete = ""  # what the drain left behind, once it has ended
 
@@ -40,9 +41,9 @@ class ShutdownClock:
         self.deadline = time.monotonic() + self.exit_timeout_s
         if watchdog:
             timer = threading.Timer(
-                self.exit_timeout_s + EXIT_MARGIN_S,
+                self.exit_timeout_s + self.margin_s,
                 force_exit,
-                (f"the shutdown did not end within --exit-timeout-secs + {EXIT_MARGIN_S:g} s",),
+                (f"the shutdown did not end within --exit-timeout-secs + {self.margin_s:g} s",),
             )
             timer.name = "inferd-shutdown-watchdog"
             timer.daemon = True
@@ -75,19 +76,25 @@ class ShutdownClock:
     def exit_if_incomplete(self) -> None:
         """After serving: end the process now if the drain left something behind (a normal
         exit would wait for the stuck threads)."""
-        if self.incomplete or running_executions():
-            force_exit(self.incomplete or "executions are still running after the shutdown")
+        if self.incomplete:
+            log.error("exiting with status %d rather than wait for them", EXIT_STUCK)
+            _exit()
+        if running_executions():
+            force_exit("executions are still running after the shutdown")
 
 
 def force_exit(reason: str) -> NoReturn:
     """Log what is still executing, kill the model worker processes, exit EXIT_STUCK."""
-    running = running_executions()
     log.error(
         "%s; exiting with status %d; still executing: %s",
         reason,
         EXIT_STUCK,
-        "; ".join(running) or "nothing",
+        "; ".join(running_executions()) or "nothing",
     )
+    _exit()
+
+
+def _exit() -> NoReturn:
     for child in multiprocessing.active_children():
         child.kill()  # os._exit skips multiprocessing's cleanup of daemonic children
     for handler in logging.getLogger().handlers:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import logging
 import threading
 import time
@@ -78,9 +79,11 @@ Result = dict[str, Array] | InferdError
 Finish = Callable[[list[Pending], list[Result]], list[Result]]
 
 # Every execution running now, in every model: (model, version, instance index, started on
-# the monotonic clock). A shutdown that cannot finish reports these, and exits rather than
-# wait at interpreter exit for executor threads that may never return (server.py).
+# the monotonic clock), added on the loop and removed by the executing thread itself when the
+# call returns, whoever still awaits it. A shutdown that cannot finish reports these, and
+# exits rather than wait at interpreter exit for threads that may never return (shutdown.py).
 _RUNNING: dict[int, tuple[str, str, int, float]] = {}
+_CALL_IDS = itertools.count()
 
 
 def running_executions() -> list[str]:
@@ -208,16 +211,18 @@ class BatchRunner:
         dequeued_ns = time.perf_counter_ns()
         timings = (0, 0, 0)
         failed, timed_out = True, False
+        call_id = next(_CALL_IDS)
+        _RUNNING[call_id] = (self.name, self.version, self._index[id(instance)], time.monotonic())
         call = loop.run_in_executor(
             self._executor,
-            run_batch,
+            _tracked,
+            call_id,
             instance,
             batch,
             self.batched,
             self._takes_request_lists,
             self._takes_request_info,
         )
-        _RUNNING[id(call)] = (self.name, self.version, self._index[id(instance)], time.monotonic())
         try:
             if self.execution_timeout_s and not await self._returns_in_time(instance, call):
                 timed_out = True
@@ -245,8 +250,6 @@ class BatchRunner:
                     times = ExecutionTimes(dequeued_ns - p.enqueued_ns, *timings, rows, requests)
                     p.future.set_result((out, times))
         finally:
-            if not timed_out:
-                del _RUNNING[id(call)]
             self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
             self.executing -= requests
             self.executions.append(ExecutionRecord(rows, requests, reason))
@@ -328,7 +331,6 @@ class BatchRunner:
 
     def _returned(self, instance: AnyInstance, call: asyncio.Future[Any], stuck: _Stuck) -> None:
         """A stuck execution returned (on the loop): the instance serves again."""
-        _RUNNING.pop(id(call), None)
         if not call.cancelled():
             call.exception()  # its requests were answered at the timeout: nothing to tell
         del self._stuck[id(instance)]
@@ -369,6 +371,20 @@ class BatchRunner:
 
 
 Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), in ns
+
+
+def _tracked(
+    call_id: int,
+    instance: AnyInstance,
+    batch: list[Pending],
+    batched: bool,
+    by_request: bool,
+    with_info: bool,
+) -> tuple[list[Result], Timings]:
+    try:
+        return run_batch(instance, batch, batched, by_request, with_info)
+    finally:
+        _RUNNING.pop(call_id, None)
 
 
 def run_batch(
