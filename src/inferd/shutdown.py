@@ -18,7 +18,7 @@ import threading
 import time
 from typing import NoReturn
 
-from inferd.scheduling.execution import running_executions
+from inferd.scheduling.calls import running_executions
 
 log = logging.getLogger("inferd.server")
 

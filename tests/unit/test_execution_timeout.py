@@ -22,7 +22,7 @@ from inferd.errors import ErrorKind, InferdError
 from inferd.events import BatchRecord, RequestRecord, Telemetry
 from inferd.python_model import SEQUENCE_START
 from inferd.scheduling.batcher import DynamicBatcher
-from inferd.scheduling.execution import running_executions
+from inferd.scheduling.calls import running_executions
 from inferd.scheduling.sequence_batcher import SequenceBatcher
 from inferd.scheduling.sequence_config import read_sequence_options
 from inferd.signature import BoundRequest

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import itertools
 import logging
 import threading
 import time
@@ -33,8 +32,8 @@ from inferd.backends.base import (
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.python_model import RequestInfo
+from inferd.scheduling.calls import Call, wake
 from inferd.signature import BoundRequest
-from inferd.snapshots import items as snapshot_items
 from inferd.types import Array
 
 log = logging.getLogger("inferd.scheduling")
@@ -77,23 +76,6 @@ Result = dict[str, Array] | InferdError
 # Called on the event loop with a batch's per-request results, before they are answered; it
 # returns the results to answer with (the sequence batcher keeps each sequence's state here).
 Finish = Callable[[list[Pending], list[Result]], list[Result]]
-
-# Every execution running now, in every model: (model, version, instance index, started on
-# the monotonic clock), added on the loop and removed by the executing thread itself when the
-# call returns, whoever still awaits it. A shutdown that cannot finish reports these, and
-# exits rather than wait at interpreter exit for threads that may never return (shutdown.py).
-_RUNNING: dict[int, tuple[str, str, int, float]] = {}
-_CALL_IDS = itertools.count()
-
-
-def running_executions() -> list[str]:
-    """What is executing now, longest first: "model 'm' version 1 instance 0 for 12.3 s"."""
-    now = time.monotonic()
-    calls = sorted(snapshot_items(_RUNNING), key=lambda kv: kv[1][3])
-    return [
-        f"model '{name}' version {version} instance {index} for {now - started:.1f} s"
-        for _, (name, version, index, started) in calls
-    ]
 
 
 @dataclass(slots=True)
@@ -211,24 +193,27 @@ class BatchRunner:
         dequeued_ns = time.perf_counter_ns()
         timings = (0, 0, 0)
         failed, timed_out = True, False
-        call_id = next(_CALL_IDS)
-        _RUNNING[call_id] = (self.name, self.version, self._index[id(instance)], time.monotonic())
-        call = loop.run_in_executor(
-            self._executor,
-            _tracked,
-            call_id,
-            instance,
-            batch,
-            self.batched,
-            self._takes_request_lists,
-            self._takes_request_info,
+        call: Call[tuple[list[Result], Timings]] = Call(
+            loop, (self.name, self.version, self._index[id(instance)])
         )
         try:
-            if self.execution_timeout_s and not await self._returns_in_time(instance, call):
+            self._executor.submit(
+                call.run,
+                run_batch,
+                instance,
+                batch,
+                self.batched,
+                self._takes_request_lists,
+                self._takes_request_info,
+            )
+        except RuntimeError:  # the executor is shut down: the version is unloading
+            call.run(_unloading, self.name)
+        try:
+            if not await self._returns_in_time(instance, call):
                 timed_out = True
                 self._time_out(instance, call, batch)
                 return False
-            results, timings = await call
+            results, timings = call.result()
         except InferdError as exc:
             self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
         except Exception as exc:
@@ -267,17 +252,25 @@ class BatchRunner:
             )
         return not failed
 
-    async def _returns_in_time(self, instance: AnyInstance, call: asyncio.Future[Any]) -> bool:
-        """Wait for `call` up to the execution timeout; False if it is still running then.
+    async def _returns_in_time(self, instance: AnyInstance, call: Call[Any]) -> bool:
+        """Wait for `call`, up to the execution timeout; False if it is still running then.
 
-        Not wait_for: cancelling would not stop the thread, and the instance must stay out
-        of the pool until the thread is done with it. Time a process-isolated instance
+        The thread cannot be stopped, and the instance must stay out of the pool until it
+        is done with it, so the wait ends, not the call. Time a process-isolated instance
         spends waiting for its worker to (re)start is not execution: it does not count.
         """
         timeout = self.execution_timeout_s
+        if not timeout:
+            await call.woken
+            return True
+        loop = asyncio.get_running_loop()
         while True:
-            done, _ = await asyncio.wait((call,), timeout=timeout)
-            if done:
+            timer = loop.call_later(timeout, wake, call.woken)
+            try:
+                await call.woken
+            finally:
+                timer.cancel()
+            if call.returned:
                 return True
             if not isinstance(instance, ReplaceableInstance):
                 return False
@@ -287,10 +280,9 @@ class BatchRunner:
                 if timeout <= 0:
                     return False
             # else: still waiting for its worker process; the clock has not started
+            call.woken = loop.create_future()
 
-    def _time_out(
-        self, instance: AnyInstance, call: asyncio.Future[Any], batch: list[Pending]
-    ) -> None:
+    def _time_out(self, instance: AnyInstance, call: Call[Any], batch: list[Pending]) -> None:
         """The execution outlived the timeout: answer its requests now, take the instance
         out of the pool until the call returns, and replace its worker process if it has
         one (a thread cannot be killed; a process can)."""
@@ -323,16 +315,15 @@ class BatchRunner:
             extra={"model": self.name},
         )
         self._fail(batch, deadline_exceeded(message))
-        call.add_done_callback(lambda _: self._returned(instance, call, stuck))
+        call.on_return = lambda: self._returned(instance, stuck)
         if isinstance(instance, ReplaceableInstance):
             instance.kill_worker(f"an execution passed the timeout of {timeout_ms} ms")
         if self.serving == 0 and self._on_all_stuck is not None:
             self._on_all_stuck()
 
-    def _returned(self, instance: AnyInstance, call: asyncio.Future[Any], stuck: _Stuck) -> None:
-        """A stuck execution returned (on the loop): the instance serves again."""
-        if not call.cancelled():
-            call.exception()  # its requests were answered at the timeout: nothing to tell
+    def _returned(self, instance: AnyInstance, stuck: _Stuck) -> None:
+        """A stuck execution returned (on the loop): the instance serves again; what it
+        returned or raised is dropped (its requests were answered at the timeout)."""
         del self._stuck[id(instance)]
         if not stuck.replaceable:
             self.serving += 1
@@ -373,18 +364,8 @@ class BatchRunner:
 Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), in ns
 
 
-def _tracked(
-    call_id: int,
-    instance: AnyInstance,
-    batch: list[Pending],
-    batched: bool,
-    by_request: bool,
-    with_info: bool,
-) -> tuple[list[Result], Timings]:
-    try:
-        return run_batch(instance, batch, batched, by_request, with_info)
-    finally:
-        _RUNNING.pop(call_id, None)
+def _unloading(name: str) -> tuple[list[Result], Timings]:
+    raise InferdError(ErrorKind.UNAVAILABLE, f"model '{name}' is unloading")
 
 
 def run_batch(
