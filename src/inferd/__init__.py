@@ -10,6 +10,7 @@ from inferd.python_model import (  # noqa: E402
     ModelContext,
     PythonModel,
     RequestInfo,
+    ResponseSender,
 )
 
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     "ModelContext",
     "PythonModel",
     "RequestInfo",
+    "ResponseSender",
     "__version__",
 ]

@@ -17,15 +17,17 @@ from inferd import __version__
 from inferd.access import AccessPolicy
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
-from inferd.events import CANCELLED, FAILURE_REASON, CallContext, RequestRecord, Telemetry
-from inferd.python_model import SEQUENCE_END, SEQUENCE_START
+from inferd.events import CallContext, RequestRecord, Telemetry, note_failure
 from inferd.repository import uploads
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
+from inferd.scheduling.admission import scheduling_parameters
+from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
+from inferd.streaming import MODEL_FAILURES, StreamingEntry, unary_to_decoupled
 from inferd.types import InferRequest, InferResponse
 from inferd.workers import peers
 
@@ -40,7 +42,7 @@ EXTENSIONS = [
 ]
 
 
-class DataPlane:
+class DataPlane(StreamingEntry):
     def __init__(
         self,
         registry: ModelRegistry,
@@ -299,7 +301,7 @@ class DataPlane:
     def register_cuda_shared_memory(self) -> None:
         raise invalid(CUDA_UNSUPPORTED)
 
-    # -- inference ----------------------------------------------------------------------
+    # -- inference (and `stream_infer`, from StreamingEntry) ------------------------------
 
     async def infer(
         self,
@@ -318,21 +320,8 @@ class DataPlane:
         record = RequestRecord(model="", version="", ctx=ctx, duration_ns=0)
         self._inflight += 1
         try:
-            if self.is_shutting_down:
-                raise unavailable("the server is shutting down; retry on another replica")
-            if self.max_inflight and self._inflight > self.max_inflight:
-                raise shed(
-                    f"the server has {self.max_inflight} requests in flight "
-                    "(--max-inflight-requests); retry later"
-                )
-            model = self.registry.models.get(model_name)
-            if model is not None:
-                record.model = model_name
-            early = self.registry.get(model_name, version, ctx.routing_key)
-            record.version = early.version
-            if early.batcher is not None and early.batcher.refuses_all():
-                # Shed before reading and decoding the body: overload answers cost little.
-                raise shed(f"model '{model_name}' queue is full; retry later")
+            if self._admit(model_name, version, ctx, record).decoupled:
+                raise unary_to_decoupled(model_name, ctx)
             request = await decode()
             record.request = request
             record.request_id = request.id
@@ -348,35 +337,43 @@ class DataPlane:
             try:
                 response = await self._serve(model_name, version, request, ctx, record)
             except InferdError as exc:
-                circuit.record(False, counts=exc.kind in _MODEL_FAILURES)
+                circuit.record(False, counts=exc.kind in MODEL_FAILURES)
                 raise
             except BaseException:
                 circuit.record(False, counts=False)
                 raise
             circuit.record(True)
             return response
-        except InferdError as exc:
-            record.failure = FAILURE_REASON[exc.kind]
-            record.message = exc.message
-            raise
-        except asyncio.CancelledError:
-            # gRPC cancels the call when the client's deadline passes, racing the server's
-            # own deadline timer: past the deadline it is a timeout, whichever came first.
-            if ctx.deadline_ns is not None and time.perf_counter_ns() >= ctx.deadline_ns:
-                record.failure = FAILURE_REASON[ErrorKind.DEADLINE_EXCEEDED]
-                record.message = "the request's deadline passed"
-            else:
-                record.failure = CANCELLED
-                record.message = "the client cancelled the request"
-            raise
-        except Exception as exc:
-            record.failure = FAILURE_REASON[ErrorKind.INTERNAL]
-            record.message = str(exc)
+        except BaseException as exc:
+            note_failure(record, exc)
             raise
         finally:
             self._inflight -= 1
             record.duration_ns = time.perf_counter_ns() - ctx.start_ns
             self.telemetry.request(record)
+
+    def _request_over(self) -> None:
+        self._inflight -= 1
+
+    def _admit(
+        self, model_name: str, version: str, ctx: CallContext, record: RequestRecord
+    ) -> ModelVersion:
+        """The checks before a request's body is read; the version it would go to."""
+        if self.is_shutting_down:
+            raise unavailable("the server is shutting down; retry on another replica")
+        if self.max_inflight and self._inflight > self.max_inflight:
+            raise shed(
+                f"the server has {self.max_inflight} requests in flight "
+                "(--max-inflight-requests); retry later"
+            )
+        if model_name in self.registry.models:
+            record.model = model_name
+        early = self.registry.get(model_name, version, ctx.routing_key)
+        record.version = early.version
+        if early.batcher is not None and early.batcher.refuses_all():
+            # Shed before reading and decoding the body: overload answers cost little.
+            raise shed(f"model '{model_name}' queue is full; retry later")
+        return early
 
     async def _serve(
         self,
@@ -392,15 +389,19 @@ class DataPlane:
         # sticky canary routing.
         mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
         record.model, record.version = mv.name, mv.version
+        if mv.decoupled:  # a canary version (or the fallback) may be one
+            raise unary_to_decoupled(mv.name, ctx)
         # Inputs in shared memory become views of their regions before anything reads them;
         # the lease keeps those regions mapped until the answer is built.
         lease = self.shared_memory.lease(request) if request.uses_shared_memory else None
         try:
             bound = mv.signature.bind(request)
             record.rows = bound.rows
-            priority, timeout_us = _scheduling_parameters(request)
+            priority, timeout_us = scheduling_parameters(request)
             if request.parameters or mv.sequence is not None:
-                bound.correlation_id, bound.flags = _sequence_parameters(request, mv)
+                bound.correlation_id, bound.flags = sequence_parameters(
+                    request, mv.name, mv.sequence is not None
+                )
             assert mv.batcher is not None  # a READY version always has one
             outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
             record.times = times
@@ -425,59 +426,6 @@ class DataPlane:
         if fallback_from:
             response.parameters["fallback_from"] = fallback_from
         return response
-
-
-# Failures that say something about the model (they count for its circuit breaker).
-_MODEL_FAILURES = {ErrorKind.MODEL_ERROR, ErrorKind.INTERNAL, ErrorKind.DEADLINE_EXCEEDED}
-
-
-def _scheduling_parameters(request: InferRequest) -> tuple[int, int]:
-    """Triton's request parameters `priority` (level, 0 = default) and `timeout` (µs)."""
-    if not request.parameters:
-        return 0, 0  # the common case, on every request
-    values = []
-    for key in ("priority", "timeout"):
-        value = request.parameters.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise invalid(f"request parameter '{key}' must be an integer >= 0, got {value!r}")
-        values.append(value)
-    return values[0], values[1]
-
-
-_SEQUENCE_FLAGS = (("sequence_start", SEQUENCE_START), ("sequence_end", SEQUENCE_END))
-_UINT64_MAX = 2**64 - 1
-
-
-def _sequence_parameters(request: InferRequest, mv: ModelVersion) -> tuple[int | str, int]:
-    """Triton's sequence extension: `sequence_id` (uint64 or string; 0 / "" for none),
-    `sequence_start`, `sequence_end` (bools) -> (correlation id, flags)."""
-    params = request.parameters
-    cid = params.get("sequence_id", 0)
-    if isinstance(cid, bool) or not (
-        isinstance(cid, str) or (isinstance(cid, int) and 0 <= cid <= _UINT64_MAX)
-    ):
-        raise invalid(
-            f"request parameter 'sequence_id' must be an unsigned 64-bit integer or a string, "
-            f"got {cid!r}"
-        )
-    flags = 0
-    for key, bit in _SEQUENCE_FLAGS:
-        value = params.get(key, False)
-        if not isinstance(value, bool):
-            raise invalid(f"request parameter '{key}' must be a boolean, got {value!r}")
-        if value:
-            flags |= bit
-    if mv.sequence is None and (cid not in (0, "") or flags):
-        used = (
-            "sequence_id"
-            if cid not in (0, "")
-            else next(k for k, b in _SEQUENCE_FLAGS if flags & b)
-        )
-        raise invalid(
-            f"request parameter '{used}': model '{mv.name}' is not a sequence model (its "
-            "config has no sequence_batching)"
-        )
-    return cid, flags
 
 
 def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:

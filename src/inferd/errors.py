@@ -11,6 +11,7 @@ class ErrorKind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"  # a restricted API called without its credential
     ALREADY_EXISTS = "already_exists"  # a name registered twice (a shared-memory region)
     PERMISSION_DENIED = "permission_denied"  # an admin call or upload the server has turned off
+    UNSUPPORTED = "unsupported"  # this endpoint cannot serve this model (a decoupled one)
     UNAVAILABLE = "unavailable"  # the model cannot serve right now (not ready, unloading)
     RESOURCE_EXHAUSTED = "resource_exhausted"  # shed: retry later
     PAYLOAD_TOO_LARGE = "payload_too_large"  # body over the configured limit

@@ -7,12 +7,14 @@ Sinks run on the event loop, inline: each must be cheap and must not block.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from inferd.errors import ErrorKind
+from inferd.errors import ErrorKind, InferdError
 
 if TYPE_CHECKING:
     from inferd.types import InferRequest
@@ -27,6 +29,7 @@ FAILURE_REASON: dict[ErrorKind, str] = {
     ErrorKind.UNAUTHENTICATED: "invalid_input",
     ErrorKind.ALREADY_EXISTS: "invalid_input",
     ErrorKind.PERMISSION_DENIED: "invalid_input",
+    ErrorKind.UNSUPPORTED: "invalid_input",
     ErrorKind.MODEL_ERROR: "model_error",
     ErrorKind.DEADLINE_EXCEEDED: "timeout",
     ErrorKind.RESOURCE_EXHAUSTED: "rejected",
@@ -61,6 +64,15 @@ class ExecutionTimes:
     batch_requests: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ResponseTimes:
+    """One item of a decoupled request's stream, for Triton's `response_stats`."""
+
+    kind: str  # "success", "fail" (an error response), "empty" (the final flag alone), "cancel"
+    infer_ns: int  # since the previous response (or the execution's start)
+    output_ns: int  # checking its outputs against the config
+
+
 @dataclass(slots=True)
 class RequestRecord:
     model: str  # "" when the name is not a model of the repository (bounded label values)
@@ -73,6 +85,10 @@ class RequestRecord:
     rows: int = 0  # rows of this request
     times: ExecutionTimes | None = None  # None when it never reached a batch
     request: InferRequest | None = field(default=None, repr=False)  # decoded, when it was
+    # A decoupled model's request: each item of its stream, in order (None otherwise), and
+    # the responses the model sent that never reached the client (it had gone).
+    responses: list[ResponseTimes] | None = None
+    dropped: int = 0
 
     @property
     def is_success(self) -> bool:
@@ -91,6 +107,26 @@ class BatchRecord:
     compute_output_ns: int
     failed: bool
     timed_out: bool = False  # failed by the execution timeout (execution_timeout_ms)
+
+
+def note_failure(record: RequestRecord, exc: BaseException) -> None:
+    """Fill the record's failure from the exception that ended its request."""
+    if isinstance(exc, InferdError):
+        record.failure = FAILURE_REASON[exc.kind]
+        record.message = exc.message
+    elif isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        # gRPC cancels the call when the client's deadline passes, racing the server's own
+        # deadline timer: past the deadline it is a timeout, whichever came first.
+        deadline_ns = record.ctx.deadline_ns
+        if deadline_ns is not None and time.perf_counter_ns() >= deadline_ns:
+            record.failure = FAILURE_REASON[ErrorKind.DEADLINE_EXCEEDED]
+            record.message = "the request's deadline passed"
+        else:
+            record.failure = CANCELLED
+            record.message = "the client cancelled the request"
+    else:
+        record.failure = FAILURE_REASON[ErrorKind.INTERNAL]
+        record.message = str(exc)
 
 
 class Sink(Protocol):

@@ -142,6 +142,8 @@ class MetricsSink:
         r = self.prometheus
         self.series: dict[tuple[str, str], _Series] = {}
         self.failures: dict[tuple[str, str, str], int] = {}
+        # Decoupled models: (responses sent to clients, responses dropped) per version.
+        self.stream_responses: dict[tuple[str, str], list[int]] = {}
         self.batch_closes: dict[tuple[str, str, str], int] = {}
         self.execution_timeouts: dict[tuple[str, str], int] = {}
         # GC callbacks run on whichever thread collects: this one keeps its lock.
@@ -175,6 +177,10 @@ class MetricsSink:
 
     def on_request(self, record: RequestRecord) -> None:
         model, version = record.model, record.version
+        if record.responses is not None and model and version:
+            counts = self.stream_responses.setdefault((model, version), [0, 0])
+            counts[0] += sum(1 for r in record.responses if r.kind in ("success", "fail"))
+            counts[1] += record.dropped
         if record.failure is not None:
             key = (model, version, record.failure)
             self.failures[key] = self.failures.get(key, 0) + 1
@@ -282,7 +288,20 @@ class _CountsCollector(Collector):
         )
         for (model, version), count in sorted(items(sink.execution_timeouts)):
             timeouts.add_metric([model, version], count)
-        yield from (success, failure, inferences, executions, close, timeouts)
+        sent = CounterMetricFamily(
+            "inferd_stream_responses",
+            "Responses decoupled models sent to their clients (error responses included).",
+            labels=MV,
+        )
+        dropped = CounterMetricFamily(
+            "inferd_stream_responses_dropped",
+            "Responses decoupled models sent after their client had gone, dropped.",
+            labels=MV,
+        )
+        for (model, version), (count, lost) in sorted(dict(sink.stream_responses).items()):
+            sent.add_metric([model, version], count)
+            dropped.add_metric([model, version], lost)
+        yield from (success, failure, inferences, executions, close, timeouts, sent, dropped)
         yield from histograms.values()
 
 

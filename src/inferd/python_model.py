@@ -10,15 +10,24 @@
         def unload(self):                   # once, when the version is unloaded
             ...
 
+A decoupled model (`model_transaction_policy { decoupled: true }`) defines `predict_stream`
+instead of `predict`: called once per request, it sends any number of responses and then the
+final flag through a `ResponseSender`.
+
 See docs/python-models.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
+from inferd.errors import ErrorKind, InferdError
+from inferd.streams import ResponseSink
 from inferd.types import Array
 
 
@@ -104,5 +113,51 @@ class PythonModel:
         """
         raise NotImplementedError
 
+    def predict_stream(self, inputs: dict[str, Array], responses: ResponseSender) -> None:
+        """A decoupled model's answer to one request: `responses.send(...)` any number of
+        times, then `responses.close()` (or `send(..., final=True)`), here or later from a
+        thread of the model's. Raising fails this request alone."""
+        raise NotImplementedError
+
     def unload(self) -> None:
         """Release what `load` acquired."""
+
+
+class ResponseSender:
+    """The responses of one request to a decoupled model.
+
+    `send` may block while the client reads slower than the model sends (a bounded queue per
+    request, docs/python-models.md). Once the client has gone, `is_cancelled()` is True and
+    sends are dropped: stop working and `close()`. Sending after the final flag raises
+    `inferd.streams.StreamClosedError`.
+    """
+
+    def __init__(
+        self, sink: ResponseSink, model: str, request_id: str, parameters: Mapping[str, Any]
+    ) -> None:
+        self._sink = sink
+        self._model = model
+        self.request_id = request_id  # the client's request id, "" when it sent none
+        self.parameters = parameters  # the request's parameters (e.g. generate's keys)
+
+    def send(self, outputs: Mapping[str, Any], final: bool = False) -> None:
+        """One response: {output name: array}; `final=True` makes it the last one."""
+        if not isinstance(outputs, Mapping):
+            raise TypeError(
+                f"send() takes a dict of output name to array, got {type(outputs).__name__}"
+            )
+        arrays = {name: np.asarray(value) for name, value in outputs.items()}
+        self._sink.send(arrays, None, final)
+
+    def send_error(self, message: str, final: bool = False) -> None:
+        """An error response to this request (HTTP 500 / gRPC INTERNAL with `message`)."""
+        error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self._model}': {message}")
+        self._sink.send(None, error, final)
+
+    def close(self) -> None:
+        """The final flag, with no response: nothing more comes for this request."""
+        self._sink.send(None, None, True)
+
+    def is_cancelled(self) -> bool:
+        """True once the client has gone away."""
+        return self._sink.is_cancelled()

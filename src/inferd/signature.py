@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -18,7 +18,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.datatypes import CONFIG_TO_V2
 from inferd.errors import invalid
 from inferd.repository.config import ConfigError
-from inferd.types import Array, InferRequest, RequestedOutput
+from inferd.repository.ragged_config import read_ragged_plan
+from inferd.types import Array, InferRequest, Parameters, RequestedOutput
+
+if TYPE_CHECKING:
+    from inferd.streams import ResponseSink
 
 # Per-input limits a model config may set as `parameters` (docs/limits.md). They are checked
 # in `bind`, so HTTP and gRPC share them, on the declared shape: nothing is allocated from it.
@@ -51,13 +55,16 @@ class BoundRequest:
 
     inputs: dict[str, Array]  # in the model's declared input order, reshaped for the model
     rows: int  # batch size of this request; 1 for unbatched models
-    shape_key: tuple[tuple[int, ...], ...]  # non-batch shapes: only equal keys may be merged
+    # Non-batch shapes of the inputs that are not ragged: only equal keys may be merged.
+    shape_key: tuple[tuple[int, ...], ...]
     output_names: list[str]
     request_id: str = ""  # the client's request id, "" when it sent none
     # Sequence models: the request's sequence id (0 / "": none) and its SEQUENCE_START (1) /
     # SEQUENCE_END (2) flags, set by the data plane from the request parameters.
     correlation_id: int | str = 0
     flags: int = 0
+    parameters: Parameters = field(default_factory=dict)  # the request's (Python models read them)
+    responses: ResponseSink | None = None  # a decoupled model's response stream for it
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
@@ -145,11 +152,19 @@ def read_limits(config: mc.ModelConfig) -> InputLimits:
 
 class ModelSignature:
     def __init__(self, config: mc.ModelConfig) -> None:
-        """Raises `ConfigError` when the config's input limits are malformed."""
+        """Raises `ConfigError` when the config's input limits or ragged inputs are
+        malformed."""
         self.limits = read_limits(config)
-        # Inputs the server feeds the model itself (sequence control inputs, implicit state):
-        # name -> what it is, for the error a client sending one gets.
-        self.server_inputs: dict[str, str] = {}
+        self.ragged = read_ragged_plan(config)
+        # Inputs the server feeds the model itself (sequence control inputs, implicit state,
+        # batch inputs): name -> what it is, for the error a client sending one gets.
+        self.server_inputs: dict[str, str] = self.ragged.targets()
+        # Inputs whose shapes key a batch: all but the ragged ones (None: all of them).
+        self._keyed: tuple[str, ...] | None = (
+            tuple(i.name for i in config.input if i.name not in self.ragged.ragged)
+            if self.ragged.ragged
+            else None
+        )
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
@@ -246,12 +261,16 @@ class ModelSignature:
                 inputs[name] = given[name]
             elif not spec.optional:
                 raise invalid(f"missing input '{name}' for model '{model}'")
+        keyed = self._keyed
         return BoundRequest(
             inputs=inputs,
             rows=rows if self.is_batched else 1,
-            shape_key=tuple(a.shape[1:] for a in inputs.values()),
+            shape_key=tuple(a.shape[1:] for a in inputs.values())
+            if keyed is None
+            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs),
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
+            parameters=request.parameters,
         )
 
     def _check_limits(

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.events import BatchRecord, RequestRecord
+from inferd.events import BatchRecord, RequestRecord, ResponseTimes
 
 
 @dataclass(slots=True)
@@ -35,6 +35,41 @@ class BatchStats:
 
 
 @dataclass(slots=True)
+class ResponseStats:
+    """Triton's `response_stats` entry: the responses at one position of decoupled streams."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def add(self, times: ResponseTimes) -> None:
+        if times.kind == "success":
+            self.compute_infer.add(times.infer_ns)
+            self.compute_output.add(times.output_ns)
+            self.success.add(times.infer_ns + times.output_ns)
+        elif times.kind == "fail":
+            self.compute_infer.add(times.infer_ns)
+            self.fail.add(times.infer_ns + times.output_ns)
+        elif times.kind == "empty":
+            self.empty_response.add(times.infer_ns)
+        else:
+            self.cancel.add(0)
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        return {
+            "compute_infer": self.compute_infer.to_dict(),
+            "compute_output": self.compute_output.to_dict(),
+            "success": self.success.to_dict(),
+            "fail": self.fail.to_dict(),
+            "empty_response": self.empty_response.to_dict(),
+            "cancel": self.cancel.to_dict(),
+        }
+
+
+@dataclass(slots=True)
 class VersionStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
@@ -46,6 +81,8 @@ class VersionStats:
     execution_count: int = 0  # batches executed
     last_inference_ms: int = 0  # ms since the epoch
     batches: dict[int, BatchStats] = field(default_factory=lambda: defaultdict(BatchStats))
+    # Decoupled models: by position in the stream ("0" the first response, ...).
+    responses: dict[int, ResponseStats] = field(default_factory=lambda: defaultdict(ResponseStats))
 
 
 _ZERO = {"count": 0, "ns": 0}
@@ -59,6 +96,9 @@ class StatisticsSink:
         if not record.model or not record.version:
             return  # a request no model version accepted belongs to none
         stats = self.versions[(record.model, record.version)]
+        if record.responses is not None:  # a decoupled model's request: each response too
+            for position, response in enumerate(record.responses):
+                stats.responses[position].add(response)
         if record.failure is not None:
             stats.fail.add(record.duration_ns)
             return
@@ -117,7 +157,7 @@ class StatisticsSink:
                 "cache_hit": dict(_ZERO),
                 "cache_miss": dict(_ZERO),
             },
-            "response_stats": {},
+            "response_stats": {str(k): r.to_dict() for k, r in sorted(s.responses.items())},
             "batch_stats": [
                 {
                     "batch_size": size,

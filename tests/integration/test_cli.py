@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -141,6 +143,14 @@ def test_serves_the_example_models(example_server: tuple[str, str, CliServer]) -
     np.testing.assert_array_equal(add_sub.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(add_sub.as_numpy("OUTPUT1"), a - b)
     client.close()
+
+    # The decoupled example streams one response per word.
+    body = {"text_input": "one two three"}
+    with httpx.stream(
+        "POST", f"http://{address}/v2/models/word_stream/generate_stream", json=body
+    ) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert [json.loads(line[6:])["text_output"] for line in lines] == ["one", "two", "three"]
 
 
 def test_serves_over_grpc_too(example_server: tuple[str, str, CliServer]) -> None:

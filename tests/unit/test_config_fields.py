@@ -141,11 +141,10 @@ REFUSED = [
         "ensemble_scheduling",
     ),
     (
-        "ragged input",
-        "",  # set on the input below
-        "input.allow_ragged_batch",
+        "batch output",
+        'batch_output [ { target_name: "y", source_input: "x" } ]',
+        "batch_output",
     ),
-    ("batch input", 'batch_input [ { target_name: "n" } ]', "batch_input"),
     (
         "preserve ordering",
         "dynamic_batching { preserve_ordering: true }",
@@ -217,8 +216,6 @@ def test_a_refused_field_fails_the_load_naming_file_and_field(
     tmp_path: Path, extra: str, path: str
 ) -> None:
     text = LINEAR_CONFIG + extra + "\n"
-    if path == "input.allow_ragged_batch":
-        text = text.replace("dims: [ 4 ] }", "dims: [ 4 ], allow_ragged_batch: true }")
     message = prepare_error(make_model(tmp_path, text))
     assert message.startswith(f"m/config.pbtxt: {path}"), message
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
 import pytest
 
 from inferd.backends import pb_utils
+from inferd.streams import CollectingSink
 
 CONFIG = {
     "name": "m",
@@ -77,3 +79,32 @@ def test_logger_levels(caplog: pytest.LogCaptureFixture) -> None:
         ("ERROR", "e"),
         ("DEBUG", "v"),
     ]
+
+
+def test_the_response_sender_follows_tritons_rules() -> None:
+    sink = CollectingSink()
+    seen: list[pb_utils.InferenceResponse] = []
+
+    def outputs(response: pb_utils.InferenceResponse) -> dict[str, np.ndarray]:
+        seen.append(response)
+        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+    sender = pb_utils.InferenceResponseSender(sink, outputs)
+    request = pb_utils.InferenceRequest(parameters={"max_tokens": 3})
+    request._sender = sender
+    assert request.get_response_sender() is sender
+    assert json.loads(request.parameters()) == {"max_tokens": 3}
+    with pytest.raises(pb_utils.TritonModelException, match="Unsupported flag"):
+        sender.send(flags=2)
+    with pytest.raises(pb_utils.TritonModelException, match="must be provided"):
+        sender.send()
+    with pytest.raises(pb_utils.TritonModelException, match="InferenceResponse"):
+        sender.send("not a response")  # type: ignore[arg-type]
+    response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1.0]))])
+    sender.send(response)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        sender.send(response)
+    assert [item.final for item in sink.items] == [False, True]
+    assert sink.items[0].outputs is not None and seen[0] is response
+    assert not sender.is_cancelled() and not request.is_cancelled()

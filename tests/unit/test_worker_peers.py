@@ -11,7 +11,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from inferd.dataplane import DataPlane
-from inferd.events import BatchRecord, Telemetry
+from inferd.events import BatchRecord, ResponseTimes, Telemetry
 from inferd.repository.registry import ModelRegistry
 from inferd.statistics import StatisticsSink, VersionStats
 from inferd.workers.peers import (
@@ -52,6 +52,24 @@ def test_statistics_of_workers_add_up() -> None:
         8: {"count": 1, "ns": 100},
     }
     assert [b["batch_size"] for b in m["batch_stats"]] == [1, 4, 8]
+
+
+def test_response_statistics_of_workers_add_up_per_position() -> None:
+    def answer(positions: int) -> list[dict[str, object]]:
+        s = VersionStats()
+        for position in range(positions):
+            s.responses[position].add(ResponseTimes("success", 10, 1))
+        return [StatisticsSink._render("m", "1", s)]
+
+    merged = merge_model_stats([answer(1), answer(3), answer(2)])
+    stats = merged[0]["response_stats"]
+    assert list(stats) == ["0", "1", "2"]
+    assert [stats[k]["success"] for k in stats] == [
+        {"count": 3, "ns": 33},
+        {"count": 2, "ns": 22},
+        {"count": 1, "ns": 11},
+    ]
+    assert stats["0"]["compute_infer"] == {"count": 3, "ns": 30}
 
 
 def test_merging_leaves_the_answers_untouched() -> None:

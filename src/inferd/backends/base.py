@@ -101,8 +101,8 @@ class ReplaceableInstance(Protocol):
     """An instance whose execution can be ended from outside when it hangs: its model runs
     in a worker process, which is killed (the execution fails) and started again."""
 
-    # time.monotonic() when the running execution reached a live worker; None while none
-    # runs or while it waits for a worker to start (that wait is not execution time).
+    # time.monotonic() when the latest execution reached a live worker; None while one
+    # waits for a worker to start (that wait is not execution time).
     execution_started: float | None
 
     def kill_worker(self, reason: str) -> None:

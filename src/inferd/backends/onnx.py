@@ -81,7 +81,9 @@ class OnnxBackend:
                 f"{where}: sequence_batching.state output_name '{missing[0]}' is not an output "
                 f"of the model file; it has {', '.join(sorted(model_outputs))}"
             )
-        ins = [t for t in ins if t[0] not in fed]
+        # Batch inputs too are the server's: checked against the model file, never completed.
+        targets = _check_batch_inputs(where, config, ins)
+        ins = [t for t in ins if t[0] not in fed and t[0] not in targets]
 
         if not config.input and not config.output:
             # Batching is possible only if every tensor has a variable leading dimension.
@@ -125,7 +127,10 @@ class OnnxBackend:
                         f"{mc.DataType.Name(t.data_type)} does not match the model file's "
                         f"{mc.DataType.Name(ORT_TO_CONFIG[typ])}"
                     )
-                _check_dims(f"{where}: {kind} '{t.name}'", t, shape, config.max_batch_size)
+                if isinstance(t, mc.ModelInput) and t.allow_ragged_batch:
+                    _check_ragged(f"{where}: {kind} '{t.name}'", shape)
+                else:
+                    _check_dims(f"{where}: {kind} '{t.name}'", t, shape, config.max_batch_size)
 
     def load(self, ctx: LoadContext) -> OnnxInstance:
         return OnnxInstance(ctx)
@@ -159,6 +164,48 @@ def _check_dims(field: str, t: mc.ModelInput | mc.ModelOutput, shape: list[int],
                 f"dimension {axis}{batch_note} is {size} in the model file but {want} in the "
                 "config"
             )
+
+
+def _check_ragged(field: str, shape: list[int]) -> None:
+    """Triton's rule: a ragged input reaches the model as one flat dimension."""
+    if shape != [-1]:
+        raise ConfigError(
+            f"{field}: allow_ragged_batch: the model file's shape is {shape}, but a ragged "
+            "input reaches the model as the batch's values concatenated in one dimension, so "
+            "the model must take shape [-1]"
+        )
+
+
+def _check_batch_inputs(
+    where: str, config: mc.ModelConfig, ins: list[tuple[str, str, list[int]]]
+) -> set[str]:
+    """Each batch input's target is an input of the model file, of its data type and rank;
+    returns the target names."""
+    by_name = {name: (typ, shape) for name, typ, shape in ins}
+    targets: set[str] = set()
+    for entry in config.batch_input:
+        rank = 2 if entry.kind == mc.BatchInput.BATCH_ITEM_SHAPE else 1
+        for target in entry.target_name:
+            targets.add(target)
+            field = f"{where}: batch_input target_name '{target}'"
+            if target not in by_name:
+                raise ConfigError(
+                    f"{field}: the model file has no such input; it has "
+                    f"{', '.join(by_name) or '(none)'}"
+                )
+            typ, shape = by_name[target]
+            if ORT_TO_CONFIG[typ] != entry.data_type:
+                raise ConfigError(
+                    f"{field}: data_type {mc.DataType.Name(entry.data_type)} does not match "
+                    f"the model file's {mc.DataType.Name(ORT_TO_CONFIG[typ])}"
+                )
+            if len(shape) != rank:
+                kind = mc.BatchInput.Kind.Name(entry.kind)
+                raise ConfigError(
+                    f"{field}: {kind} is a tensor of {rank} dimension{'s' if rank > 1 else ''}, "
+                    f"but the model file's shape is {shape}"
+                )
+    return targets
 
 
 class OnnxInstance:

@@ -2,23 +2,30 @@
 
 A `model.py` written for Triton does `import triton_python_backend_utils as pb_utils`; the
 Python backend registers this module under that name before importing the model. Names and
-behaviour follow Triton's python_backend; what inferd does not offer (BLS requests, decoupled
-response senders, GPU tensors) raises `TritonModelException` saying so.
+behaviour follow Triton's python_backend; what inferd does not offer (BLS requests, GPU
+tensors) raises `TritonModelException` saying so. Decoupled models send their responses through
+`request.get_response_sender()` (an `InferenceResponseSender`).
 """
 
 from __future__ import annotations
 
 import enum
 import importlib
+import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from inferd.errors import InferdError
 from inferd.model_output import current_model
+from inferd.streams import ResponseSink, StreamClosedError
 from inferd.types import Array
+
+# The flag of a decoupled model's last send for a request (TRITONSERVER_ResponseCompleteFlag).
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 # Config `data_type` strings, as in the model_config JSON that `initialize` receives.
 TRITON_STRING_TO_NUMPY: dict[str, type[Any]] = {
@@ -197,6 +204,7 @@ class InferenceRequest:
         requested_output_names: Sequence[str] = (),
         model_name: str = "",
         flags: int = 0,
+        parameters: Mapping[str, Any] | str | None = None,
         **_: Any,
     ) -> None:
         self._inputs = list(inputs)
@@ -205,6 +213,8 @@ class InferenceRequest:
         self._flags = flags
         self._requested_output_names = list(requested_output_names)
         self._model_name = model_name
+        self._parameters = parameters or {}
+        self._sender: InferenceResponseSender | None = None  # set for decoupled models
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -224,15 +234,23 @@ class InferenceRequest:
         return self._flags
 
     def parameters(self) -> str:
-        return "{}"  # Triton hands request parameters over as a JSON string
+        """The request's parameters as a JSON string, as Triton hands them over."""
+        if isinstance(self._parameters, str):
+            return self._parameters
+        return json.dumps(dict(self._parameters))  # only when the model asks: off the hot path
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client went away (decoupled models; otherwise always False)."""
+        return self._sender is not None and self._sender.is_cancelled()
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "decoupled models (get_response_sender) are not supported by inferd"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is for decoupled models: set model_transaction_policy "
+                "{ decoupled: true } in config.pbtxt, or return one response per request from "
+                "execute()"
+            )
+        return self._sender
 
     def exec(self, *_: Any, **__: Any) -> InferenceResponse:
         raise TritonModelException(
@@ -268,6 +286,47 @@ class InferenceResponse:
 
     def error(self) -> TritonError | None:
         return self._error
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model, from any thread: zero or more
+    `send(response)`, then `send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)` (or the flag
+    with the last response). A send may block while the client reads slower than the model
+    sends; after the client left, sends are dropped and `is_cancelled()` is True."""
+
+    def __init__(
+        self, sink: ResponseSink, convert: Callable[[InferenceResponse], dict[str, Array]]
+    ) -> None:
+        self._sink = sink
+        self._convert = convert  # a response's outputs, or raises InferdError
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}"
+            )
+        outputs: dict[str, Array] | None = None
+        error: InferdError | None = None
+        if response is not None:
+            try:
+                outputs = self._convert(response)
+            except InferdError as exc:  # an error response, or one its config contradicts
+                error = exc
+        try:
+            self._sink.send(outputs, error, flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except StreamClosedError:
+            raise TritonModelException(
+                "Unable to send response. Response sender has been closed."
+            ) from None
+
+    def is_cancelled(self) -> bool:
+        return self._sink.is_cancelled()
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

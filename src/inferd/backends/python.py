@@ -19,10 +19,14 @@ from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
 from inferd.backends.triton_python import TritonPythonInstance
 from inferd.backends.worker_process import ProcessInstance
+from inferd.backends.worker_stream import StreamingProcessInstance
 from inferd.conformance import OutputMismatchError
+from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
-from inferd.python_model import ModelContext, RequestInfo
+from inferd.python_model import ModelContext, RequestInfo, ResponseSender
 from inferd.repository.config import ConfigError, instance_group_of, parameter
+from inferd.signature import BoundRequest
+from inferd.streams import CollectingSink, guard_release
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.python")
@@ -64,6 +68,8 @@ class PythonBackend:
         isolation = parameter(ctx.config, "isolation", "thread")
         if isolation == "process":
             # model.py is imported in the worker process only: its import may crash too.
+            if ctx.config.model_transaction_policy.decoupled:
+                return StreamingProcessInstance(ctx)
             return ProcessInstance(ctx)
         if isolation not in ("", "thread"):
             raise ConfigError(
@@ -73,8 +79,20 @@ class PythonBackend:
         module = import_model_module(ctx)
         try:
             if hasattr(module, "Model"):
+                if ctx.config.model_transaction_policy.decoupled:
+                    return StreamingPythonInstance(ctx, module)
                 return PythonInstance(ctx, module)
             if hasattr(module, "TritonPythonModel"):
+                if ctx.config.batch_input:
+                    # Its execute(requests) gets each request's own tensors, not one
+                    # merged batch: there is no batch to describe (Triton's Python
+                    # backend does not create batch inputs either).
+                    raise ConfigError(
+                        f"{ctx.model_name}/config.pbtxt: batch_input: a TritonPythonModel "
+                        "receives each request's own tensors, so batch inputs are not "
+                        "supported; read each request's shape instead, or define class "
+                        "'Model' (inferd's API), which receives the merged batch"
+                    )
                 return TritonPythonInstance(ctx, module)
             raise RuntimeError(
                 "model.py defines no class 'Model' (inferd) or 'TritonPythonModel' "
@@ -130,7 +148,8 @@ class PythonInstance:
             )
             if hasattr(self._model, "load"):
                 self._model.load(context)
-        self.wants_request_info = _takes_requests(self._model.predict)
+        predict = getattr(self._model, "predict", None)  # a decoupled model has predict_stream
+        self.wants_request_info = predict is not None and _takes_requests(predict)
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
         if self.wants_request_info:  # called without them (warm-up): one request per row
@@ -179,3 +198,44 @@ def _checked(outputs: Any) -> dict[str, Array]:
             f"predict() must return a dict of output name to array, got {type(outputs).__name__}"
         )
     return {name: np.asarray(value) for name, value in outputs.items()}
+
+
+class StreamingPythonInstance(PythonInstance):
+    """A decoupled `Model`: `predict_stream(inputs, responses)` once per request, each
+    request's responses going to its own stream (a `RequestListInstance`)."""
+
+    def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
+        if not callable(getattr(module.Model, "predict_stream", None)):
+            raise RuntimeError(
+                "a decoupled model (model_transaction_policy decoupled) must define "
+                "Model.predict_stream(inputs, responses)"
+            )
+        super().__init__(ctx, module)
+
+    def execute_requests(
+        self, requests: list[BoundRequest]
+    ) -> list[dict[str, Array] | InferdError]:
+        results: list[dict[str, Array] | InferdError] = []
+        for request in requests:
+            sink = request.responses if request.responses is not None else CollectingSink()
+            sender = ResponseSender(sink, self._name, request.request_id, request.parameters)
+            guard_release(sender, sink, self._name)
+            sink.started()
+            try:
+                with running_model(self._name):
+                    returned = self._model.predict_stream(request.inputs, sender)
+                if returned is not None:
+                    raise RuntimeError(
+                        f"predict_stream() returned {type(returned).__name__}; it must return "
+                        "None and send its responses through `responses`"
+                    )
+            except Exception as exc:
+                # This request fails alone: the others of the batch still run.
+                error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self._name}': {exc}")
+                if not sink.fail(error):  # its stream had ended: no client hears of it
+                    log.warning("%s (after the request's final flag)", error.message)
+                results.append(error)
+            else:
+                results.append({})
+            del sender  # released now: a model that kept no reference and sent no final flag
+        return results

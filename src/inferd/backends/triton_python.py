@@ -2,12 +2,15 @@
 
 Triton's contract: `initialize(args)` once per instance, `execute(requests)` with the list of
 requests of one batch (each request keeps its own tensors) returning one
-`pb_utils.InferenceResponse` per request, `finalize()` at unload.
+`pb_utils.InferenceResponse` per request, `finalize()` at unload. A decoupled model's
+`execute` returns None and answers through each request's response sender instead.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import sys
 from types import ModuleType
 from typing import Any
@@ -21,7 +24,10 @@ from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
 from inferd.repository.config import instance_group_of, to_json
 from inferd.signature import BoundRequest
+from inferd.streams import CollectingSink, ResponseSink, guard_release
 from inferd.types import Array
+
+log = logging.getLogger("inferd.backends.python")
 
 # What a TritonError's code becomes; every other code fails the request as a model error.
 _ERROR_KINDS = {
@@ -55,6 +61,7 @@ class TritonPythonInstance:
         self._name = ctx.model_name
         self._module_name = module.__name__
         self._batched = ctx.config.max_batch_size > 0
+        self._decoupled = bool(ctx.config.model_transaction_policy.decoupled)
         with running_model(self._name):
             self._model: Any = module.TritonPythonModel()
             if hasattr(self._model, "initialize"):
@@ -71,9 +78,12 @@ class TritonPythonInstance:
                 flags=r.flags,
                 requested_output_names=r.output_names,
                 model_name=self._name,
+                parameters=r.parameters,
             )
             for r in requests
         ]
+        if self._decoupled:
+            return self._execute_decoupled(requests, triton_requests)
         # An exception here fails every request of the batch, as in Triton.
         with running_model(self._name):
             responses = self._model.execute(triton_requests)
@@ -89,6 +99,49 @@ class TritonPythonInstance:
                 "list with one pb_utils.InferenceResponse per request, in order",
             )
         return [self._result(resp, req) for resp, req in zip(responses, requests, strict=True)]
+
+    def _execute_decoupled(
+        self, requests: list[BoundRequest], triton_requests: list[pb_utils.InferenceRequest]
+    ) -> list[dict[str, Array] | InferdError]:
+        """`execute` returns None; each request's responses go through its sender, now or
+        later from a thread of the model's. The result per request is empty: its stream
+        carries the answer."""
+        sinks: list[ResponseSink] = []
+        for request, triton_request in zip(requests, triton_requests, strict=True):
+            sink = request.responses if request.responses is not None else CollectingSink()
+            sender = pb_utils.InferenceResponseSender(
+                sink, functools.partial(self._stream_outputs, request=request)
+            )
+            guard_release(sender, sink, self._name)
+            triton_request._sender = sender
+            sink.started()
+            sinks.append(sink)
+        try:
+            with running_model(self._name):
+                returned = self._model.execute(triton_requests)
+            if returned is not None:
+                raise TypeError(
+                    f"execute() returned {type(returned).__name__}; a decoupled model "
+                    "(model_transaction_policy decoupled) must return None and send its "
+                    "responses through request.get_response_sender()"
+                )
+        except Exception as exc:
+            # Before the senders can be released: the client gets this message, not the
+            # "released without the final flag" one. As in Triton, every request fails.
+            error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self._name}': {exc}")
+            failed = [sink.fail(error) for sink in sinks]
+            if not any(failed):  # every stream had ended: no client hears of it, the log must
+                log.warning("%s (after its requests' final flags)", error.message)
+            raise
+        return [{} for _ in requests]
+
+    def _stream_outputs(
+        self, response: pb_utils.InferenceResponse, request: BoundRequest
+    ) -> dict[str, Array]:
+        result = self._result(response, request)
+        if isinstance(result, InferdError):
+            raise InferdError(result.kind, f"model '{self._name}': {result.message}")
+        return result
 
     def _result(self, response: object, request: BoundRequest) -> dict[str, Array] | InferdError:
         if not isinstance(response, pb_utils.InferenceResponse):

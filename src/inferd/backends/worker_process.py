@@ -20,7 +20,9 @@ Messages on the main pipe, parent → child: `("execute", inputs, infos)` (infos
 a `RequestInfo` per request when the model's predict takes them), `("stop",)`;
 child → parent: `("ready", wants_request_info)` or `("load_failed", reason)` once, then
 `("ok", outputs)` or `("error", message)` per batch, and `("stopped", unload_error | None)`
-at the end.
+at the end. A decoupled model streams instead (worker_stream.py): `("stream", ...)` per
+request, answered by its `("response", ...)` messages and `("done", error | None)`; the
+parent raises a shared flag when the request's client has gone.
 """
 
 from __future__ import annotations
@@ -125,11 +127,13 @@ class _Worker:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe(duplex=True)
         log_read, log_write = ctx.Pipe(duplex=False)
+        # Shared with the child: 1 while the client of the request it streams has gone.
+        self.cancelled: Any = ctx.Value("b", 0, lock=False)
         # Daemonic: if the server exits without closing the instance, multiprocessing
         # terminates the child instead of waiting for it.
         self.process: BaseProcess = ctx.Process(
             target=worker_main,
-            args=(child_conn, log_write, spec),
+            args=(child_conn, log_write, spec, self.cancelled),
             name=f"inferd-model-{spec.model_name}-{spec.instance_index}",
             daemon=True,
         )
@@ -350,7 +354,6 @@ class ProcessInstance:
         self, inputs: dict[str, Array], requests: list[RequestInfo] | None
     ) -> dict[str, Array]:
         worker = self._ready_worker()
-        self.execution_started = time.monotonic()  # the execution timeout counts from here
         try:
             worker.send(("execute", inputs, requests))
             message = worker.receive()
@@ -361,8 +364,6 @@ class ProcessInstance:
                 f"the model's worker process died ({exc}) while executing this batch; "
                 "it is being restarted",
             ) from None
-        finally:
-            self.execution_started = None
         if message[0] == "ok":
             outputs: dict[str, Array] = message[1]
             return outputs
@@ -377,6 +378,7 @@ class ProcessInstance:
                     raise InferdError(ErrorKind.UNAVAILABLE, "the model instance is closed")
                 worker, pending, failure = self._worker, self._restarting, self._failure
             if pending is not None:
+                self.execution_started = None  # waiting for a worker is not execution
                 pending.wait()
                 continue
             if worker is None:
@@ -388,6 +390,8 @@ class ProcessInstance:
             if not worker.is_alive():
                 self._begin_restart(worker)
                 continue
+            # Every execution gets its worker here: the execution timeout counts from now.
+            self.execution_started = time.monotonic()
             return worker
 
     def _on_worker_exit(self, worker: _Worker) -> None:
@@ -493,11 +497,12 @@ class _PipeLogHandler(logging.Handler):
             self.handleError(record)
 
 
-def worker_main(conn: Connection, log_conn: Connection, spec: WorkerSpec) -> None:
+def worker_main(conn: Connection, log_conn: Connection, spec: WorkerSpec, cancelled: Any) -> None:
     """The child process: load the model, then answer batches until told to stop."""
-    # Imported here: python.py imports this module.
+    # Imported here: python.py and worker_stream.py import this module.
     from inferd import model_output
-    from inferd.backends.python import PythonInstance, import_model_module
+    from inferd.backends.python import PythonInstance, StreamingPythonInstance, import_model_module
+    from inferd.backends.worker_stream import PipeSender, serve_stream
 
     faulthandler.enable()  # a segfault's traceback goes to the inherited stderr
     root = logging.getLogger()
@@ -517,11 +522,16 @@ def worker_main(conn: Connection, log_conn: Connection, spec: WorkerSpec) -> Non
                 "model.py defines no class 'Model': isolation \"process\" runs inferd's "
                 "Model API only (a TritonPythonModel runs in the server process)"
             )
-        instance = PythonInstance(ctx, module)
+        if ctx.config.model_transaction_policy.decoupled:
+            instance: PythonInstance = StreamingPythonInstance(ctx, module)
+        else:
+            instance = PythonInstance(ctx, module)
     except Exception as exc:
         conn.send(("load_failed", str(exc) or type(exc).__name__))
         return
     conn.send(("ready", instance.wants_request_info))
+    # A decoupled model may send from threads of its own: every send takes the pipe in turn.
+    pipe = PipeSender(conn)
 
     while True:
         try:
@@ -539,12 +549,15 @@ def worker_main(conn: Connection, log_conn: Connection, spec: WorkerSpec) -> Non
                 data = pickle.dumps(("ok", outputs), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:
                 data = pickle.dumps(("error", str(exc) or type(exc).__name__))
-            conn.send_bytes(data)
+            pipe.send_bytes(data)
+        elif message[0] == "stream":
+            assert isinstance(instance, StreamingPythonInstance)
+            serve_stream(instance, message, pipe, cancelled)
         elif message[0] == "stop":
             unload_error = None
             try:
                 instance.close()
             except Exception as exc:
                 unload_error = str(exc) or type(exc).__name__
-            conn.send(("stopped", unload_error))
+            pipe.send_bytes(pickle.dumps(("stopped", unload_error)))
             break

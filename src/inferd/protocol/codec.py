@@ -161,6 +161,11 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     return raw
 
 
+def decode_json_input(raw: Any, index: int) -> Tensor:
+    """One input object of a JSON request (`name`, `datatype`, `shape`, `data`)."""
+    return _decode_input(raw, index, memoryview(b""), 0)[0]
+
+
 def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tuple[Tensor, int]:
     if not isinstance(raw, dict):
         raise invalid(f"inputs[{index}] must be an object")
@@ -371,6 +376,12 @@ def encode_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+def tensor_json(tensor: Tensor) -> Any:
+    """A tensor's elements as JSON data (flat), or None when it can only travel as binary
+    (BYTES that are not UTF-8 text)."""
+    return _to_json(tensor)
 
 
 def _to_json(tensor: Tensor) -> Any:

@@ -28,6 +28,7 @@ from inferd.events import CallContext
 from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
 from inferd.protocol.pb_codec import decode_infer_request, encode_infer_response
 from inferd.settings import TlsFiles
+from inferd.streams import STREAM_QUEUE_LIMIT, StreamResponse
 from inferd.tls import grpc_credentials
 from inferd.types import InferRequest, InferResponse
 
@@ -39,6 +40,7 @@ STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,  # Triton's mapping of UNSUPPORTED
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.MODEL_ERROR: grpc.StatusCode.INTERNAL,
@@ -136,17 +138,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request of the stream runs as soon as it arrives; responses (or errors, which
-        don't end the stream) come back as they complete, carrying the request's id."""
-        done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        """Each request of the stream runs as soon as it arrives; its responses (a decoupled
+        model's any number, or errors, which don't end the stream) come back as they are
+        ready, each carrying the request's id and, as Triton's, `triton_final_response`.
+        The queue of messages waiting to be written is bounded: a client that reads slowly
+        holds back every request's responses, down to the models' senders."""
+        done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(STREAM_QUEUE_LIMIT)
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(request: Any) -> None:
+            ctx = _call_context(context)
+            empty_final: list[bool] = []  # the request's triton_enable_empty_final_response
+
+            async def decode() -> InferRequest:
+                decoded = decode_infer_request(request)
+                empty_final.append(_empty_final_wanted(decoded))
+                return decoded
+
+            items = self.dp.stream_infer(request.model_name, request.model_version, decode, ctx)
             try:
-                response = await self._infer(request, context)
-                await done.put(
-                    pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
-                )
+                async with contextlib.aclosing(items):
+                    async for item in items:
+                        message = _stream_message(request, item, bool(empty_final[0]))
+                        if message is not None:
+                            await done.put(message)
             except InferdError as exc:
                 await done.put(_stream_error(request, exc.message))
             except Exception:
@@ -263,13 +278,43 @@ def _call_context(context: Any) -> CallContext:
     )
 
 
-def _stream_error(request: Any, message: str) -> pb.ModelStreamInferResponse:
-    return pb.ModelStreamInferResponse(
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL = "triton_final_response"
+
+
+def _empty_final_wanted(request: InferRequest) -> bool:
+    """Triton's stream parameter: send the final flag as an empty response when it comes
+    without one. Taken out of the request's parameters: it is for the server, not the model."""
+    wanted = request.parameters.pop(EMPTY_FINAL, False)
+    if not isinstance(wanted, bool):
+        raise invalid(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param")
+    return wanted
+
+
+def _stream_message(
+    request: Any, item: StreamResponse, empty_final: bool
+) -> pb.ModelStreamInferResponse | None:
+    if item.response is not None:
+        message = pb.ModelStreamInferResponse(infer_response=encode_infer_response(item.response))
+    elif item.error is not None:
+        message = _stream_error(request, item.error.message, item.final)
+    elif empty_final:  # the final flag alone
+        message = _stream_error(request, "", True)
+    else:
+        return None
+    message.infer_response.parameters[FINAL].bool_param = item.final
+    return message
+
+
+def _stream_error(request: Any, message: str, final: bool = True) -> pb.ModelStreamInferResponse:
+    answer = pb.ModelStreamInferResponse(
         error_message=message,
         infer_response=pb.ModelInferResponse(
             model_name=request.model_name, model_version=request.model_version, id=request.id
         ),
     )
+    answer.infer_response.parameters[FINAL].bool_param = final
+    return answer
 
 
 ADMIN_SERVICE = "inferd.admin.v1.Admin"

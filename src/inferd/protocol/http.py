@@ -25,6 +25,7 @@ from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.protocol.codec import decode_request, encode_response
+from inferd.protocol.generate import GenerateEndpoint
 from inferd.repository.config import to_json
 from inferd.types import InferRequest
 
@@ -34,6 +35,7 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_ARGUMENT: 400,
     ErrorKind.UNAUTHENTICATED: 401,
     ErrorKind.PERMISSION_DENIED: 403,
+    ErrorKind.UNSUPPORTED: 400,  # Triton's mapping of UNSUPPORTED
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.ALREADY_EXISTS: 400,  # as Triton's HTTP server answers ALREADY_EXISTS
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
@@ -143,10 +145,19 @@ class HttpAdapter:
             (f"{CUDA_SHM}/region/{{region}}/unregister", self.cuda_shm_unregister, ["POST"], shm),
         ]
         access = self.dp.access
-        return [
+        routes = [
             Route(path, errors_mapped(fn, access, group), methods=methods)
             for path, fn, methods, group in table
         ]
+        # Triton's generate extension: ASGI apps of their own, since they stream (they
+        # check the inference group's credential themselves).
+        for suffix, streaming in (("/generate", False), ("/generate_stream", True)):
+            endpoint = GenerateEndpoint(
+                self.dp, self.max_request_bytes, streaming, read_body, _deadline_ns, STATUS
+            )
+            routes += [Route(m + suffix, endpoint, methods=["POST"])]
+            routes += [Route(mv + suffix, endpoint, methods=["POST"])]
+        return routes
 
     async def _infer_is_elsewhere(self, request: Request) -> Response:
         raise AssertionError("POST .../infer is served by InferEndpoint")

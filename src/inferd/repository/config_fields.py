@@ -69,7 +69,10 @@ TENSORRT = "a TensorRT setting; inferd has no TensorRT backend"
 CUDA_TUNING = "CUDA tuning inferd does not do (no CUDA graphs, streams or pinned buffers)"
 # Backends that take inputs by name, so the server's control and state tensors reach them.
 SEQUENCE_INPUT_BACKENDS = ("onnxruntime", "python")
-RAGGED = "ragged batching is not implemented; send equal shapes or set max_batch_size: 0"
+# Backends whose models take the merged batch by input name (the batch inputs are extra
+# inputs); TritonPythonModel models get each request's own tensors instead.
+RAGGED_BACKENDS = ("onnxruntime", "python")
+BATCH_INPUT = "computed by the server for each batch from the source input's shapes"
 ENSEMBLE = "ensembles are not implemented; chain the models in the client"
 RATE_LIMIT = "inferd has no rate limiter; bound the load with instance counts and queue policy"
 DELAY_NOT_IMPLEMENTED = (
@@ -146,7 +149,11 @@ FIELDS: dict[str, FieldRule] = {
     "input.reshape": _honoured("the shape the model sees"),
     "input.reshape.shape": _honoured("the shape the model sees"),
     "input.is_shape_tensor": _refused(TENSORRT),
-    "input.allow_ragged_batch": _refused(RAGGED),
+    "input.allow_ragged_batch": _honoured(
+        "requests whose shapes of this input differ are batched together: the model gets "
+        "their values concatenated in one dimension (docs/batching.md)",
+        backends=RAGGED_BACKENDS,
+    ),
     "input.optional": _honoured("a request may leave the input out"),
     "input.is_non_linear_format_io": _refused(TENSORRT),
     "output": _honoured("the model's outputs, checked on every response"),
@@ -164,13 +171,28 @@ FIELDS: dict[str, FieldRule] = {
     ),
     "output.is_shape_tensor": _refused(TENSORRT),
     "output.is_non_linear_format_io": _refused(TENSORRT),
+    "batch_input": _honoured(
+        "extra model inputs the server computes per batch (element counts, their running "
+        "sums, item shapes), mostly to find the requests in a ragged input; a "
+        "TritonPythonModel, which gets the requests unmerged, refuses it",
+        backends=RAGGED_BACKENDS,
+    ),
+    "batch_input.kind": _honoured(
+        "all six of Triton's kinds (BATCH_ELEMENT_COUNT ... BATCH_ITEM_SHAPE_FLATTEN)",
+        backends=RAGGED_BACKENDS,
+    ),
+    "batch_input.target_name": _honoured(
+        "the model input(s) that receive it; not declared in input", backends=RAGGED_BACKENDS
+    ),
+    "batch_input.data_type": _honoured("TYPE_INT32 or TYPE_FP32", backends=RAGGED_BACKENDS),
+    "batch_input.source_input": _honoured(
+        "the one input whose shapes it describes", backends=RAGGED_BACKENDS
+    ),
     **_each(
-        _refused(RAGGED),
-        "batch_input",
-        "batch_input.kind",
-        "batch_input.target_name",
-        "batch_input.data_type",
-        "batch_input.source_input",
+        _refused(
+            "batch outputs are not implemented: every output is split back by rows, each "
+            "request getting as many rows as it sent"
+        ),
         "batch_output",
         "batch_output.target_name",
         "batch_output.kind",
@@ -379,8 +401,10 @@ FIELDS: dict[str, FieldRule] = {
         "model_operations.op_library_filename",
     ),
     "model_transaction_policy": _honoured(GROUP),
-    "model_transaction_policy.decoupled": _refused(
-        "decoupled (streaming) models are not implemented: one request, one response"
+    "model_transaction_policy.decoupled": _honoured(
+        "zero or more responses per request, then the final flag, over gRPC ModelStreamInfer "
+        "and HTTP generate_stream (docs/python-models.md#decoupled-models)",
+        backends=("python",),
     ),
     **_each(
         _refused("repository agents are not implemented (checksums: see model_checksum)"),

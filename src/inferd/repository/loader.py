@@ -27,6 +27,7 @@ from inferd.repository.config import (
     validate,
 )
 from inferd.repository.paths import check_config_paths
+from inferd.repository.ragged_config import read_ragged_plan
 from inferd.scheduling.batcher import BatchingOptions
 from inferd.scheduling.queues import QueuePolicy
 
@@ -188,6 +189,7 @@ def prepare(
         group.count = 1
         group.kind = mc.ModelInstanceGroup.KIND_CPU
     validate(config, model_dir)
+    read_ragged_plan(config)  # its checks; the model's signature keeps the plan
     check_config_paths(config, model_dir)
     return config, backend, versions
 

@@ -69,6 +69,11 @@ class ModelVersion:
     execution_timeout_s: float = 0.0  # 0: none (docs/reliability.md)
     load_duration_s: float = 0.0
     warmup_duration_s: float = 0.0
+    # model_transaction_policy { decoupled: true }: answers through a response stream.
+    decoupled: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
     @property
     def is_ready(self) -> bool:
@@ -288,11 +293,15 @@ class ModelRegistry:
             config, backend, numbers = await asyncio.to_thread(prepare, model_dir, override)
             policy = RollbackPolicy.from_config(config)
             circuit_policy = CircuitPolicy.from_config(config)
-            timeout_s = execution_timeout_s(config, self.execution_timeout_ms)
+            # A decoupled model's stream may rightly run long: only its own parameter bounds it.
+            default_ms = (
+                0 if config.model_transaction_policy.decoupled else self.execution_timeout_ms
+            )
+            timeout_s = execution_timeout_s(config, default_ms)
             signature = ModelSignature(config)  # its limits can be malformed config too
             sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
             if sequence is not None:
-                signature.server_inputs = sequence.server_inputs()
+                signature.server_inputs.update(sequence.server_inputs())
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
                     n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
@@ -420,6 +429,7 @@ class ModelRegistry:
                 batching_options(mv.config),
                 mv.version,
                 self.telemetry,
+                mv.signature.ragged,
                 execution_timeout_s=mv.execution_timeout_s,
             )
         mv.devices = [inst.device for inst in instances]

@@ -2,7 +2,9 @@
 
 Samples come from Triton's `model_warmup` entries (zero, random or file data, a batch size,
 a count) or, when the config gives none, from zeros at batch size 1 and at each preferred
-batch size. A version becomes READY only after its warm-up ran. A configured warm-up that
+batch size. Samples reach the model through the merge step, as a batch does (a ragged
+model's sample of n rows as n requests of one row). A version becomes READY only after its
+warm-up ran. A configured warm-up that
 fails, or outputs that contradict the config, fail the load, so a version that cannot answer
 never takes traffic; an automatic warm-up the model refuses is only a warning (`warm_up`).
 """
@@ -24,8 +26,10 @@ from inferd.protocol.codec import decode_bytes_elements
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START, RequestInfo
 from inferd.repository.config import ConfigError, parameter
 from inferd.repository.paths import confined
+from inferd.scheduling.merge import merged_inputs
 from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import BoundRequest, ModelSignature
+from inferd.streams import CollectingSink
 from inferd.types import Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
@@ -143,7 +147,7 @@ def warm_up(
     samples = warmup_samples(config, model_dir, sequence)
     flags = SEQUENCE_START | SEQUENCE_END if sequence is not None else 0
     try:
-        run_warmup(instances, samples, signature, flags)
+        run_warmup(instances, samples, signature, flags, config.model_transaction_policy.decoupled)
     except _SampleFailedError as exc:
         if config.model_warmup:
             raise WarmupError(
@@ -192,28 +196,63 @@ def run_warmup(
     samples: list[Sample],
     signature: ModelSignature,
     flags: int = 0,
+    decoupled: bool = False,
 ) -> None:
     """Execute every sample `count` times on every instance and check each answer's outputs
     against the config. Raises `_SampleFailedError` when an execution raises, `WarmupError` when
-    an answer does not conform; both at the first failure."""
+    an answer does not conform; both at the first failure. A decoupled model's answer is the
+    responses it sent before its execution returned, each checked for the outputs it holds."""
     outputs = list(signature.outputs.values())
     for name, inputs, count in samples:
         rows = next(iter(inputs.values())).shape[0] if signature.is_batched and inputs else 1
-        request = BoundRequest(inputs, rows, (), list(signature.outputs), "warmup", flags=flags)
+        names = list(signature.outputs)
+        request = BoundRequest(inputs, rows, (), names, "warmup", flags=flags)
+        merged = [request]
+        if signature.ragged.active and rows > 1:
+            # A ragged model's batch of n rows is n requests of one row in service (each
+            # with its entry in the batch inputs): warm it up with that batch.
+            merged = [
+                BoundRequest({k: a[i : i + 1] for k, a in inputs.items()}, 1, (), names, "warmup")
+                for i in range(rows)
+            ]
+        model_inputs = merged_inputs(merged, signature.ragged)
         for instance in instances:
             for _ in range(count):
                 try:
                     if isinstance(instance, RequestListInstance):
+                        sink = CollectingSink()
+                        request = BoundRequest(
+                            inputs,
+                            rows,
+                            (),
+                            list(signature.outputs),
+                            "warmup",
+                            flags=flags,
+                            responses=sink,
+                        )
                         (result,) = instance.execute_requests([request])
                         if isinstance(result, Exception):
                             raise result
+                        if decoupled:
+                            _check_responses(signature, sink, rows)
+                            continue
                     elif isinstance(instance, RequestInfoInstance) and instance.wants_request_info:
-                        result = instance.execute_with_info(inputs, [RequestInfo.of(request)])
+                        infos = [RequestInfo.of(r) for r in merged]
+                        result = instance.execute_with_info(model_inputs, infos)
                     else:
-                        result = instance.execute(inputs)
+                        result = instance.execute(model_inputs)
                     for spec in outputs:
                         conform_output(signature, spec, result, rows)
                 except OutputMismatchError as exc:
                     raise WarmupError(f"warm-up '{name}': {exc.message}") from None
                 except Exception as exc:
                     raise _SampleFailedError(f"warm-up '{name}' failed: {exc}") from None
+
+
+def _check_responses(signature: ModelSignature, sink: CollectingSink, rows: int) -> None:
+    for item in sink.items:
+        if item.error is not None:
+            raise item.error  # the model refused the sample (an error response)
+        for spec in signature.outputs.values():
+            if item.outputs is not None and spec.name in item.outputs:
+                conform_output(signature, spec, item.outputs, rows)

@@ -9,6 +9,20 @@ ahead of it makes too short is load to shed (429 / RESOURCE_EXHAUSTED, retry lat
 from __future__ import annotations
 
 from inferd.errors import invalid, shed
+from inferd.types import InferRequest
+
+
+def scheduling_parameters(request: InferRequest) -> tuple[int, int]:
+    """Triton's request parameters `priority` (level, 0 = default) and `timeout` (µs)."""
+    if not request.parameters:
+        return 0, 0  # the common case, on every request
+    values = []
+    for key in ("priority", "timeout"):
+        value = request.parameters.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise invalid(f"request parameter '{key}' must be an integer >= 0, got {value!r}")
+        values.append(value)
+    return values[0], values[1]
 
 
 def refuse_unmeetable_deadline(

@@ -8,8 +8,9 @@ Policies (see docs/batching.md):
   or its oldest request has waited ``max_queue_delay_microseconds``.
 - ``none``: every request executes alone.
 
-Requests are only merged when their non-batch shapes are equal; a batch closes at the first
-request that doesn't fit, so queue order is kept.
+Requests are only merged when their non-batch shapes are equal (ragged inputs aside: their
+shapes may differ, see merge.py); a batch closes at the first request that doesn't fit, so
+queue order is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from inferd.backends.base import AnyInstance
 from inferd.errors import deadline_exceeded, invalid, shed, unavailable
 from inferd.events import ExecutionTimes, Telemetry
+from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.admission import refuse_unmeetable_deadline
 from inferd.scheduling.execution import BatchClose, BatchRunner, ExecutionRecord, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
@@ -60,6 +62,7 @@ class DynamicBatcher:
         options: BatchingOptions,
         version: str = "",
         telemetry: Telemetry | None = None,
+        ragged: RaggedPlan = NO_RAGGED,
         execution_timeout_s: float = 0.0,
     ):
         self.name = name
@@ -70,6 +73,7 @@ class DynamicBatcher:
             instances,
             options.max_batch_size > 0,
             telemetry or Telemetry(),
+            ragged,
             execution_timeout_s,
             on_all_stuck=self._fail_queued,
         )

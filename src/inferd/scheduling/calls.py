@@ -44,7 +44,7 @@ def wake(future: asyncio.Future[None]) -> None:
 class Call(Generic[T]):
     """`run` executes in a thread; the loop awaits `woken`, then reads `returned`."""
 
-    __slots__ = ("_error", "_loop", "_outcome", "on_return", "returned", "woken")
+    __slots__ = ("_error", "_loop", "_outcome", "on_return", "returned", "started", "woken")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, what: tuple[str, str, int]) -> None:
         self._loop = loop
@@ -54,7 +54,8 @@ class Call(Generic[T]):
         self._outcome: T | None = None
         self._error: BaseException | None = None
         self.on_return: Callable[[], None] | None = None  # on the loop, once it has returned
-        RUNNING[id(self)] = (*what, time.monotonic())
+        self.started = time.monotonic()
+        RUNNING[id(self)] = (*what, self.started)
 
     def run(self, function: Callable[..., T], *args: Any) -> None:
         """In the executor thread."""

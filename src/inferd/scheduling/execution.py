@@ -19,8 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import numpy as np
-
 from inferd.backends.base import (
     AnyInstance,
     Instance,
@@ -32,7 +30,9 @@ from inferd.backends.base import (
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.python_model import RequestInfo
+from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.calls import Call, wake
+from inferd.scheduling.merge import merged_inputs
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
@@ -96,6 +96,7 @@ class BatchRunner:
         instances: Sequence[AnyInstance],
         batched: bool,
         telemetry: Telemetry,
+        ragged: RaggedPlan = NO_RAGGED,
         execution_timeout_s: float = 0.0,
         on_all_stuck: Callable[[], None] | None = None,
     ) -> None:
@@ -106,6 +107,7 @@ class BatchRunner:
         self.version = version
         self.instances = list(instances)
         self.batched = batched  # max_batch_size > 0: inputs carry the batch dimension
+        self.ragged = ragged  # ragged inputs and batch inputs the merge step builds
         self._telemetry = telemetry
         # Decided once: a runtime protocol check costs microseconds on every batch.
         self._takes_request_lists = all(
@@ -205,6 +207,7 @@ class BatchRunner:
                 self.batched,
                 self._takes_request_lists,
                 self._takes_request_info,
+                self.ragged,
             )
         except RuntimeError:  # the executor is shut down: the version is unloading
             call.run(_unloading, self.name)
@@ -276,6 +279,8 @@ class BatchRunner:
                 return False
             started = instance.execution_started
             if started is not None:
+                # (A time from before this call: it has not reached its worker yet.)
+                started = max(started, call.started)
                 timeout = started + self.execution_timeout_s - time.monotonic()
                 if timeout <= 0:
                     return False
@@ -374,12 +379,14 @@ def run_batch(
     batched: bool,
     by_request: bool,
     with_info: bool = False,
+    ragged: RaggedPlan = NO_RAGGED,
 ) -> tuple[list[Result], Timings]:
     """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
     clock = time.perf_counter_ns
     if by_request:
         # Models written against Triton's execute(requests) contract see the requests
-        # separately, and answer each one (or fail it alone).
+        # separately, and answer each one (or fail it alone); ragged inputs keep each
+        # request's own shape, as in Triton's Python backend.
         started = clock()
         results = cast(RequestListInstance, instance).execute_requests([p.request for p in batch])
         if len(results) != len(batch):
@@ -390,13 +397,7 @@ def run_batch(
             )
         return results, (0, clock() - started, 0)
     t0 = clock()
-    first = batch[0].request
-    if len(batch) == 1:
-        inputs = first.inputs  # no copy for a lone request
-    else:
-        inputs = {
-            name: np.concatenate([p.request.inputs[name] for p in batch]) for name in first.inputs
-        }
+    inputs = merged_inputs([p.request for p in batch], ragged)
     t1 = clock()
     if with_info:
         infos = [RequestInfo.of(p.request) for p in batch]

@@ -66,7 +66,12 @@ class SequenceBatcher:
         self.version = version
         self.options = options
         self._runner = BatchRunner(
-            name, version, instances, options.batched, telemetry or Telemetry(), execution_timeout_s
+            name,
+            version,
+            instances,
+            options.batched,
+            telemetry or Telemetry(),
+            execution_timeout_s=execution_timeout_s,
         )
         self.table = SequenceTable(
             name, len(self._runner.instances), options.slots, options.idle_s, time.monotonic

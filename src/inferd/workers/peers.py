@@ -101,7 +101,8 @@ def _add_durations(into: dict[str, Any], other: dict[str, Any]) -> None:
 
 def merge_model_stats(answers: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Triton `model_stats` lists from several workers as one: counts and durations add
-    up, batch statistics add up per batch size, `last_inference` is the latest."""
+    up, batch statistics per batch size and response statistics per position in the stream,
+    `last_inference` is the latest."""
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for entries in answers:
         for entry in entries:
@@ -121,6 +122,13 @@ def merge_model_stats(answers: Iterable[list[dict[str, Any]]]) -> list[dict[str,
                 else:
                     sizes[batch["batch_size"]] = copy.deepcopy(batch)
             into["batch_stats"] = [sizes[s] for s in sorted(sizes)]
+            responses = into.setdefault("response_stats", {})
+            for position, stats in entry.get("response_stats", {}).items():
+                if position in responses:
+                    _add_durations(responses[position], stats)
+                else:
+                    responses[position] = copy.deepcopy(stats)
+            into["response_stats"] = dict(sorted(responses.items(), key=lambda kv: int(kv[0])))
     return list(merged.values())
 
 
