@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -338,3 +339,41 @@ def test_a_worker_killed_while_loading_is_started_again(tmp_path: Path) -> None:
         reason = rows["dies_always"]["reason"]
         assert "worker process died (killed by signal SIGKILL) while loading the model" in reason
         assert "3 times in a row; gave up" in reason
+
+
+# -- refusing what is not honoured ------------------------------------------------------------
+
+
+def test_a_malformed_execution_timeout_fails_the_load_naming_file_and_field(
+    tmp_path: Path,
+) -> None:
+    for name, raw in (("wordy", "soon"), ("negative", "-5")):
+        write_model(
+            tmp_path, name, STUCK_PY, param("execution_timeout_ms", raw) + param("gate_path", "x")
+        )
+    with run_server(tmp_path) as server, server.client() as c:
+        rows = {row["name"]: row for row in c.post("/v2/repository/index").json()}
+    assert rows["wordy"]["state"] == "UNAVAILABLE"
+    assert (
+        "wordy/config.pbtxt: parameters.execution_timeout_ms must be an integer, got 'soon'"
+        in (rows["wordy"]["reason"])
+    )
+    assert rows["negative"]["state"] == "UNAVAILABLE"
+    assert (
+        "negative/config.pbtxt: parameters.execution_timeout_ms must be >= 0 (milliseconds; "
+        "0: no timeout), got -5"
+    ) in rows["negative"]["reason"]
+
+
+def test_a_negative_server_execution_timeout_is_refused_at_start(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "inferd", "serve", "--model-repository", str(tmp_path),
+            "--execution-timeout-ms", "-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--execution-timeout-ms must be >= 0 (0: no limit)" in done.stderr
