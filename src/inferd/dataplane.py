@@ -13,7 +13,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd import __version__
+from inferd import __version__, classification
 from inferd.access import AccessPolicy
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
@@ -22,6 +22,7 @@ from inferd.repository import uploads
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
+from inferd.runtime_settings import RuntimeSettings
 from inferd.scheduling.admission import scheduling_parameters
 from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
@@ -32,6 +33,7 @@ from inferd.types import InferRequest, InferResponse
 from inferd.workers import peers
 
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
@@ -39,6 +41,8 @@ EXTENSIONS = [
     "sequence",
     "statistics",
     "system_shared_memory",
+    "trace",
+    "logging",
 ]
 
 
@@ -65,6 +69,8 @@ class DataPlane(StreamingEntry):
         self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
         self._inflight = 0
         self.shared_memory = SharedMemoryRegistry()
+        # The trace and log settings APIs, changed through the same gate as the repository.
+        self.runtime = RuntimeSettings(self._admin, lambda name: name in self.registry.models)
 
     # -- health and metadata ------------------------------------------------------------
 
@@ -396,6 +402,7 @@ class DataPlane(StreamingEntry):
         lease = self.shared_memory.lease(request) if request.uses_shared_memory else None
         try:
             bound = mv.signature.bind(request)
+            bound.classes = classification.requested_classes(request, mv.signature)
             record.rows = bound.rows
             priority, timeout_us = scheduling_parameters(request)
             if request.parameters or mv.sequence is not None:
@@ -414,6 +421,8 @@ class DataPlane(StreamingEntry):
                 ]
             except OutputMismatchError as exc:
                 raise _model_error(mv, exc.message) from None
+            if bound.classes:
+                tensors = classification.apply(tensors, bound.classes, signature)
             if lease is not None:
                 tensors = lease.write_outputs(tensors)
             times.compute_output_ns += time.perf_counter_ns() - t0

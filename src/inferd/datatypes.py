@@ -1,11 +1,20 @@
-"""The v2 datatype names, Triton's config TYPE_* enum and numpy dtypes, mapped once."""
+"""The v2 datatype names, Triton's config TYPE_* enum and numpy dtypes, mapped once.
+
+numpy has no bfloat16: BF16 tensors are arrays of `ml_dtypes.bfloat16` (the numpy dtype
+tritonclient itself uses for BF16), 2 bytes per element, so they decode and encode like
+any other fixed-size type. Only JSON (numbers) and the backends (torch, ONNX Runtime) need
+a conversion, and each does it at its edge.
+"""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.errors import invalid
+
+BF16: np.dtype[np.generic] = np.dtype(ml_dtypes.bfloat16)
 
 # BYTES tensors are numpy object arrays holding `bytes` elements.
 V2_TO_NUMPY: dict[str, np.dtype[np.generic]] = {
@@ -19,6 +28,7 @@ V2_TO_NUMPY: dict[str, np.dtype[np.generic]] = {
     "INT32": np.dtype(np.int32),
     "INT64": np.dtype(np.int64),
     "FP16": np.dtype(np.float16),
+    "BF16": BF16,
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(np.object_),
@@ -42,6 +52,7 @@ CONFIG_TO_V2: dict[int, str] = {
     mc.TYPE_INT32: "INT32",
     mc.TYPE_INT64: "INT64",
     mc.TYPE_FP16: "FP16",
+    mc.TYPE_BF16: "BF16",
     mc.TYPE_FP32: "FP32",
     mc.TYPE_FP64: "FP64",
     mc.TYPE_STRING: "BYTES",

@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came in through `extra`.
@@ -126,14 +127,131 @@ class _WorkerField(logging.Filter):
         return True
 
 
+class Severities(logging.Filter):
+    """Which severities are written, each on or off (Triton's log_info, log_warning,
+    log_error and log_verbose_level, changed at run time through the logging API). A
+    threshold (`--log-level`) cannot say "errors but no warnings": this filter, on the
+    handler, can. DEBUG lines are inferd's verbose level 1."""
+
+    def __init__(self, info: bool, warning: bool, error: bool, verbose: int) -> None:
+        super().__init__()
+        self.info, self.warning, self.error, self.verbose = info, warning, error, verbose
+
+    @classmethod
+    def from_level(cls, level: str | int) -> Severities:
+        """What a threshold (`--log-level`'s name, or a logging level number) writes."""
+        number = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+        if not isinstance(number, int):
+            raise ValueError(f"unknown log level {level!r}")
+        return cls(
+            info=number <= logging.INFO,
+            warning=number <= logging.WARNING,
+            error=number <= logging.ERROR,
+            verbose=1 if number <= logging.DEBUG else 0,
+        )
+
+    def lowest_level(self) -> int:
+        """The least severe level any line is written at: the loggers' threshold, so that
+        disabled lines cost one comparison, as with a plain --log-level."""
+        for on, level in (
+            (self.verbose > 0, logging.DEBUG),
+            (self.info, logging.INFO),
+            (self.warning, logging.WARNING),
+            (self.error, logging.ERROR),
+        ):
+            if on:
+                return level
+        return logging.CRITICAL + 1
+
+    def is_threshold(self) -> bool:
+        """Whether the enabled severities are exactly those at or above one level."""
+        return self == Severities.from_level(self.lowest_level())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        level = record.levelno
+        if level >= logging.ERROR:
+            return self.error
+        if level >= logging.WARNING:
+            return self.warning
+        if level >= logging.INFO:
+            return self.info
+        return self.verbose > 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Severities):
+            return NotImplemented
+        return (self.info, self.warning, self.error, self.verbose > 0) == (
+            other.info,
+            other.warning,
+            other.error,
+            other.verbose > 0,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+
+# Loggers whose threshold follows the severities: inferd's, and uvicorn's (uvicorn sets
+# levels on its children too, so they are set here as well).
+_LEVEL_LOGGERS = (*_LOGGERS, "uvicorn.error", "uvicorn.asgi")
+
+
+@dataclass
+class _Setup:
+    """What `configure` installed, for the logging API to change at run time."""
+
+    handler: logging.Handler
+    severities: Severities
+    format: str
+
+
+_setup: _Setup | None = None
+
+
 def configure(level: str, fmt: str = "text", worker: int | None = None) -> None:
+    global _setup
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
     if worker is not None:
         # On the handler, not the loggers: a logger's filters skip its children's records.
         handler.addFilter(_WorkerField(worker))
+    severities = Severities.from_level(level)
+    handler.addFilter(severities)
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
-        logger.setLevel(level.upper())
         logger.propagate = False
+    _setup = _Setup(handler, severities, fmt)
+    _set_thresholds(severities.lowest_level())
+
+
+def _set_thresholds(level: int) -> None:
+    for name in _LEVEL_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+def is_configured() -> bool:
+    """Whether `configure` set up the logs (the `inferd` command), rather than a program
+    that embeds inferd (or a test) owning the handlers."""
+    return _setup is not None
+
+
+def current() -> tuple[Severities, str]:
+    """The severities written and the format. Without `configure`, read from the inferd
+    logger's threshold; the format is then the host program's, reported as "text"."""
+    if _setup is not None:
+        s = _setup.severities
+        return Severities(s.info, s.warning, s.error, s.verbose), _setup.format
+    return Severities.from_level(logging.getLogger("inferd").getEffectiveLevel()), "text"
+
+
+def apply(severities: Severities, fmt: str) -> None:
+    """Write `severities` from now on, as `fmt`. Without `configure`, only thresholds
+    exist: callers check `is_threshold()` and the format first (log_settings does)."""
+    if _setup is not None:
+        installed = _setup.severities
+        installed.info, installed.warning = severities.info, severities.warning
+        installed.error, installed.verbose = severities.error, severities.verbose
+        if fmt != _setup.format:
+            _setup.handler.setFormatter(formatter(fmt))
+            _setup.format = fmt
+    _set_thresholds(severities.lowest_level())

@@ -112,5 +112,6 @@ def input_fingerprint(inputs: list[Tensor]) -> str:
                 h.update(len(raw).to_bytes(8, "little"))
                 h.update(raw)
         else:
-            h.update(np.ascontiguousarray(data).data)
+            # As bytes: the buffer protocol cannot describe bfloat16 (BF16) elements.
+            h.update(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
     return h.hexdigest()

@@ -30,6 +30,7 @@ from inferd.request_log import RequestLogSink
 from inferd.routing import CanaryGuard
 from inferd.settings import Settings
 from inferd.shutdown import ShutdownClock
+from inferd.trace_settings import TraceSettings
 from inferd.tracing import TraceSink
 from inferd.workers.peers import PeerServer, WorkerSlot
 
@@ -44,8 +45,9 @@ class InferenceServer:
         self.telemetry = Telemetry()
         self.telemetry.add(RequestLogSink(settings.log_sample_rate))
         self.trace_sink: TraceSink | None = None
+        trace_settings = TraceSettings(exporting=bool(settings.trace_otlp_endpoint))
         if settings.trace_otlp_endpoint:
-            self.trace_sink = TraceSink(settings.trace_otlp_endpoint)
+            self.trace_sink = TraceSink(settings.trace_otlp_endpoint, settings=trace_settings)
             self.telemetry.add(self.trace_sink)
         self.registry = ModelRegistry(
             settings.model_repository, self.telemetry, settings.execution_timeout_ms
@@ -71,6 +73,8 @@ class InferenceServer:
         self.dataplane.max_inflight = settings.max_inflight_requests
         self.dataplane.shared_memory.max_copy_bytes = settings.max_request_bytes
         self.dataplane.workers = worker
+        self.dataplane.runtime.trace = trace_settings
+        self.dataplane.runtime.workers = worker.count if worker is not None else 1
         self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))
         self.poller: RepositoryPoller | None = None

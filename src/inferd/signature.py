@@ -65,6 +65,9 @@ class BoundRequest:
     flags: int = 0
     parameters: Parameters = field(default_factory=dict)  # the request's (Python models read them)
     responses: ResponseSink | None = None  # a decoupled model's response stream for it
+    # Output name -> k: outputs the client asked for as their top k classes (set by the
+    # data plane from the requested outputs' `classification` parameters); None: none.
+    classes: dict[str, int] | None = None
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
@@ -168,6 +171,8 @@ class ModelSignature:
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
+        # Output name -> its classification labels (label_filename), set when it loads.
+        self.labels: dict[str, tuple[str, ...]] = {}
         self.max_batch_size = int(config.max_batch_size)
         self.is_batched = self.max_batch_size > 0  # read on every request: not a property
         self.inputs = {

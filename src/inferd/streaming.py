@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Protocol
 
+from inferd import classification
 from inferd.circuit import CircuitBreaker
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, unavailable
@@ -149,6 +150,7 @@ class StreamingEntry:
                         "request and responses"
                     )
                 bound = mv.signature.bind(request)
+                bound.classes = classification.requested_classes(request, mv.signature)
                 record.rows = bound.rows
                 priority, timeout_us = scheduling_parameters(request)
                 if request.parameters or mv.sequence is not None:
@@ -263,6 +265,8 @@ class DecoupledCall:
                 for name in self._bound.output_names
                 if name in item.outputs
             ]
+            if self._bound.classes:
+                tensors = classification.apply(tensors, self._bound.classes, signature)
         except OutputMismatchError as exc:
             error = InferdError(
                 ErrorKind.MODEL_ERROR, f"model '{mv.name}' version {mv.version}: {exc.message}"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inferd.events import BatchRecord, CallContext, RequestRecord
+from inferd.trace_settings import TraceSettings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -112,11 +113,15 @@ class TraceSink:
 
     Children are laid end to end backwards from the end of the request, from the durations
     in the record: decoding and scheduling wake-ups are the small gaps between them.
-    Sampling follows the client's sampled flag (ParentBased); requests without a traceparent
-    start a trace of their own. The standard OTEL_TRACES_SAMPLER variables override that.
+    Which requests are traced is first `settings`' choice (trace level, rate and count, set
+    through the trace settings API; by default every request). Of those, sampling follows
+    the client's sampled flag (ParentBased); requests without a traceparent start a trace
+    of their own. The standard OTEL_TRACES_SAMPLER variables override that.
     """
 
-    def __init__(self, endpoint: str, service_name: str = "inferd") -> None:
+    def __init__(
+        self, endpoint: str, service_name: str = "inferd", settings: TraceSettings | None = None
+    ) -> None:
         try:
             from opentelemetry import trace
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -141,6 +146,7 @@ class TraceSink:
                 return int(super().generate_span_id())
 
         self.endpoint = endpoint
+        self.settings = settings if settings is not None else TraceSettings(exporting=True)
         self._trace = trace
         self._ids = _IdGenerator()
         self.provider: TracerProvider = TracerProvider(
@@ -166,6 +172,9 @@ class TraceSink:
 
     def on_request(self, record: RequestRecord) -> None:
         if self._is_shut_down:
+            return
+        chosen = self.settings.admit(record.model)
+        if chosen is None:
             return
         ctx = record.ctx
         start = int(ctx.wall_start_s * 1e9)
@@ -196,6 +205,8 @@ class TraceSink:
             )
         finally:
             self._ids.next_span_id.value = None
+        if span.is_recording():  # not unsampled by the caller's traceparent
+            self.settings.spend(chosen)
         if record.failure is not None:
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, record.message))
         times = record.times

@@ -251,3 +251,26 @@ def test_restricted_inference_over_a_grpc_stream(
     else:
         assert result is None
         assert "the inference API is restricted" in str(error)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_trace_and_log_settings_are_behind_the_admin_token(
+    secured: RunningServer, protocol: str
+) -> None:
+    client = triton_client(protocol, secured)
+    try:
+        for call in (
+            lambda h: client.get_log_settings(headers=h),
+            lambda h: client.get_trace_settings(headers=h),
+            lambda h: client.update_trace_settings(settings={"trace_rate": "2"}, headers=h),
+        ):
+            with pytest.raises(InferenceServerException) as info:
+                call(None)
+            assert info.value.status() == DENIED[protocol]
+        assert client.get_log_settings(headers=dict(AUTH)) is not None
+        # Past the gate, the change itself is refused: this server exports no spans.
+        with pytest.raises(InferenceServerException) as info:
+            client.update_trace_settings(settings={"trace_rate": "2"}, headers=dict(AUTH))
+        assert "tracing is off" in info.value.message()
+    finally:
+        client.close()

@@ -165,19 +165,6 @@ def test_malformed_messages_are_invalid_argument(stub, datatype, shape, fill, wo
         assert word in error.details()
 
 
-UNIMPLEMENTED = {
-    "TraceSetting": pb.TraceSettingRequest(),
-    "LogSettings": pb.LogSettingsRequest(),
-}
-
-
-@pytest.mark.parametrize("method", list(UNIMPLEMENTED))
-def test_later_features_answer_unimplemented(stub, method: str) -> None:  # type: ignore[no-untyped-def]
-    request = UNIMPLEMENTED[method]
-    error = _call_error(getattr(stub, method), request)
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-
-
 def test_response_over_the_send_limit_is_resource_exhausted(good_repository: Path) -> None:
     with run_server(good_repository, max_response_bytes=4096) as running:
         channel = grpc.insecure_channel(running.grpc_address)

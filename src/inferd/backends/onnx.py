@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.backends import onnx_bf16 as bf16_session
 from inferd.backends.base import LoadContext
 from inferd.repository.config import ConfigError, instance_group_of, int_parameter
 from inferd.types import Array
@@ -28,6 +29,7 @@ ORT_TO_CONFIG = {
     "tensor(int32)": mc.TYPE_INT32,
     "tensor(int64)": mc.TYPE_INT64,
     "tensor(float16)": mc.TYPE_FP16,
+    "tensor(bfloat16)": mc.TYPE_BF16,
     "tensor(float)": mc.TYPE_FP32,
     "tensor(double)": mc.TYPE_FP64,
     "tensor(string)": mc.TYPE_STRING,
@@ -271,12 +273,20 @@ class OnnxInstance:
         self._string_inputs = {
             i.name for i in self._session.get_inputs() if i.type == "tensor(string)"
         }
+        tensors = self._session.get_inputs() + self._session.get_outputs()
+        self._bf16 = (
+            bf16_session.BFloat16Run(self._session, f"{ctx.model_name}/config.pbtxt")
+            if any(t.type == bf16_session.ONNX_TYPE for t in tensors)
+            else None
+        )
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
         if self._string_inputs:
             inputs = dict(inputs)
             for name in self._string_inputs & inputs.keys():
                 inputs[name] = np.vectorize(_to_str, otypes=[object])(inputs[name])
+        if self._bf16 is not None:
+            return self._bf16.run(self._output_names, inputs)
         results = self._session.run(self._output_names, inputs)
         return dict(zip(self._output_names, results, strict=True))
 

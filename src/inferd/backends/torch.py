@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
 from inferd.conformance import OutputMismatchError
-from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
+from inferd.datatypes import BF16, CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.repository.config import ConfigError, instance_group_of, int_parameter, parameter
 from inferd.types import Array
 
@@ -176,7 +176,7 @@ class TorchInstance:
             array = inputs[name]
             if not array.flags.writeable:
                 array = array.copy()  # torch tensors must own writable memory
-            args.append(torch.from_numpy(array).to(self.device))
+            args.append(_to_torch(array).to(self.device))
         with torch.inference_mode():
             result = self._module(*args)
         # A forward whose results do not cover the config's outputs fails every request:
@@ -204,7 +204,7 @@ class TorchInstance:
         else:
             values = [result]
         return {
-            name: value.detach().cpu().numpy()
+            name: _to_numpy(value.detach().cpu())
             for name, value in zip(self._output_names, values, strict=True)
         }
 
@@ -212,3 +212,19 @@ class TorchInstance:
         self.__dict__.pop("_module", None)  # idempotent: closing twice is harmless
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
+
+
+# numpy has no bfloat16 and torch does not know ml_dtypes' one: BF16 crosses between them
+# as its 16-bit patterns (views both ways, no conversion of values).
+
+
+def _to_torch(array: Array) -> torch.Tensor:
+    if array.dtype == BF16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _to_numpy(tensor: torch.Tensor) -> Array:
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(BF16)
+    return tensor.numpy()

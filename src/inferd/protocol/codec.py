@@ -10,6 +10,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import orjson
 
@@ -137,8 +138,6 @@ def decode_request(
                 raise invalid(f"outputs[{j}] must be an object with a string 'name'")
             where = f"output '{raw['name']}'"
             params = _parameters(raw.get("parameters"), where)
-            if "classification" in params:
-                raise invalid(f"{where}: the classification extension is not supported")
             ref = shared_memory_ref(params, where) if params else None
             uses_shared_memory = uses_shared_memory or ref is not None
             outputs.append(RequestedOutput(raw["name"], params, ref))
@@ -283,15 +282,21 @@ def _from_json(
 _ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
 
 
-def _overflow_limit(dtype: type[np.floating[Any]]) -> float:
-    """The smallest magnitude that rounds to infinity when cast to `dtype`: its largest
-    finite value plus half a unit in the last place (JSON's shortest text for float32's
-    largest value, 3.4028235e+38, reads back slightly above it and still casts to it)."""
-    largest = float(np.finfo(dtype).max)
-    return largest + (largest - float(np.nextafter(dtype(largest), dtype(0)))) / 2
+def _overflow_limit(scalar: Any) -> float:
+    """The smallest magnitude that rounds to infinity when cast to `scalar`'s type: its
+    largest finite value plus half a unit in the last place (JSON's shortest text for
+    float32's largest value, 3.4028235e+38, reads back slightly above it and still casts
+    to it). ml_dtypes.finfo knows numpy's float types and bfloat16 alike."""
+    largest = float(ml_dtypes.finfo(scalar).max)  # type: ignore[no-untyped-call]
+    return largest + (largest - float(np.nextafter(scalar(largest), scalar(0)))) / 2
 
 
-_OVERFLOW = {2: _overflow_limit(np.float16), 4: _overflow_limit(np.float32)}
+# By datatype: FP16 and BF16 have the same size but not the same range.
+_OVERFLOW = {
+    "FP16": _overflow_limit(np.float16),
+    "BF16": _overflow_limit(ml_dtypes.bfloat16),
+    "FP32": _overflow_limit(np.float32),
+}
 
 
 def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], where: str) -> Array:
@@ -305,7 +310,9 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
         if kind == "f" and not np.array_equal(inferred, np.floor(inferred)):
             raise invalid(f"{where}: {datatype} data must be integers, got floats")
         return np.asarray(data, dtype=dtype)
-    accepted = _ACCEPTED_KINDS[dtype.kind]
+    # bfloat16 is an extension dtype (kind "V") that takes JSON numbers as floats do.
+    target_kind = "f" if datatype == "BF16" else dtype.kind
+    accepted = _ACCEPTED_KINDS[target_kind]
     if kind not in accepted:
         expected = {"b": "true/false", "iu": "integers", "iuf": "numbers"}[accepted]
         raise invalid(f"{where}: {datatype} data must be {expected}, got {_kind_name(inferred)}")
@@ -318,12 +325,14 @@ def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], wher
     # before the cast (which would warn), without errstate. The sum of squares (one BLAS
     # call, no temporary) stays below the limit squared unless a value may reach it; only
     # then the exact check runs.
-    if dtype.kind == "f" and inferred.dtype.itemsize > dtype.itemsize:
-        limit = _OVERFLOW[dtype.itemsize]
-        if float(np.vdot(inferred, inferred)) >= limit * limit and (
-            float(np.abs(inferred).max()) >= limit
-        ):
-            raise invalid(f"{where}: values are out of {datatype}'s range")
+    limit = _OVERFLOW.get(datatype)
+    if (
+        limit is not None
+        and inferred.dtype.itemsize > dtype.itemsize
+        and float(np.vdot(inferred, inferred)) >= limit * limit
+        and float(np.abs(inferred).max()) >= limit
+    ):
+        raise invalid(f"{where}: values are out of {datatype}'s range")
     return inferred.astype(dtype, copy=False)
 
 
@@ -393,7 +402,7 @@ def _to_json(tensor: Tensor) -> Any:
             return None  # not text: sent as binary, which every v2 client decodes
     # A flat, contiguous numpy array: orjson serialises it natively without a Python list.
     flat = np.ascontiguousarray(tensor.data).reshape(-1)
-    if flat.dtype == np.float16:
+    if tensor.datatype in ("FP16", "BF16"):  # JSON numbers; orjson knows neither type
         return flat.astype(np.float32)
     return flat
 
@@ -415,4 +424,6 @@ def to_binary(tensor: Tensor) -> bytes | memoryview:
             parts.append(b)
         return b"".join(parts)
     array = np.ascontiguousarray(tensor.data, dtype=V2_TO_WIRE[tensor.datatype]).reshape(-1)
-    return memoryview(array).cast("B")  # type: ignore[arg-type]
+    # A view as bytes, not a copy; through uint8 since the buffer protocol cannot describe
+    # bfloat16 elements.
+    return memoryview(array.view(np.uint8))  # type: ignore[arg-type]

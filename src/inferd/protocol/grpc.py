@@ -26,7 +26,11 @@ from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
-from inferd.protocol.pb_codec import decode_infer_request, encode_infer_response
+from inferd.protocol.pb_codec import (
+    decode_infer_request,
+    encode_infer_response,
+    parameters_to_dict,
+)
 from inferd.settings import TlsFiles
 from inferd.streams import STREAM_QUEUE_LIMIT, StreamResponse
 from inferd.tls import grpc_credentials
@@ -250,17 +254,29 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> pb.CudaSharedMemoryUnregisterResponse:
         return pb.CudaSharedMemoryUnregisterResponse()  # nothing can be registered
 
-    # Features that land with later releases answer UNIMPLEMENTED until then.
-    async def _unimplemented(self, context: Any, what: str) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented yet")
+    @errors_mapped
+    async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
+        # A setting without values is Triton's "clear" (JSON null).
+        changes = {key: list(value.value) or None for key, value in request.settings.items()}
+        doc = self.dp.runtime.trace_settings(request.model_name, changes)
+        response = pb.TraceSettingResponse()
+        for key, value in doc.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
-    # Not planned yet: trace and log settings over the API.
-
-    async def TraceSetting(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "TraceSetting")
-
-    async def LogSettings(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "LogSettings")
+    @errors_mapped
+    async def LogSettings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
+        doc = self.dp.runtime.log_settings(parameters_to_dict(request.settings))
+        response = pb.LogSettingsResponse()
+        for key, value in doc.items():
+            setting = response.settings[key]
+            if isinstance(value, bool):
+                setting.bool_param = value
+            elif isinstance(value, int):
+                setting.uint32_param = value
+            else:
+                setting.string_param = value
+        return response
 
 
 def _call_context(context: Any) -> CallContext:

@@ -143,6 +143,9 @@ class HttpAdapter:
             (f"{CUDA_SHM}/region/{{region}}/register", self.cuda_shm_register, ["POST"], shm),
             (f"{CUDA_SHM}/unregister", self.cuda_shm_unregister, ["POST"], shm),
             (f"{CUDA_SHM}/region/{{region}}/unregister", self.cuda_shm_unregister, ["POST"], shm),
+            ("/v2/trace/setting", self.trace_settings, ["GET", "POST"], ApiGroup.TRACE),
+            (m + "/trace/setting", self.trace_settings, ["GET", "POST"], ApiGroup.TRACE),
+            ("/v2/logging", self.log_settings, ["GET", "POST"], ApiGroup.LOGGING),
         ]
         access = self.dp.access
         routes = [
@@ -265,6 +268,15 @@ class HttpAdapter:
     async def cuda_shm_unregister(self, request: Request) -> Response:
         await self._json_body(request)  # nothing can be registered: nothing to do
         return Response(status_code=200)
+
+    async def trace_settings(self, request: Request) -> Response:
+        changes = await self._json_body(request) if request.method == "POST" else None
+        model = request.path_params.get("model", "")
+        return json_response(self.dp.runtime.trace_settings(model, changes))
+
+    async def log_settings(self, request: Request) -> Response:
+        changes = await self._json_body(request) if request.method == "POST" else None
+        return json_response(self.dp.runtime.log_settings(changes))
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
         body = await self._read_body(request)

@@ -106,8 +106,6 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
         for o in msg.outputs:
             where = f"output '{o.name}'"
             out_params = parameters_to_dict(o.parameters)
-            if "classification" in out_params:
-                raise invalid(f"{where}: the classification extension is not supported")
             out_ref = shared_memory_ref(out_params, where) if out_params else None
             uses_shared_memory = uses_shared_memory or out_ref is not None
             outputs.append(RequestedOutput(o.name, out_params, out_ref))

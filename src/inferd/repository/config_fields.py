@@ -165,9 +165,9 @@ FIELDS: dict[str, FieldRule] = {
     "output.dims": _honoured("checked on every response"),
     "output.reshape": _honoured("the shape clients receive"),
     "output.reshape.shape": _honoured("the shape clients receive"),
-    "output.label_filename": _refused(
-        "classification labels are not implemented (the `classification` request parameter "
-        "is refused too)"
+    "output.label_filename": _honoured(
+        "the labels of the classification extension: a file in the model directory (never "
+        "outside it), one label per line (docs/classification.md)"
     ),
     "output.is_shape_tensor": _refused(TENSORRT),
     "output.is_non_linear_format_io": _refused(TENSORRT),

@@ -36,8 +36,8 @@ def confined(model_dir: Path, relative: str, base: str, field: str) -> Path:
 
 
 def check_config_paths(config: mc.ModelConfig, model_dir: Path) -> None:
-    """Every file path the config names, checked at load (whether inferd reads the file or
-    not: `label_filename` serves Triton's classification extension, which inferd lacks)."""
+    """Every file path the config names, checked at load, before any is read (warm-up data;
+    `label_filename`, the labels of the classification extension)."""
     where = f"{model_dir.name}/config.pbtxt"
     for output in config.output:
         if output.label_filename:

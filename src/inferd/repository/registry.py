@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import Backend
 from inferd.circuit import CircuitBreaker, CircuitPolicy
+from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
@@ -299,6 +300,7 @@ class ModelRegistry:
             )
             timeout_s = execution_timeout_s(config, default_ms)
             signature = ModelSignature(config)  # its limits can be malformed config too
+            signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
             sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
             if sequence is not None:
                 signature.server_inputs.update(sequence.server_inputs())
@@ -321,6 +323,8 @@ class ModelRegistry:
         )
         config_sum = await asyncio.to_thread(file_checksum, model_dir / CONFIG_FILE)
         config_sum = config_sum + "|" + str(config)  # an override changes it too
+        # So do the classification labels: loaded versions hold the ones read with them.
+        config_sum += "|" + repr(sorted(signature.labels.items()))
         config_changed = config_sum != model.config_checksum
         keep: dict[str, ModelVersion] = {}
         fresh: list[ModelVersion] = []
