@@ -10,6 +10,7 @@ from inferd import __version__
 from inferd.bench.options import add_request_options
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
+from inferd.limit_options import add_limit_options, limits_from
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
 
@@ -57,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-response-mib",
         type=float,
         default=defaults.max_response_bytes / MIB,
-        help="largest gRPC response sent, in MiB",
+        help="largest response sent, in MiB: past it the request fails with HTTP 413 / "
+        "gRPC RESOURCE_EXHAUSTED naming the limit",
     )
     serve.add_argument(
         "--log-level",
@@ -161,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "is replaced); a model's parameter execution_timeout_ms overrides it; 0: no limit",
     )
     add_security_options(serve)
+    add_limit_options(serve)
     add_bench_parser(commands)
     add_tune_parser(commands)
     return parser
@@ -333,6 +336,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_inflight_requests=args.max_inflight_requests,
         workers=args.workers,
         **security_settings(args),
+        limits=limits_from(args),
     )
 
 

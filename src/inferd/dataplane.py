@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -18,6 +18,7 @@ from inferd.access import AccessPolicy
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
 from inferd.events import CallContext, RequestRecord, Telemetry, note_failure
+from inferd.limits import check_response_size
 from inferd.repository import uploads
 from inferd.repository.config import ConfigError, parameter, with_kinds_used
 from inferd.repository.loader import parse_config_override
@@ -29,8 +30,10 @@ from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
 from inferd.streaming import MODEL_FAILURES, StreamingEntry, unary_to_decoupled
-from inferd.types import InferRequest, InferResponse
+from inferd.types import InferRequest, InferResponse, min_wire_bytes
 from inferd.workers import peers
+
+Encoded = TypeVar("Encoded")
 
 EXTENSIONS = [
     "classification",
@@ -65,6 +68,7 @@ class DataPlane(StreamingEntry):
         telemetry.add(self.statistics)
         self.is_shutting_down = False
         self.max_inflight = 0  # server-wide limit of requests in flight (0: none)
+        self.max_response_bytes = 0  # responses past it fail with PAYLOAD_TOO_LARGE (0: none)
         self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
         self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
         self._inflight = 0
@@ -315,11 +319,14 @@ class DataPlane(StreamingEntry):
         version: str,
         decode: Callable[[], Awaitable[InferRequest]],
         ctx: CallContext,
-    ) -> InferResponse:
-        """Admit, decode, check, schedule and answer one request; tell telemetry how it went.
+        encode: Callable[[InferRequest, InferResponse], Awaitable[Encoded]],
+    ) -> Encoded:
+        """Admit, decode, check, schedule, answer and encode one request; tell telemetry how
+        it went.
 
-        `decode` reads and decodes the adapter's wire message: its failures (a malformed
-        body) are counted like every other failure, under the model they were sent to.
+        `decode` reads and decodes the adapter's wire message, `encode` makes the answer's:
+        their failures (a malformed body, a response past --max-response-mib) are counted
+        like every other failure, under the model they were sent to.
         """
         # Labels stay "" until resolved: a name or version no model has must not become a
         # label value (clients could otherwise grow the metrics without bound).
@@ -335,7 +342,8 @@ class DataPlane(StreamingEntry):
             if not circuit.allow():
                 fallback = circuit.policy.fallback_model
                 if fallback:
-                    return await self._serve(fallback, "", request, ctx, record, model_name)
+                    response = await self._serve(fallback, "", request, ctx, record, model_name)
+                    return await self._encode(encode, request, response)
                 raise unavailable(
                     f"model '{model_name}' is failing: its circuit is open, retry in "
                     f"{circuit.retry_in_s():.0f} s"
@@ -349,7 +357,7 @@ class DataPlane(StreamingEntry):
                 circuit.record(False, counts=False)
                 raise
             circuit.record(True)
-            return response
+            return await self._encode(encode, request, response)
         except BaseException as exc:
             note_failure(record, exc)
             raise
@@ -357,6 +365,19 @@ class DataPlane(StreamingEntry):
             self._inflight -= 1
             record.duration_ns = time.perf_counter_ns() - ctx.start_ns
             self.telemetry.request(record)
+
+    async def _encode(
+        self,
+        encode: Callable[[InferRequest, InferResponse], Awaitable[Encoded]],
+        request: InferRequest,
+        response: InferResponse,
+    ) -> Encoded:
+        """The answer in the adapter's wire form, refused before it is built when its
+        tensors alone pass the response limit (the adapter checks the exact size too)."""
+        if self.max_response_bytes:
+            size = min_wire_bytes(response.outputs)
+            check_response_size(size, self.max_response_bytes, at_least=True)
+        return await encode(request, response)
 
     def _request_over(self) -> None:
         self._inflight -= 1

@@ -421,3 +421,8 @@ class _StateCollector(Collector):
         yield from (depth, inflight, unhealthy, state, load, warmup, info, health)
         yield from (sequences, backlog, released)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
+        yield CounterMetricFamily(
+            "inferd_process_memory_returned_bytes",
+            "Resident memory given back to the OS after model versions were released.",
+            value=self._registry.memory.returned_bytes,
+        )

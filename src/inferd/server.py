@@ -14,15 +14,17 @@ import grpc
 import uvicorn
 from starlette.applications import Starlette
 
-from inferd import model_output, tls
+from inferd import memory, model_output, tls
 from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
+from inferd.limits import ensure_file_descriptors
 from inferd.metrics import MetricsSink
 from inferd.metrics_http import MetricsServer
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.fast_http import protocol_class
 from inferd.protocol.http import InferdApp, build_app
+from inferd.protocol.offload import Offload
 from inferd.repository.registry import ModelRegistry
 from inferd.repository.uploads import UPLOAD_MODES
 from inferd.repository.watcher import RepositoryPoller
@@ -71,7 +73,9 @@ class InferenceServer:
                 " and ".join(open_to_all),
             )
         self.dataplane.max_inflight = settings.max_inflight_requests
+        self.dataplane.max_response_bytes = settings.max_response_bytes
         self.dataplane.shared_memory.max_copy_bytes = settings.max_request_bytes
+        self.dataplane.shared_memory.max_bytes_elements = settings.limits.max_bytes_elements
         self.dataplane.workers = worker
         self.dataplane.runtime.trace = trace_settings
         self.dataplane.runtime.workers = worker.count if worker is not None else 1
@@ -88,10 +92,18 @@ class InferenceServer:
                 host_metrics=worker is None,  # with workers, the supervisor exports the host
             )
             self.telemetry.add(self.metrics)
+        # Large requests are decoded (and large responses encoded) off the event loop.
+        self.offload = Offload(settings.limits.offload_bytes)
         self.app: InferdApp = build_app(
-            self.dataplane, settings.max_request_bytes, lifespan=self._lifespan
+            self.dataplane,
+            settings.max_request_bytes,
+            lifespan=self._lifespan,
+            offload=self.offload,
+            max_response_bytes=settings.max_response_bytes,
+            max_bytes_elements=settings.limits.max_bytes_elements,
         )
         self.grpc_server: grpc.aio.Server | None = None
+        self.grpc_servicer: grpc_adapter.InferenceServicer | None = None
         self.grpc_port: int | None = None  # the port bound, once serving
 
     @contextlib.asynccontextmanager
@@ -115,6 +127,9 @@ class InferenceServer:
         # Field lesson 10: objects made while loading live forever; keep them out of GC scans.
         gc.collect()
         gc.freeze()
+        # And give back what loading used only for a while (file reads, config completion):
+        # the memory baseline a swap is measured against (docs/lifecycle.md).
+        await asyncio.to_thread(memory.malloc_trim)
         if self.settings.model_control_mode == "poll":
             self.poller = RepositoryPoller(self.registry, self.settings.repository_poll_s)
             self.poller.start()
@@ -131,7 +146,10 @@ class InferenceServer:
         elif self.metrics is not None and self.settings.metrics_port is not None:
             # With workers the supervisor serves /metrics, from every worker's peer socket.
             self.metrics_server = MetricsServer(
-                self.metrics.prometheus, self.settings.host, self.settings.metrics_port
+                self.metrics.prometheus,
+                self.settings.host,
+                self.settings.metrics_port,
+                self.settings.limits,
             )
             log.info(
                 "metrics at http://%s:%d/metrics", self.settings.host, self.metrics_server.port
@@ -172,10 +190,11 @@ class InferenceServer:
                 await self.peer_server.close()
             if self.metrics is not None:
                 self.metrics.close()
+            self.offload.close()
             self.shutdown.finished(drained)
 
     async def _start_grpc(self, port: int) -> None:
-        self.grpc_server, self.grpc_port = grpc_adapter.build_server(
+        self.grpc_server, self.grpc_port, self.grpc_servicer = grpc_adapter.build_server(
             self.dataplane,
             self.settings.host,
             port,
@@ -183,6 +202,8 @@ class InferenceServer:
             self.settings.max_response_bytes,
             reuse_port=self.worker is not None,
             tls=self.settings.grpc_tls,
+            limits=self.settings.limits,
+            offload=self.offload,
         )
         if not self.grpc_port:
             raise OSError(f"cannot listen for gRPC on {self.settings.host}:{port}")
@@ -194,7 +215,7 @@ class InferenceServer:
             self.app,
             host=self.settings.host,
             port=self.settings.http_port,
-            http=protocol_class(self.app.infer),
+            http=protocol_class(self.app.infer, self.settings.limits),
             log_level=self.settings.log_level.lower(),
             access_log=False,
             log_config=None,  # inferd's own handlers (text or JSON) format uvicorn's lines too
@@ -275,11 +296,13 @@ class _UvicornServer(uvicorn.Server):
 
 
 def run(settings: Settings) -> None:
+    ensure_file_descriptors(settings.limits)
     if settings.workers > 1:
         from inferd.workers import supervisor
 
         supervisor.run(settings)
         return
+    memory.configure_allocator()
     server = InferenceServer(settings)
     _UvicornServer(server.uvicorn_config(), server).run()
     server.shutdown.exit_if_incomplete()
@@ -287,12 +310,14 @@ def run(settings: Settings) -> None:
 
 def run_worker(settings: Settings, worker: WorkerSlot) -> None:
     """One of `--workers N`: the same server on a port it shares with its siblings."""
+    ensure_file_descriptors(settings.limits)
     sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     # Bound, not listening: the kernel hands this worker connections only once uvicorn
     # listens, after the models have loaded; until then its siblings take them all.
     sock.bind((settings.host, settings.http_port))
+    memory.configure_allocator()
     server = InferenceServer(settings, worker)
     _UvicornServer(server.uvicorn_config(), server).run(sockets=[sock])
     server.shutdown.exit_if_incomplete()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferd.limits import Limits
+
 MIB = 1024 * 1024
 
 
@@ -24,7 +26,7 @@ class Settings:
     http_port: int = 8000
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port (tests)
     max_request_bytes: int = 64 * MIB  # HTTP bodies and received gRPC messages
-    max_response_bytes: int = 64 * MIB  # sent gRPC messages
+    max_response_bytes: int = 64 * MIB  # HTTP response bodies and sent gRPC messages
     log_level: str = "INFO"
     log_format: str = "text"  # "text" or "json" (one JSON object per line)
     log_sample_rate: float = 0.01  # share of successful requests logged; errors always are
@@ -47,3 +49,4 @@ class Settings:
     model_upload: str = "off"  # load's `file:` parameters: "off", "files" or "code"
     http_tls: TlsFiles | None = None
     grpc_tls: TlsFiles | None = None
+    limits: Limits = Limits()  # headers, timeouts, connections, streams (inferd.limits)

@@ -33,6 +33,7 @@ from inferd.datatypes import ITEMSIZE, V2_TO_WIRE
 from inferd.errors import ErrorKind, InferdError, invalid, not_found
 from inferd.protocol.codec import (
     BYTE_SIZE,
+    MAX_BYTES_ELEMENTS,
     NO_DATA,
     OFFSET,
     decode_bytes_elements,
@@ -191,6 +192,7 @@ class SharedMemoryRegistry:
         # BYTES inputs are decoded into objects (a copy), unlike the in-place views of the
         # other types: bounded as a request body is (the server sets --max-request-mib).
         self.max_copy_bytes = max_copy_bytes
+        self.max_bytes_elements = MAX_BYTES_ELEMENTS  # the server sets --max-bytes-elements
         self.regions: dict[str, Region] = {}
 
     def register(self, name: str, key: object, offset: object, byte_size: object) -> None:
@@ -272,7 +274,7 @@ class SharedMemoryRegistry:
                             f"{ref.byte_size} bytes exceed the limit of {self.max_copy_bytes} "
                             "(--max-request-mib)"
                         )
-                    tensor.data = _input_array(region, ref, tensor, where)
+                    tensor.data = _input_array(region, ref, tensor, where, self.max_bytes_elements)
             for out in request.outputs or ():
                 ref = out.shared_memory
                 if ref is not None:
@@ -305,11 +307,14 @@ def _open(name: str, key: str, path: str) -> int:
         raise invalid(f"region '{name}': cannot open key '{key}': {exc.strerror}") from None
 
 
-def _input_array(region: Region, ref: SharedMemoryRef, tensor: Tensor, where: str) -> Array:
+def _input_array(
+    region: Region, ref: SharedMemoryRef, tensor: Tensor, where: str, max_bytes_elements: int
+) -> Array:
     count = element_count(tensor.shape)
     if tensor.datatype == "BYTES":
         chunk = region.readonly[ref.offset : ref.offset + ref.byte_size]
-        return decode_bytes_elements(chunk, count, where).reshape(tensor.shape)
+        decoded = decode_bytes_elements(chunk, count, where, max_bytes_elements)
+        return decoded.reshape(tensor.shape)
     expected = count * ITEMSIZE[tensor.datatype]
     if ref.byte_size != expected:
         raise invalid(

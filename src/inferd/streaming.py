@@ -62,6 +62,11 @@ def unary_to_decoupled(model: str, ctx: CallContext) -> InferdError:
     return InferdError(ErrorKind.UNSUPPORTED, message)
 
 
+async def _as_is(request: InferRequest, response: InferResponse) -> InferResponse:
+    """`infer`'s encoder for a stream: the adapter encodes each stream message itself."""
+    return response
+
+
 class _Core(Protocol):
     """What `stream_infer` uses of the DataPlane."""
 
@@ -75,6 +80,7 @@ class _Core(Protocol):
         version: str,
         decode: Callable[[], Awaitable[InferRequest]],
         ctx: CallContext,
+        encode: Callable[[InferRequest, InferResponse], Awaitable[InferResponse]],
     ) -> InferResponse: ...
 
     def stream_infer(
@@ -113,7 +119,7 @@ class StreamingEntry:
         except InferdError:
             decoupled = False  # `infer` answers (and counts) the lookup's error
         if not decoupled:
-            response = await self.infer(model_name, version, decode, ctx)
+            response = await self.infer(model_name, version, decode, ctx, _as_is)
             if fallback_from:
                 response.parameters["fallback_from"] = fallback_from
             yield StreamResponse(response, None, True)

@@ -70,3 +70,10 @@ class InferResponse:
 def element_count(shape: tuple[int, ...]) -> int:
     # Python integers: a hostile shape must not wrap around int64 into a small count.
     return math.prod(shape)
+
+
+def min_wire_bytes(tensors: list[Tensor]) -> int:
+    """About the fewest bytes these tensors take on the wire: their binary form, exact for
+    fixed-size datatypes, 4 per element for BYTES (the length prefix). Cheap: no element is
+    looked at."""
+    return sum(t.data.size * 4 if t.datatype == "BYTES" else t.data.nbytes for t in tensors)

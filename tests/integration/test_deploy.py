@@ -272,6 +272,7 @@ def test_dashboard_shape() -> None:
         "inferd_health_score",
         "inferd_model_state",
         "process_resident_memory_bytes",
+        "inferd_process_memory_returned_bytes_total",
         "inferd_gc_pause_seconds",
     ):
         assert needed in all_exprs, f"no panel shows {needed}"

@@ -188,3 +188,16 @@ def test_grpc_can_be_turned_off(good_repository: Path) -> None:
 
 def test_all_types_have_a_contents_field_but_fp16() -> None:
     assert set(CONTENTS) == set(ONNX_TYPES) - {"FP16"}
+
+
+def test_a_message_that_does_not_parse_is_invalid_argument(server: RunningServer) -> None:
+    # inferd parses ModelInferRequest itself (off the loop when large): a malformed one is
+    # the client's error, named as such, and the server keeps serving.
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        raw = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as info:
+            raw(b"\x0a\xff\xff\xff\xff\x0f")  # field 1, a length past the message's end
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed ModelInferRequest" in str(info.value.details())
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ServerLive(pb.ServerLiveRequest()).live

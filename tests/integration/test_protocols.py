@@ -121,6 +121,15 @@ ERRORS: list[tuple[str, str, dict[str, Any], dict[str, Any], str, str, list[str]
         ["output 'logits'"],
     ),
     (
+        "output requested twice",
+        "mlp",
+        MLP_OK,
+        {"outputs": ["label", "probabilities", "label"]},
+        "400",
+        "INVALID_ARGUMENT",
+        ["output 'label' is requested more than once"],
+    ),
+    (
         "model raises",
         "faulty",
         {"IN": (f32(1, 4, value=-1), "FP32")},

@@ -481,7 +481,7 @@ def test_truncated_bytes_element() -> None:
 
 
 def test_bytes_length_prefix_cut_short() -> None:
-    raw = struct.pack("<I", 1) + b"a" + b"\x02\x00"
+    raw = struct.pack("<I", 5) + b"abcde" + b"\x02\x00"  # room for 2 prefixes, not 2 elements
     inputs = [binary_input("S", "BYTES", [2], len(raw))]
     message = decode_error(*binary_body(inputs, raw))
     assert "input 'S'" in message

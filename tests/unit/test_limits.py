@@ -217,7 +217,7 @@ def _http(inputs: list[dict[str, object]], binary: bytes = b"") -> str:
 def test_bytes_count_is_bounded_by_the_buffer_before_allocating() -> None:
     with pytest.raises(InferdError) as info:
         decode_bytes_elements(b"\0\0\0\0", 2**40, "input 'X'")
-    assert "ends after 1 of 1099511627776 elements" in info.value.message
+    assert "BYTES data of 4 bytes cannot hold 1099511627776 elements" in info.value.message
     params = {"binary_data_size": 4}
     message = _http(
         [{"name": "X", "datatype": "BYTES", "shape": [1, 2**40], "parameters": params}],
@@ -304,3 +304,58 @@ def test_json_depth_limit_is_400() -> None:
         decode_request(deep, None, "m", "")
     assert info.value.kind is ErrorKind.INVALID_ARGUMENT
     assert "malformed JSON" in info.value.message
+
+
+# -- the server's bound on BYTES elements (--max-bytes-elements) -------------------------------
+
+
+def test_bytes_elements_past_the_limit_are_400_on_every_path() -> None:
+    empty = b"\0\0\0\0" * 9  # nine empty elements: enough data, one element too many
+    with pytest.raises(InferdError) as info:
+        decode_bytes_elements(empty, 9, "input 'X'", max_elements=8)
+    assert "9 BYTES elements, more than the limit of 8" in info.value.message
+    assert "--max-bytes-elements" in info.value.message
+    assert len(decode_bytes_elements(empty[:32], 8, "input 'X'", max_elements=8)) == 8
+
+    binary = {"name": "X", "datatype": "BYTES", "shape": [9], "parameters": {}}
+    binary["parameters"] = {"binary_data_size": len(empty)}
+    as_json = {"name": "X", "datatype": "BYTES", "shape": [9], "data": [""] * 9}
+    for tensor, tail in ((binary, empty), (as_json, b"")):
+        head = orjson.dumps({"inputs": [tensor]})
+        with pytest.raises(InferdError) as info:
+            decode_request(head + tail, len(head) if tail else None, "m", "", 8)
+        assert "more than the limit of 8 per tensor" in info.value.message
+
+    for raw in (True, False):
+        msg = pb.ModelInferRequest(model_name="m")
+        t = msg.inputs.add(name="X", datatype="BYTES", shape=[9])
+        if raw:
+            msg.raw_input_contents.append(empty)
+        else:
+            t.contents.bytes_contents.extend([b""] * 9)
+        with pytest.raises(InferdError) as info:
+            decode_infer_request(msg, max_bytes_elements=8)
+        assert "more than the limit of 8 per tensor" in info.value.message
+
+
+def test_json_bytes_count_is_checked_before_the_elements_are_walked() -> None:
+    # One element declared, a million sent: refused for the count, not after a million
+    # conversions; a non-string among them is never reached.
+    data: list[object] = [""] * 1_000_000 + [5]
+    message = _http([{"name": "X", "datatype": "BYTES", "shape": [1], "data": data}])
+    assert "data holds 1000001 elements but shape [1] needs 1" in message
+
+
+def test_an_output_requested_twice_is_refused_while_decoding() -> None:
+    tensor = {"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}
+    doc = {"inputs": [tensor], "outputs": [{"name": "Y"}] * 100_000}
+    with pytest.raises(InferdError) as info:
+        decode_request(orjson.dumps(doc), None, "m", "")
+    assert info.value.message == "output 'Y' is requested more than once"
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    msg.outputs.add(name="Y")
+    msg.outputs.add(name="Y")
+    with pytest.raises(InferdError) as info:
+        decode_infer_request(msg)
+    assert info.value.message == "output 'Y' is requested more than once"

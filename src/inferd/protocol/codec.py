@@ -16,6 +16,7 @@ import orjson
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
+from inferd.limits import DEFAULT_LIMITS, check_response_size
 from inferd.types import (
     Array,
     InferRequest,
@@ -32,6 +33,7 @@ _LEN = struct.Struct("<I")
 # dimensions, or extents whose product (zeros aside) overflows its sizes, even for empty data.
 MAX_NDIM = 32
 MAX_EXTENT = 2**56  # product of the non-zero dims; far above any element limit
+MAX_BYTES_ELEMENTS = DEFAULT_LIMITS.max_bytes_elements  # the server's --max-bytes-elements default
 
 
 def declared_count(shape: tuple[int, ...], where: str) -> int:
@@ -88,7 +90,11 @@ def shared_memory_ref(params: Mapping[str, Any], where: str) -> SharedMemoryRef 
 
 
 def decode_request(
-    body: bytes, header_length: int | None, model_name: str, model_version: str
+    body: bytes,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+    max_bytes_elements: int = MAX_BYTES_ELEMENTS,
 ) -> InferRequest:
     """Decode an HTTP infer body: JSON, optionally followed by binary tensor data."""
     header: bytes | memoryview
@@ -115,7 +121,7 @@ def decode_request(
     inputs: list[Tensor] = []
     uses_shared_memory = False
     for i, raw in enumerate(raw_inputs):
-        tensor, offset = _decode_input(raw, i, binary, offset)
+        tensor, offset = _decode_input(raw, i, binary, offset, max_bytes_elements)
         inputs.append(tensor)
         uses_shared_memory = uses_shared_memory or tensor.shared_memory is not None
     if offset != len(binary):
@@ -133,9 +139,11 @@ def decode_request(
         if not isinstance(raw_outputs, list):
             raise invalid("'outputs' must be a list")
         outputs = []
+        seen: set[str] = set()
         for j, raw in enumerate(raw_outputs):
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 raise invalid(f"outputs[{j}] must be an object with a string 'name'")
+            check_requested_once(raw["name"], seen)
             where = f"output '{raw['name']}'"
             params = _parameters(raw.get("parameters"), where)
             ref = shared_memory_ref(params, where) if params else None
@@ -152,6 +160,14 @@ def decode_request(
     )
 
 
+def check_requested_once(name: str, seen: set[str]) -> None:
+    """Refused here already (the core checks again): 100,000 copies of one output name
+    would otherwise each become an object, before the model is even asked."""
+    if name in seen:
+        raise invalid(f"output '{name}' is requested more than once")
+    seen.add(name)
+
+
 def _parameters(raw: Any, where: str) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -160,12 +176,14 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     return raw
 
 
-def decode_json_input(raw: Any, index: int) -> Tensor:
+def decode_json_input(raw: Any, index: int, max_bytes_elements: int = MAX_BYTES_ELEMENTS) -> Tensor:
     """One input object of a JSON request (`name`, `datatype`, `shape`, `data`)."""
-    return _decode_input(raw, index, memoryview(b""), 0)[0]
+    return _decode_input(raw, index, memoryview(b""), 0, max_bytes_elements)[0]
 
 
-def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tuple[Tensor, int]:
+def _decode_input(
+    raw: Any, index: int, binary: memoryview, offset: int, max_bytes_elements: int
+) -> tuple[Tensor, int]:
     if not isinstance(raw, dict):
         raise invalid(f"inputs[{index}] must be an object")
     name = raw.get("name")
@@ -202,19 +220,26 @@ def _decode_input(raw: Any, index: int, binary: memoryview, offset: int) -> tupl
                 "of binary data left in the body"
             )
         chunk = binary[offset : offset + size]
-        data = _from_binary(chunk, datatype, shape, count, where)
+        data = _from_binary(chunk, datatype, shape, count, where, max_bytes_elements)
         return Tensor(name, datatype, shape, data, params), offset + size
     if "data" not in raw:
         raise invalid(f"{where}: no 'data' and no binary_data_size")
+    if datatype == "BYTES":
+        check_bytes_count(count, max_bytes_elements, where)
     data = _from_json(raw["data"], datatype, dtype, shape, count, where)
     return Tensor(name, datatype, shape, data, params), offset
 
 
 def _from_binary(
-    chunk: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str
+    chunk: memoryview,
+    datatype: str,
+    shape: tuple[int, ...],
+    count: int,
+    where: str,
+    max_bytes_elements: int,
 ) -> Array:
     if datatype == "BYTES":
-        return decode_bytes_elements(chunk, count, where).reshape(shape)
+        return decode_bytes_elements(chunk, count, where, max_bytes_elements).reshape(shape)
     expected = count * ITEMSIZE[datatype]
     if len(chunk) != expected:
         raise invalid(
@@ -227,12 +252,34 @@ def _from_binary(
     return array.reshape(shape)
 
 
-def decode_bytes_elements(chunk: memoryview | bytes, count: int, where: str) -> Array:
+_FILL_CHUNK = 1 << 16  # elements per copy into a BYTES array (a codec thread yields between)
+
+
+def check_bytes_count(count: int, limit: int, where: str) -> None:
+    """A BYTES tensor's elements are walked one by one (and each becomes a Python object):
+    their number is bounded before any of that starts."""
+    if count > limit:
+        raise invalid(
+            f"{where}: {count} BYTES elements, more than the limit of {limit} per tensor "
+            "(--max-bytes-elements)"
+        )
+
+
+def decode_bytes_elements(
+    chunk: memoryview | bytes, count: int, where: str, max_elements: int = MAX_BYTES_ELEMENTS
+) -> Array:
     """Triton's BYTES serialisation: each element a 4-byte little-endian length, then bytes.
 
-    Nothing is allocated from the client's `count`: elements are collected as they are read,
-    each taking at least 4 bytes, so a huge declared shape fails at the data's end.
+    Nothing is allocated from the client's `count`: each element takes at least its 4-byte
+    length, so a count the data cannot hold fails before the walk, as does one past the
+    configured limit.
     """
+    if count * 4 > len(chunk):
+        raise invalid(
+            f"{where}: BYTES data of {len(chunk)} bytes cannot hold {count} elements "
+            "(each takes at least 4 bytes)"
+        )
+    check_bytes_count(count, max_elements, where)
     buf = bytes(chunk)
     pos, end = 0, len(buf)
     items: list[bytes] = []
@@ -248,7 +295,8 @@ def decode_bytes_elements(chunk: memoryview | bytes, count: int, where: str) -> 
     if pos != end:
         raise invalid(f"{where}: BYTES data holds {end - pos} bytes past its {count} elements")
     out = np.empty(count, dtype=object)
-    out[:] = items
+    for i in range(0, count, _FILL_CHUNK):  # one C call of 16 M would hold the GIL 0.5 s
+        out[i : i + _FILL_CHUNK] = items[i : i + _FILL_CHUNK]
     return out
 
 
@@ -260,6 +308,11 @@ def _from_json(
     try:
         if datatype == "BYTES":
             flat = np.asarray(data, dtype=object).reshape(-1)
+            if flat.size != count:  # before the walk: the declared count is the bounded one
+                raise invalid(
+                    f"{where}: data holds {flat.size} elements but shape {list(shape)} needs "
+                    f"{count}"
+                )
             array = np.empty(flat.size, dtype=object)
             for k, item in enumerate(flat):  # variable-length elements: no vector form
                 if isinstance(item, str):
@@ -346,12 +399,19 @@ def _kind_name(array: Array) -> str:
 
 
 def encode_response(
-    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+    response: InferResponse,
+    requested: list[RequestedOutput] | None,
+    binary_default: bool,
+    max_bytes: int = 0,
 ) -> tuple[bytes, int | None]:
-    """Encode an infer response; returns (body, JSON header length if binary data follows)."""
+    """Encode an infer response; returns (body, JSON header length if binary data follows).
+
+    Past `max_bytes` (0: no limit) it stops with PAYLOAD_TOO_LARGE, before joining the body.
+    """
     wants_binary = {o.name: o.parameters.get("binary_data") for o in requested or ()}
     outputs: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
+    produced = 0  # bytes of tensor data encoded so far
     for tensor in response.outputs:
         binary = wants_binary.get(tensor.name)
         if binary is None:
@@ -369,8 +429,13 @@ def encode_response(
             raw = to_binary(tensor)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
+            produced += len(raw)
+        elif isinstance(json_data, bytes):  # a large tensor's JSON text, made in chunks
+            entry["data"] = orjson.Fragment(json_data)
+            produced += len(json_data)
         else:
             entry["data"] = json_data
+        check_response_size(produced, max_bytes, at_least=True)
         outputs.append(entry)
     doc: dict[str, Any] = {
         "model_name": response.model_name,
@@ -382,6 +447,7 @@ def encode_response(
     if response.parameters:
         doc["parameters"] = response.parameters
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    check_response_size(len(header) + sum(len(c) for c in chunks), max_bytes)
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
@@ -390,11 +456,19 @@ def encode_response(
 def tensor_json(tensor: Tensor) -> Any:
     """A tensor's elements as JSON data (flat), or None when it can only travel as binary
     (BYTES that are not UTF-8 text)."""
-    return _to_json(tensor)
+    data = _to_json(tensor)
+    return orjson.Fragment(data) if isinstance(data, bytes) else data
+
+
+# Elements per orjson call for a large tensor's JSON data: each call holds the interpreter
+# lock for about a millisecond, so a codec thread encoding a large response lets the event
+# loop in between (one call for the whole tensor held it for 0.4 s per 16 M floats).
+JSON_CHUNK = 1 << 16
 
 
 def _to_json(tensor: Tensor) -> Any:
-    """JSON data for a tensor, or None when it can only travel as binary."""
+    """JSON data for a tensor (a large one's as JSON text), or None when it can only travel
+    as binary."""
     if tensor.datatype == "BYTES":
         try:
             return [_as_bytes(v).decode("utf-8") for v in tensor.data.reshape(-1)]
@@ -403,8 +477,14 @@ def _to_json(tensor: Tensor) -> Any:
     # A flat, contiguous numpy array: orjson serialises it natively without a Python list.
     flat = np.ascontiguousarray(tensor.data).reshape(-1)
     if tensor.datatype in ("FP16", "BF16"):  # JSON numbers; orjson knows neither type
-        return flat.astype(np.float32)
-    return flat
+        flat = flat.astype(np.float32)
+    if flat.size <= JSON_CHUNK:
+        return flat
+    parts = [
+        orjson.dumps(flat[i : i + JSON_CHUNK], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+        for i in range(0, flat.size, JSON_CHUNK)
+    ]
+    return b"[" + b",".join(parts) + b"]"
 
 
 def _as_bytes(value: Any) -> bytes:

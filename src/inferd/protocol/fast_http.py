@@ -11,6 +11,7 @@ a request pipelined behind another is not watched while reading is paused for it
 over the size limit is refused (413, then the connection closes) as soon as its declared
 length or the bytes received pass the limit.
 
+Below it, http_guard.py bounds what a client controls (head size, timeouts, connections).
 Everything else stays uvicorn's: the listening socket, keep-alive, graceful shutdown
 (the task is in `server_state.tasks`, which uvicorn waits for), every other route through
 ASGI, and pipelined requests (an infer request arriving while another response is pending
@@ -26,10 +27,11 @@ import http
 import logging
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from inferd.errors import ErrorKind, InferdError
+from inferd.limits import Limits
 from inferd.protocol.http import _JSON, InferEndpoint, Reply
+from inferd.protocol.http_guard import ConnectionBook, GuardedHttpProtocol
 
 log = logging.getLogger("inferd.http")
 
@@ -37,6 +39,7 @@ _STATUS_LINE = {
     s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
 }
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_JOIN_BELOW = 1 << 16  # bodies smaller than this go out in one write with their head
 
 
 class _InferCall:
@@ -69,19 +72,23 @@ class _InferCall:
         self.disconnected = False
         self.task: asyncio.Task[None] | None = None
 
+    @property
+    def response_started(self) -> bool:
+        return self.task is not None  # (uvicorn's cycle has it too: the guard reads either)
 
-class InferdHttpProtocol(HttpToolsProtocol):
+
+class InferdHttpProtocol(GuardedHttpProtocol):
     endpoint: InferEndpoint  # set on the subclass `protocol_class` makes
 
     peer = ""  # the client's host:port, for logs
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
+        super().connection_made(transport)
         self.peer = f"{self.client[0]}:{self.client[1]}" if self.client else ""
 
     # -- parser callbacks ---------------------------------------------------------------
 
-    def on_headers_complete(self) -> None:
+    def on_request_head(self) -> None:
         parser = self.parser
         if (
             parser.get_method() == b"POST"
@@ -105,7 +112,7 @@ class InferdHttpProtocol(HttpToolsProtocol):
                 elif self.expect_100_continue:
                     self.transport.write(_CONTINUE)
                 return
-        super().on_headers_complete()
+        super().on_request_head()
 
     def on_body(self, body: bytes) -> None:
         call: object = self.cycle
@@ -122,10 +129,10 @@ class InferdHttpProtocol(HttpToolsProtocol):
             self._start(call)
         return None
 
-    def on_message_complete(self) -> None:
+    def on_request_end(self) -> None:
         call: object = self.cycle
         if type(call) is not _InferCall:
-            return super().on_message_complete()
+            return super().on_request_end()
         if call.task is None:  # else refused already, at its headers
             self._start(call)
         return None
@@ -177,7 +184,12 @@ class InferdHttpProtocol(HttpToolsProtocol):
             await self.flow.drain()
             if call.disconnected:
                 return
-        self.transport.write(self._head(reply, call.keep_alive) + reply[2])
+        head, body = self._head(reply, call.keep_alive), reply[2]
+        if len(body) < _JOIN_BELOW:
+            self.transport.write(head + body)  # one write: one send for a small answer
+        else:  # no copy of a large body on the loop to put its head in front
+            self.transport.write(head)
+            self.transport.write(body)
         call.response_complete = True
         if not call.keep_alive:
             self.transport.close()
@@ -198,6 +210,8 @@ class InferdHttpProtocol(HttpToolsProtocol):
         return b"".join(lines)
 
 
-def protocol_class(endpoint: InferEndpoint) -> type[InferdHttpProtocol]:
-    """The protocol class to give uvicorn (`http=`), bound to this server's endpoint."""
-    return type("InferdHttp", (InferdHttpProtocol,), {"endpoint": endpoint})
+def protocol_class(endpoint: InferEndpoint, limits: Limits) -> type[InferdHttpProtocol]:
+    """The protocol class to give uvicorn (`http=`), bound to this server's endpoint and
+    limits."""
+    attributes = {"endpoint": endpoint, "limits": limits, "book": ConnectionBook()}
+    return type("InferdHttp", (InferdHttpProtocol,), attributes)

@@ -25,16 +25,20 @@ from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
+from inferd.limits import DEFAULT_LIMITS, Limits
 from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
+from inferd.protocol.grpc_handlers import add_inference_servicer
+from inferd.protocol.offload import Offload
 from inferd.protocol.pb_codec import (
     decode_infer_request,
-    encode_infer_response,
     parameters_to_dict,
+    parse_infer_request,
+    serialize_infer_response,
 )
 from inferd.settings import TlsFiles
 from inferd.streams import STREAM_QUEUE_LIMIT, StreamResponse
 from inferd.tls import grpc_credentials
-from inferd.types import InferRequest, InferResponse
+from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
 log = logging.getLogger("inferd.grpc")
 
@@ -74,8 +78,18 @@ def errors_mapped(method: Method[Req, Resp]) -> Method[Req, Resp]:
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        limits: Limits = DEFAULT_LIMITS,
+        offload: Offload | None = None,
+        max_response_bytes: int = 0,
+    ) -> None:
         self.dp = dataplane
+        self.limits = limits
+        self.offload = offload or Offload(limits.offload_bytes)
+        self.max_response_bytes = max_response_bytes
+        self.streams_held = 0  # ModelStreamInfer streams not read for want of room
 
     @errors_mapped
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
@@ -120,50 +134,68 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         doc = await self.dp.server_statistics(request.name, request.version)
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
 
+    # ModelInfer and ModelStreamInfer take and give wire bytes (grpc_handlers.py): parsing
+    # and serialising a large message happen here, off the event loop, not in gRPC on it.
+
     @errors_mapped
-    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: bytes, context: Any) -> bytes:
         ctx = _call_context(context)
         # Trailing metadata: sent with the response and with an error status alike.
         if traceparent := tracing.echo(ctx):  # "" unless a valid traceparent came in
             context.set_trailing_metadata((("traceparent", traceparent),))
-        return encode_infer_response(await self._infer(request, context, ctx))
+        msg = await self.offload.run(len(request), parse_infer_request, request)
+        return await self._infer(msg, len(request), ctx)
 
-    async def _infer(
-        self, request: Any, context: Any, ctx: CallContext | None = None
-    ) -> InferResponse:
-        if ctx is None:
-            ctx = _call_context(context)
-
+    async def _infer(self, msg: Any, size: int, ctx: CallContext) -> bytes:
         async def decode() -> InferRequest:
-            return decode_infer_request(request)
+            return await self.offload.run(
+                size, decode_infer_request, msg, self.limits.max_bytes_elements
+            )
 
-        return await self.dp.infer(request.model_name, request.model_version, decode, ctx)
+        async def encode(_: InferRequest, response: InferResponse) -> bytes:
+            return await self.offload.run(
+                min_wire_bytes(response.outputs),
+                serialize_infer_response,
+                response,
+                self.max_response_bytes,
+            )
+
+        return await self.dp.infer(msg.model_name, msg.model_version, decode, ctx, encode)
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterator[Any], context: Any
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        self, requests: AsyncIterator[bytes], context: Any
+    ) -> AsyncIterator[bytes]:
         """Each request of the stream runs as soon as it arrives; its responses (a decoupled
         model's any number, or errors, which don't end the stream) come back as they are
         ready, each carrying the request's id and, as Triton's, `triton_final_response`.
-        The queue of messages waiting to be written is bounded: a client that reads slowly
-        holds back every request's responses, down to the models' senders."""
-        done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(STREAM_QUEUE_LIMIT)
+
+        Bounded twice, so that a client that never reads costs the server a fixed amount:
+        at most `max_stream_pending` requests are in progress (read, with responses still to
+        come); past that the stream is not read, and gRPC's flow control stops the client's
+        sends. And at most STREAM_QUEUE_LIMIT messages wait to be written, which holds back
+        the requests' responses, down to the models' senders."""
+        done: asyncio.Queue[bytes | None] = asyncio.Queue(STREAM_QUEUE_LIMIT)
         tasks: set[asyncio.Task[None]] = set()
+        room = asyncio.Semaphore(self.limits.max_stream_pending)
 
-        async def one(request: Any) -> None:
-            ctx = _call_context(context)
-            empty_final: list[bool] = []  # the request's triton_enable_empty_final_response
-
-            async def decode() -> InferRequest:
-                decoded = decode_infer_request(request)
-                empty_final.append(_empty_final_wanted(decoded))
-                return decoded
-
-            items = self.dp.stream_infer(request.model_name, request.model_version, decode, ctx)
+        async def one(raw: bytes) -> None:
+            request: Any = None  # the parsed message, once it parses
             try:
+                request = await self.offload.run(len(raw), parse_infer_request, raw)
+                ctx = _call_context(context)
+                empty_final: list[bool] = []  # the request's triton_enable_empty_final_response
+
+                async def decode() -> InferRequest:
+                    decoded = await self.offload.run(
+                        len(raw), decode_infer_request, request, self.limits.max_bytes_elements
+                    )
+                    empty_final.append(_empty_final_wanted(decoded))
+                    return decoded
+
+                items = self.dp.stream_infer(request.model_name, request.model_version, decode, ctx)
                 async with contextlib.aclosing(items):
                     async for item in items:
-                        message = _stream_message(request, item, bool(empty_final[0]))
+                        message = await self._stream_message(request, item, bool(empty_final[0]))
                         if message is not None:
                             await done.put(message)
             except InferdError as exc:
@@ -171,10 +203,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             except Exception:
                 log.exception("unhandled error in ModelStreamInfer")
                 await done.put(_stream_error(request, "internal error; see the server log"))
+            finally:
+                room.release()
 
         async def read() -> None:
-            async for request in requests:
-                task = asyncio.create_task(one(request))
+            incoming = aiter(requests)
+            while True:
+                if room.locked():  # max_stream_pending in progress: wait for the client
+                    self.streams_held += 1
+                    try:
+                        await room.acquire()
+                    finally:
+                        self.streams_held -= 1
+                else:
+                    await room.acquire()
+                try:
+                    raw = await anext(incoming)
+                except StopAsyncIteration:
+                    break
+                task = asyncio.create_task(one(raw))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             while tasks:
@@ -184,13 +231,32 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         reader = asyncio.create_task(read())
         try:
             while (item := await done.get()) is not None:
-                yield item
+                yield item  # resumed once gRPC has sent it (or queued it within its window)
         finally:
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def _stream_message(
+        self, request: Any, item: StreamResponse, empty_final: bool
+    ) -> bytes | None:
+        """One stream message's wire bytes (a large response serialised off the loop)."""
+        if item.response is not None:
+            response = item.response
+            return await self.offload.run(
+                min_wire_bytes(response.outputs),
+                serialize_infer_response,
+                response,
+                self.max_response_bytes,
+                {FINAL: item.final},
+            )
+        if item.error is not None:
+            return _stream_error(request, item.error.message, item.final)
+        if empty_final:  # the final flag alone
+            return _stream_error(request, "", True)
+        return None
 
     @errors_mapped
     async def RepositoryModelLoad(
@@ -307,30 +373,15 @@ def _empty_final_wanted(request: InferRequest) -> bool:
     return wanted
 
 
-def _stream_message(
-    request: Any, item: StreamResponse, empty_final: bool
-) -> pb.ModelStreamInferResponse | None:
-    if item.response is not None:
-        message = pb.ModelStreamInferResponse(infer_response=encode_infer_response(item.response))
-    elif item.error is not None:
-        message = _stream_error(request, item.error.message, item.final)
-    elif empty_final:  # the final flag alone
-        message = _stream_error(request, "", True)
-    else:
-        return None
-    message.infer_response.parameters[FINAL].bool_param = item.final
-    return message
-
-
-def _stream_error(request: Any, message: str, final: bool = True) -> pb.ModelStreamInferResponse:
-    answer = pb.ModelStreamInferResponse(
-        error_message=message,
-        infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
-        ),
-    )
+def _stream_error(request: Any, message: str, final: bool = True) -> bytes:
+    """An error on the stream, naming the request (when it could be parsed at all)."""
+    answer = pb.ModelStreamInferResponse(error_message=message)
+    if request is not None:
+        answer.infer_response.model_name = request.model_name
+        answer.infer_response.model_version = request.model_version
+        answer.infer_response.id = request.id
     answer.infer_response.parameters[FINAL].bool_param = final
-    return answer
+    return bytes(answer.SerializeToString())
 
 
 ADMIN_SERVICE = "inferd.admin.v1.Admin"
@@ -415,10 +466,15 @@ def build_server(
     max_send_bytes: int,
     reuse_port: bool = False,
     tls: TlsFiles | None = None,
-) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server on the running loop; returns it with the port actually bound.
+    limits: Limits = DEFAULT_LIMITS,
+    offload: Offload | None = None,
+) -> tuple[grpc.aio.Server, int, InferenceServicer]:
+    """A grpc.aio server on the running loop; returns it with the port actually bound and
+    its servicer.
 
-    Messages past the limits fail with RESOURCE_EXHAUSTED, raised by gRPC itself.
+    Received messages past the limit fail with RESOURCE_EXHAUSTED, raised by gRPC itself;
+    responses past it are refused by inferd before they are built (gRPC's own send limit
+    stays as a backstop).
     `reuse_port`: share the port with sibling workers (the kernel spreads connections).
     `tls`: serve TLS (mTLS when it names a client CA) instead of plaintext.
     """
@@ -434,13 +490,12 @@ def build_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(dataplane), server
-    )
+    servicer = InferenceServicer(dataplane, limits, offload, max_send_bytes)
+    add_inference_servicer(servicer, server)
     server.add_generic_rpc_handlers((AdminService(dataplane).handler(),))
     address = f"{host}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)
     else:
         bound = server.add_secure_port(address, grpc_credentials(tls))
-    return server, bound
+    return server, bound, servicer

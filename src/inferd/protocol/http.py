@@ -24,10 +24,12 @@ from inferd.access import AccessPolicy, ApiGroup
 from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
+from inferd.limits import DEFAULT_LIMITS
 from inferd.protocol.codec import decode_request, encode_response
 from inferd.protocol.generate import GenerateEndpoint
+from inferd.protocol.offload import Offload
 from inferd.repository.config import to_json
-from inferd.types import InferRequest
+from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
 log = logging.getLogger("inferd.http")
 
@@ -338,9 +340,19 @@ class InferEndpoint:
     Request/Response objects (about a tenth of a small request's cost in a profile).
     """
 
-    def __init__(self, dataplane: DataPlane, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        max_request_bytes: int,
+        offload: Offload | None = None,
+        max_response_bytes: int = 0,
+        max_bytes_elements: int = DEFAULT_LIMITS.max_bytes_elements,
+    ) -> None:
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
+        self.max_response_bytes = max_response_bytes
+        self.max_bytes_elements = max_bytes_elements
+        self.offload = offload or Offload(DEFAULT_LIMITS.offload_bytes)
         access = dataplane.access
         self.guarded = access.guards("http", ApiGroup.INFERENCE)
         # The headers to pick: the route's own, and those a restricted infer's credential
@@ -389,32 +401,46 @@ class InferEndpoint:
         )
         traceparent = tracing.echo(ctx)  # "" unless the request carried a valid traceparent
         extra = [(b"traceparent", traceparent.encode())] if traceparent else []
-        decoded: list[InferRequest] = []
 
         async def decode() -> InferRequest:
             ctx.deadline_ns = _deadline_ns(headers.get("timeout_ms"), start_ns)
             header_length = _header_length(headers.get("header_length"))
             body = await read()
-            decoded.append(decode_request(body, header_length, model, version))
+            args = (body, header_length, model, version, self.max_bytes_elements)
+            json_size = len(body) if header_length is None else header_length
+            if self.offload.is_large(json_size):  # orjson would hold the loop: a process
+                request = await self.offload.run_gil_bound(json_size, decode_request, *args)
+            else:  # large binary data, if any, on a codec thread
+                request = await self.offload.run(len(body), decode_request, *args)
             if on_decoded is not None:
                 on_decoded()
-            return decoded[0]
+            return request
+
+        async def encode(
+            request: InferRequest, response: InferResponse
+        ) -> tuple[bytes, int | None]:
+            binary_default = bool(request.parameters.get("binary_data_output", False))
+            return await self.offload.run(
+                min_wire_bytes(response.outputs),
+                encode_response,
+                response,
+                request.outputs,
+                binary_default,
+                self.max_response_bytes,
+            )
 
         try:
             if self.guarded:
                 self.dp.access.check(
                     "http", ApiGroup.INFERENCE, lambda name: headers.get(_CREDENTIAL + name)
                 )
-            response = await self.dp.infer(model, version, decode, ctx)
+            payload, json_length = await self.dp.infer(model, version, decode, ctx, encode)
         except InferdError as exc:
             if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
                 extra.append((b"retry-after", RETRY_AFTER_S.encode()))
             elif exc.kind is ErrorKind.UNAUTHENTICATED:
                 extra += [(k.lower().encode(), v.encode()) for k, v in _CHALLENGE.items()]
             return STATUS[exc.kind], _JSON, orjson.dumps({"error": exc.message}), extra
-        infer_request = decoded[0]
-        binary_default = bool(infer_request.parameters.get("binary_data_output", False))
-        payload, json_length = encode_response(response, infer_request.outputs, binary_default)
         if json_length is None:
             return 200, _JSON, payload, extra
         extra.append((b"inference-header-content-length", str(json_length).encode()))
@@ -531,11 +557,22 @@ class InferdApp:
         return await self.routes(scope, receive, send)
 
 
-def build_app(dataplane: DataPlane, max_request_bytes: int, lifespan: Any = None) -> InferdApp:
+def build_app(
+    dataplane: DataPlane,
+    max_request_bytes: int,
+    lifespan: Any = None,
+    *,
+    offload: Offload | None = None,
+    max_response_bytes: int = 0,
+    max_bytes_elements: int = DEFAULT_LIMITS.max_bytes_elements,
+) -> InferdApp:
     adapter = HttpAdapter(dataplane, max_request_bytes)
     routes = Starlette(
         routes=adapter.routes(),
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )
-    return InferdApp(routes, InferEndpoint(dataplane, max_request_bytes))
+    infer = InferEndpoint(
+        dataplane, max_request_bytes, offload, max_response_bytes, max_bytes_elements
+    )
+    return InferdApp(routes, infer)

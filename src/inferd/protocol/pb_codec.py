@@ -10,13 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
+from inferd.limits import check_response_size
 from inferd.protocol.codec import (
+    MAX_BYTES_ELEMENTS,
     NO_DATA,
     REGION,
+    check_bytes_count,
+    check_requested_once,
     declared_count,
     decode_bytes_elements,
     shared_memory_ref,
@@ -61,7 +66,9 @@ def set_parameter(target: Any, key: str, value: Any) -> None:
         param.string_param = str(value)
 
 
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
+def decode_infer_request(
+    msg: pb.ModelInferRequest, max_bytes_elements: int = MAX_BYTES_ELEMENTS
+) -> InferRequest:
     if not msg.inputs:
         raise invalid("malformed request: 'inputs' must not be empty")
     params = [parameters_to_dict(t.parameters) for t in msg.inputs]
@@ -94,16 +101,21 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
                 raise invalid(f"{where}: give either contents or {REGION}, not both")
             data = NO_DATA  # the core reads it from the region
         elif raw:
-            data = _from_raw(raw[next_raw], t.datatype, shape, count, where)
+            buf = raw[next_raw]
+            data = _from_raw(buf, t.datatype, shape, count, where, max_bytes_elements)
             next_raw += 1
         else:
+            if t.datatype == "BYTES":
+                check_bytes_count(count, max_bytes_elements, where)
             data = _from_contents(t, dtype, shape, count, where)
         inputs.append(Tensor(t.name, t.datatype, shape, data, params[index], ref))
     uses_shared_memory = sent < len(msg.inputs)
     outputs = None
     if msg.outputs:
         outputs = []
+        seen: set[str] = set()
         for o in msg.outputs:
+            check_requested_once(o.name, seen)
             where = f"output '{o.name}'"
             out_params = parameters_to_dict(o.parameters)
             out_ref = shared_memory_ref(out_params, where) if out_params else None
@@ -120,9 +132,11 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-def _from_raw(buf: bytes, datatype: str, shape: tuple[int, ...], count: int, where: str) -> Array:
+def _from_raw(
+    buf: bytes, datatype: str, shape: tuple[int, ...], count: int, where: str, max_bytes: int
+) -> Array:
     if datatype == "BYTES":
-        return decode_bytes_elements(buf, count, where).reshape(shape)
+        return decode_bytes_elements(buf, count, where, max_bytes).reshape(shape)
     expected = count * ITEMSIZE[datatype]
     if len(buf) != expected:
         raise invalid(
@@ -157,16 +171,59 @@ def _from_contents(
     return np.array(values, dtype=dtype).reshape(shape)
 
 
-def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+def parse_infer_request(raw: bytes) -> pb.ModelInferRequest:
+    """A ModelInferRequest from its wire bytes (inferd parses it, not gRPC: off the loop
+    when it is large)."""
+    try:
+        return pb.ModelInferRequest.FromString(raw)
+    except DecodeError as exc:
+        raise invalid(f"malformed ModelInferRequest: {exc}") from None
+
+
+def encode_infer_response(response: InferResponse, max_bytes: int = 0) -> pb.ModelInferResponse:
+    """The response message; past `max_bytes` of tensor data (0: no limit) it stops with
+    PAYLOAD_TOO_LARGE before adding the output that passes it."""
     msg = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
     for key, value in response.parameters.items():
         set_parameter(msg.parameters, key, value)
+    produced = 0
     for tensor in response.outputs:
-        msg.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         # An output written to shared memory keeps its (empty) place, as Triton's: clients
         # find each output's contents by its index.
-        raw = b"" if tensor.shared_memory is not None else bytes(to_binary(tensor))
-        msg.raw_output_contents.append(raw)
+        raw = b"" if tensor.shared_memory is not None else to_binary(tensor)
+        produced += len(raw)
+        check_response_size(produced, max_bytes, at_least=True)
+        msg.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        msg.raw_output_contents.append(bytes(raw))
     return msg
+
+
+def serialize_infer_response(
+    response: InferResponse, max_bytes: int, stream_parameters: dict[str, Any] | None = None
+) -> bytes:
+    """A ModelInferResponse's wire bytes; with `stream_parameters` (added to it), those of a
+    ModelStreamInferResponse holding it: the same bytes behind field 2's tag and length,
+    built without copying the message into another."""
+    msg = encode_infer_response(response, max_bytes)
+    if stream_parameters is None:
+        plain: bytes = msg.SerializeToString()
+        return plain
+    for key, value in stream_parameters.items():
+        set_parameter(msg.parameters, key, value)
+    inner: bytes = msg.SerializeToString()
+    return _STREAM_INFER_RESPONSE_TAG + _varint(len(inner)) + inner
+
+
+# ModelStreamInferResponse.infer_response: field 2, wire type 2 (length-delimited).
+_STREAM_INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import gc
 import logging
 import tempfile
 import time
@@ -25,6 +24,7 @@ from inferd.circuit import CircuitBreaker, CircuitPolicy
 from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
+from inferd.memory import MemoryReleaser, rss_bytes
 from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
 from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name, instance_count
 from inferd.repository.loader import (
@@ -115,6 +115,7 @@ class ModelRegistry:
         self.telemetry = telemetry or Telemetry()
         self.execution_timeout_ms = execution_timeout_ms
         self.models: dict[str, Model] = {}
+        self.memory = MemoryReleaser()
 
     # -- lookups on the request path ----------------------------------------------------
 
@@ -289,6 +290,7 @@ class ModelRegistry:
     async def _load_locked(
         self, model: Model, model_dir: Path, override: mc.ModelConfig | None
     ) -> None:
+        reloading = bool(model.versions)
         seen = await asyncio.to_thread(fingerprint, model_dir)
         try:
             config, backend, numbers = await asyncio.to_thread(prepare, model_dir, override)
@@ -317,6 +319,8 @@ class ModelRegistry:
                 model.reason = message
             model.seen = seen
             log.error("model %s failed: %s", model.name, message)
+            # Reading the model file to complete its config may have loaded it once.
+            await self._release(model.name, [], "load_failed", rss_bytes())
             raise invalid(message) from None
         sums = await asyncio.to_thread(
             lambda: {str(n): checksum(model_dir / str(n)) for n in numbers}
@@ -377,6 +381,15 @@ class ModelRegistry:
         _apply_config_weights(model, config)
         if retired:
             await self._retire(retired)
+        elif failed:
+            await self._release(
+                model.name, [mv.version for mv in failed], "load_failed", rss_bytes()
+            )
+        elif reloading:
+            # Nothing swapped, but the pass read the model to check it (config completion,
+            # checksums): give that back too, or it stays until the next swap. (The
+            # repository's first load ends with one trim for every model: server.py.)
+            await self._release(model.name, [], "reloaded", rss_bytes())
         if failed:
             # As Triton: the load call fails when a version did not load, even though the
             # working versions kept serving (the caller must not take it for the new one).
@@ -400,7 +413,9 @@ class ModelRegistry:
         except Exception as exc:
             mv.state = State.UNAVAILABLE
             mv.reason = f"load failed: {exc}"
-            log.error("model %s version %s failed to load: %s", mv.name, mv.version, exc)
+            # The text, not the exception: its traceback holds the model's frames, and a
+            # handler that keeps records would keep the failed version alive with them.
+            log.error("model %s version %s failed to load: %s", mv.name, mv.version, str(exc))
             return
         loaded = time.monotonic()
         try:
@@ -412,7 +427,7 @@ class ModelRegistry:
                 inst.close()
             mv.state = State.UNAVAILABLE
             mv.reason = f"load failed: {exc}"
-            log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, exc)
+            log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, str(exc))
             return
         if warmed.warning:
             mv.warning = warmed.warning
@@ -458,8 +473,10 @@ class ModelRegistry:
             "" if warmed.samples == 1 else "s",
         )
 
-    async def _retire(self, versions: list[ModelVersion]) -> None:
-        """Drain and release versions that no longer take new requests."""
+    async def _retire(self, versions: list[ModelVersion], release: bool = True) -> None:
+        """Drain and close versions that no longer take new requests; then (`release`) give
+        their memory back to the operating system."""
+        rss_before = rss_bytes()
         for mv in versions:
             if mv.is_ready:
                 mv.state = State.UNLOADING
@@ -469,7 +486,14 @@ class ModelRegistry:
             mv.state = State.UNAVAILABLE
             mv.reason = "unloaded"
             log.info("unloaded model %s version %s", mv.name, mv.version)
-        gc.collect()  # return the sessions' memory now, not at some later collection
+        if release and versions:
+            name = versions[0].name  # one model's versions: the callers hold its lock
+            await self._release(name, [mv.version for mv in versions], "unloaded", rss_before)
+
+    async def _release(self, model: str, versions: list[str], why: str, rss_before: int) -> None:
+        """Collect and trim in a worker thread: the memory goes back to the OS now, not at
+        some later collection, and the loop keeps serving meanwhile."""
+        await asyncio.to_thread(self.memory.release, model, versions, why, rss_before)
 
     async def unload_model(self, name: str, forget: bool = False) -> None:
         """Drain and unload every version; the model stays in the index as unloaded."""
@@ -485,8 +509,9 @@ class ModelRegistry:
             await self._retire([v for v in retired if v.batcher is not None])
 
     async def unload_all(self) -> None:
+        """At shutdown: every version drains and closes (no trim: the process exits)."""
         versions = [v for m in self.models.values() for v in m.versions.values()]
-        await self._retire([v for v in versions if v.batcher is not None])
+        await self._retire([v for v in versions if v.batcher is not None], release=False)
 
 
 def _apply_config_weights(model: Model, config: mc.ModelConfig) -> None:

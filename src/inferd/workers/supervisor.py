@@ -178,7 +178,9 @@ class Supervisor:
                 registry.register(_WorkersCollector(self))
                 if self.settings.metrics_triton_names:  # the host once, not once per worker
                     gpus = register_host_metrics(registry)
-                metrics = MetricsServer(registry, self.settings.host, self.settings.metrics_port)
+                metrics = MetricsServer(
+                    registry, self.settings.host, self.settings.metrics_port, self.settings.limits
+                )
                 log.info(
                     "metrics of %d workers at http://%s:%d/metrics",
                     n,
