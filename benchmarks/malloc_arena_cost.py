@@ -24,17 +24,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.models import builders  # noqa: E402
-from tests.servers import free_port  # noqa: E402
+from tests.server_process import free_port, wait_until_serving  # noqa: E402
 
 BIG_ROW = 1 << 18  # FP32 values: 1 MiB
 
@@ -69,14 +66,8 @@ def server(repo: Path, arenas: str) -> Iterator[tuple[int, int, int]]:
         env=env,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready").status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("inferd did not become ready")
-            time.sleep(0.2)
+        # Our own process on the port chosen now, never a stranger that took it.
+        wait_until_serving(proc.pid, http_port, exit_code=proc.poll, timeout_s=60)
         yield proc.pid, http_port, grpc_port
     finally:
         proc.terminate()

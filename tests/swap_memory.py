@@ -31,7 +31,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 
-from tests.servers import free_port
+from tests.server_process import free_port, wait_until_serving
 
 WIDTH = 2048  # 16 MiB per FP32 layer
 LAYERS = 4  # 64 MiB of weights per ONNX version
@@ -199,19 +199,13 @@ class SwapServer:
 
     def metric(self, name: str) -> float:
         """The sum of every sample of `name` (over the `worker` label, with --workers)."""
-        import httpx
+        import urllib.request
+
         from prometheus_client.parser import text_string_to_metric_families
 
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        # A scrape under load can fail with HTTP 500 (the health score iterates a deque
-        # that the event loop appends to meanwhile): try again, as Prometheus's next
-        # scrape would.
-        for _ in range(3):
-            r = httpx.get(url, timeout=30)
-            if r.status_code == 200:
-                break
-        assert r.status_code == 200, f"/metrics answered {r.status_code}:\n{self.output()[-3000:]}"
-        text = r.text
+        with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 (loopback)
+            text = r.read().decode()
         return sum(
             s.value
             for family in text_string_to_metric_families(text)
@@ -258,16 +252,16 @@ def serve(
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     server = SwapServer(proc, http_port, grpc_port, metrics_port, log_path)
     try:
-        import httpx
-
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready").status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"inferd did not become ready:\n{server.output()[-4000:]}")
-            time.sleep(0.1)
+        # Our own process on the ports chosen now (never a stranger that took one), with
+        # every worker listening.
+        wait_until_serving(
+            proc.pid,
+            http_port,
+            exit_code=proc.poll,
+            output=lambda: server.output()[-4000:],
+            timeout_s=DEADLINE_S,
+            listeners=_workers(args),
+        )
         yield server
     finally:
         if proc.poll() is None:
@@ -277,6 +271,10 @@ def serve(
             except subprocess.TimeoutExpired:
                 proc.kill()
         proc.wait(timeout=30)
+
+
+def _workers(args: tuple[str, ...]) -> int:
+    return int(args[args.index("--workers") + 1]) if "--workers" in args else 1
 
 
 # -- the load ------------------------------------------------------------------------------

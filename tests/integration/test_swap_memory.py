@@ -42,11 +42,11 @@ class Model:
     def load(self, context):
         self.version = float(context.version)
         self.weights = [np.ones(1 << 16, np.float32) for _ in range(4)]
+        if self.version == 2:  # fails its load, holding its weights
+            raise RuntimeError("version 2 refuses to load")
 
     def predict(self, inputs):
         x = inputs["IN"]
-        if self.version == 2 and (x == 0).all():
-            raise RuntimeError("version 2 cannot take zeros")  # fails its warm-up
         return {"OUT": np.full(x.shape, self.version, dtype=np.float32)}
 """
 PROCESS = 'parameters { key: "isolation" value: { string_value: "process" } }'
@@ -138,12 +138,12 @@ def test_a_failed_load_leaves_nothing_behind(
 ) -> None:
     server, repo = explicit_server
     (repo / "held" / "2").mkdir()
-    (repo / "held" / "2" / "model.py").write_text(HELD_PY)  # its warm-up fails
+    (repo / "held" / "2" / "model.py").write_text(HELD_PY)  # its load fails
     client = _client(server, protocol)
     try:
         with (
             caplog.at_level(logging.INFO, logger="inferd.memory"),
-            pytest.raises(InferenceServerException, match="version 2 cannot take zeros"),
+            pytest.raises(InferenceServerException, match="version 2 refuses to load"),
         ):
             client.load_model("held")
     finally:
