@@ -17,8 +17,9 @@ TORCH ?= torch==2.13.0
 # Stamps: reinstall only when pyproject.toml (what each extra holds) or this file (which
 # extras) changes. `make serve` installs what every command the README and docs show after
 # it needs: inferd (with bench and tune), the example models' builders, and the `bench`
-# extra (matplotlib, for `inferd bench --plot`). tests/unit/test_dependencies.py checks it.
-SERVE_EXTRAS := examples,bench
+# extra (matplotlib, for `inferd bench --plot` and `inferd optimize --plot`), and the `optimize`
+# extra (onnx, for `inferd optimize`). tests/unit/test_dependencies.py checks it.
+SERVE_EXTRAS := examples,bench,optimize
 $(VENV)/.serve-deps: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[$(SERVE_EXTRAS)]' '$(TORCH)'
 	touch $@
@@ -34,13 +35,14 @@ models: $(VENV)/.serve-deps
 serve: models
 	$(BIN)/inferd serve --model-repository examples/models $(ARGS)
 
-# promtool and prometheus, for tests/integration/test_deploy.py: Debian's `prometheus` package
-# through apt-get, with sudo when not root; and perf_analyzer (its own venv under benchmarks/,
+# promtool and prometheus, for tests/integration/test_deploy.py, and nginx, for
+# test_replicas.py: Debian's `prometheus` and `nginx` packages through apt-get, with sudo
+# when not root; and perf_analyzer (its own venv under benchmarks/,
 # about a minute the first time) for test_perf_analyzer.py. A no-op once installed. If they
 # cannot be installed the run goes on and those tests are skipped, saying why (CI makes the
-# Prometheus ones fail instead).
+# Prometheus and nginx ones fail instead).
 test-tools:
-	@sh scripts/install-test-tools.sh || echo "make test: promtool/prometheus not installed" \
+	@sh scripts/install-test-tools.sh || echo "make test: promtool/prometheus/nginx not installed" \
 	  "(see above); the tests that need them will be skipped" >&2
 	@bash benchmarks/perf_analyzer.sh --install || echo "make test: perf_analyzer not" \
 	  "installed (see above); the tests that need it will be skipped" >&2

@@ -1,39 +1,54 @@
 #!/bin/sh
-# Installs the tools tests/integration/test_deploy.py needs: Prometheus' `promtool` (checks
-# deploy/prometheus/*.yaml) and `prometheus` itself (scrapes a live test server end to end).
+# Installs the tools the deployment tests need:
+# - Prometheus' `promtool` (checks deploy/prometheus/*.yaml) and `prometheus` itself (scrapes
+#   a live test server end to end): tests/integration/test_deploy.py;
+# - nginx, the balancer in front of three replicas: tests/integration/test_replicas.py
+#   (the test writes its own config from deploy/nginx/ and runs it on loopback ports).
 #
-# Idempotent: does nothing when both are already on PATH. Otherwise installs Debian's
-# `prometheus` package (which ships both binaries) with apt-get, through sudo when not root.
+# Idempotent: does nothing when all three are already installed. Otherwise installs
+# Debian's `prometheus` and `nginx` packages with apt-get, through sudo when not root.
 # `make test` runs this first; when it cannot install them (no apt-get, no sudo rights), it
 # says why and `make test` goes on: the tests that need them are skipped, each saying why.
 #
-# The package's maintainer scripts would start a Prometheus service listening on :9090; a
-# temporary policy-rc.d forbids that (the tests start their own Prometheus on free ports), and
+# The packages' maintainer scripts would start services (Prometheus on :9090, nginx on
+# :80); a temporary policy-rc.d forbids that (the tests start their own on free ports), and
 # any service that starts anyway (systemd hosts) is stopped and disabled afterwards.
 set -eu
 
-if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+# nginx lives in /usr/sbin, which a user's PATH may lack.
+have_nginx() {
+    command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]
+}
+
+PACKAGES=""
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    PACKAGES="prometheus"
+fi
+if ! have_nginx; then
+    PACKAGES="$PACKAGES nginx"
+fi
+if [ -z "$PACKAGES" ]; then
     exit 0
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install-test-tools: promtool/prometheus are missing and apt-get is not available;" >&2
-    echo "install Prometheus (https://prometheus.io/download/) so both are on PATH." >&2
+    echo "install-test-tools: promtool/prometheus/nginx are missing and apt-get is not available;" >&2
+    echo "install Prometheus (https://prometheus.io/download/) so both are on PATH, and nginx." >&2
     exit 1
 fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     if ! command -v sudo >/dev/null 2>&1; then
-        echo "install-test-tools: promtool/prometheus are missing; installing them needs root" >&2
-        echo "or sudo: run 'apt-get install prometheus' as root, or install Prometheus" >&2
+        echo "install-test-tools: promtool/prometheus/nginx are missing; installing them needs root" >&2
+        echo "or sudo: run 'apt-get install$PACKAGES' as root, or install Prometheus" >&2
         echo "(https://prometheus.io/download/) so both are on PATH." >&2
         exit 1
     fi
     SUDO="sudo"
 fi
 
-echo "install-test-tools: installing Debian's prometheus package (promtool, prometheus)${SUDO:+ with sudo}" >&2
+echo "install-test-tools: installing Debian's packages:$PACKAGES${SUDO:+ (with sudo)}" >&2
 
 # Forbid service starts during the install, unless the host already has its own policy.
 POLICY=/usr/sbin/policy-rc.d
@@ -51,12 +66,15 @@ cleanup() {
 trap cleanup EXIT
 
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+# shellcheck disable=SC2086  # one word per package
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    prometheus >/dev/null
+    $PACKAGES >/dev/null
 
 # On a systemd host the unit may be enabled and running anyway: the tests don't need it.
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+    for service in prometheus nginx; do
+        $SUDO systemctl disable --now "$service" >/dev/null 2>&1 || true
+    done
 fi
 
 # Debian puts both in /usr/bin; check they are really reachable now.
@@ -66,4 +84,8 @@ for tool in promtool prometheus; do
         exit 1
     fi
 done
+if ! have_nginx; then
+    echo "install-test-tools: nginx is still not installed after installing" >&2
+    exit 1
+fi
 echo "install-test-tools: $(promtool --version 2>&1 | head -n 1)" >&2

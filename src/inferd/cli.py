@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from pathlib import Path
 
 from inferd import __version__
+from inferd.access import TOKEN_ENV
 from inferd.bench.options import add_request_options
+from inferd.cli_env import EnvironmentParser, unknown_variables
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
 from inferd.limit_options import add_limit_options, limits_from
+from inferd.optimize.main import add_optimize_parser
 from inferd.settings import MIB, Settings
 from inferd.tune.main import add_tune_parser
+
+# INFERD_* variables that are not options (the admin token; the test suite's switch): no
+# warning that they name no option.
+OTHER_VARIABLES = frozenset({TOKEN_ENV, "INFERD_REQUIRE_TEST_TOOLS"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,13 +31,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"inferd {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # `serve` alone reads INFERD_* variables (cli_env.py); bench and tune are run by hand.
+    commands._parser_class = EnvironmentParser
     serve = commands.add_parser(
         "serve",
         help="serve a model repository over HTTP and gRPC",
         description="Serve a Triton-layout model repository over the KServe v2 protocol "
         "(HTTP/REST and gRPC).",
         formatter_class=DefaultsOnceFormatter,
+        epilog="Every option can also be set by an environment variable: INFERD_ and its "
+        "name in capitals, dashes as underscores (--http-port: INFERD_HTTP_PORT; a flag takes "
+        "true/false). The command line wins over the environment (docs/deploy.md).",
     )
+    commands._parser_class = argparse.ArgumentParser
     defaults = Settings()
     serve.add_argument(
         "--model-repository",
@@ -166,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_options(serve)
     add_bench_parser(commands)
     add_tune_parser(commands)
+    add_optimize_parser(commands)
     return parser
 
 
@@ -266,12 +282,24 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
 
 
+def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The `serve` subcommand's parser, out of build_parser()'s."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    serve: argparse.ArgumentParser = commands.choices["serve"]
+    return serve
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "bench":
         from inferd.bench.main import main as bench_main
 
         return bench_main(args)
+    if args.command == "optimize":
+        from inferd.optimize.main import main as optimize_main
+
+        return optimize_main(args)
     if args.command == "tune":
         from inferd.tune.main import main as tune_main
 
@@ -289,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
             print("inferd: --execution-timeout-ms must be >= 0 (0: no limit)", file=sys.stderr)
             return 2
         log.configure(args.log_level, args.log_format)
+        for name in unknown_variables(serve_parser(parser), os.environ):
+            if name not in OTHER_VARIABLES:
+                logging.getLogger("inferd").warning(
+                    "environment variable %s names no option of inferd serve: ignored", name
+                )
         if not args.model_repository.is_dir():
             print(
                 f"inferd: model repository {args.model_repository} is not a directory",

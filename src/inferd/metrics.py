@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 from inferd.events import BatchRecord, RequestRecord
 from inferd.health import IDLE_SCORE, HealthWindow
 from inferd.host_metrics import GpuCollector, register_host_metrics
+from inferd.metrics_load import LoadCollector
 from inferd.metrics_triton import TritonCollector
 from inferd.repository.config import backend_name, parameter
 from inferd.repository.registry import ModelRegistry, State
@@ -160,6 +161,7 @@ class MetricsSink:
         gc.callbacks.append(self._on_gc)
         r.register(_CountsCollector(self))
         r.register(_StateCollector(registry, self))
+        r.register(LoadCollector(registry))
         if triton_names:
             r.register(TritonCollector(registry, statistics, self.failures))
             if host_metrics:

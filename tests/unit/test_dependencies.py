@@ -123,6 +123,16 @@ def test_bench_and_tune_need_only_the_base_dependencies() -> None:
     assert not missing(files, closure(base()))
 
 
+def test_optimize_needs_its_extra_and_make_serve_installs_it() -> None:
+    """`inferd optimize`: onnx from its `optimize` extra, torch (PyTorch models) from the
+    `torch` extra; `make serve` installs both (the README's commands run after it)."""
+    files = sorted((ROOT / "src" / "inferd" / "optimize").glob("*.py"))
+    assert not missing(files, closure(base() + extra("optimize") + extra("torch")))
+    assert any("imports onnx " in gap for gap in missing(files, closure(base() + extra("torch"))))
+    installed = {_name(Requirement(r).name) for e in serve_extras() for r in extra(e)}
+    assert {"onnx", "torch", "matplotlib"} <= installed
+
+
 def test_the_benchmarks_need_only_what_make_serve_installs() -> None:
     """benchmarks/*.py run with the venv `make serve` makes (peers/ have venvs of their own)."""
     installs = base() + [r for name in serve_extras() for r in extra(name)]

@@ -29,6 +29,7 @@ from inferd.events import ExecutionTimes, Telemetry
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.admission import refuse_unmeetable_deadline
 from inferd.scheduling.execution import BatchClose, BatchRunner, ExecutionRecord, Pending
+from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
@@ -131,6 +132,10 @@ class DynamicBatcher:
         """Requests waiting for a batch."""
         return len(self._queue)
 
+    def load_sample(self) -> LoadSample:
+        """Busy time and demand of the instances over the recent window (autoscaling)."""
+        return self._runner.load.sample()
+
     async def submit(
         self,
         request: BoundRequest,
@@ -150,6 +155,7 @@ class DynamicBatcher:
         """
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
+        self._runner.load.arrived(request.rows)  # demand, whether it is served or shed
         if not self._runner.serving:
             raise unavailable(self._all_stuck_message())
         level = self._level(priority)

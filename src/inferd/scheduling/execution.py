@@ -32,6 +32,7 @@ from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.python_model import RequestInfo
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.calls import Call, wake
+from inferd.scheduling.load_signal import LoadWindow
 from inferd.scheduling.merge import merged_inputs
 from inferd.signature import BoundRequest
 from inferd.types import Array
@@ -121,6 +122,9 @@ class BatchRunner:
         self.consecutive_failures = 0  # executions in a row that failed (readiness)
         self.executing = 0  # requests in batches that are executing now
         self.executions: deque[ExecutionRecord] = deque(maxlen=10_000)
+        # Busy time and demand over a recent window: the autoscaling signal (load_signal.py).
+        self.load = LoadWindow(len(self.instances))
+        self._slot_of = {id(inst): i for i, inst in enumerate(self.instances)}
         self._executor = ThreadPoolExecutor(
             max_workers=len(self.instances), thread_name_prefix=f"inferd-{name}"
         )
@@ -193,6 +197,8 @@ class BatchRunner:
                 rows += p.request.rows
         self.executing += requests
         dequeued_ns = time.perf_counter_ns()
+        slot = self._slot_of[id(instance)]
+        self.load.started(slot, dequeued_ns)
         timings = (0, 0, 0)
         failed, timed_out = True, False
         call: Call[tuple[list[Result], Timings]] = Call(
@@ -240,6 +246,7 @@ class BatchRunner:
         finally:
             self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
             self.executing -= requests
+            self.load.finished(slot, dequeued_ns, time.perf_counter_ns(), rows)
             self.executions.append(ExecutionRecord(rows, requests, reason))
             self._telemetry.batch(
                 BatchRecord(

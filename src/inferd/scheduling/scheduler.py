@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from inferd.scheduling.execution import ExecutionRecord, Outcome
+from inferd.scheduling.load_signal import LoadSample
 from inferd.signature import BoundRequest
 
 
@@ -29,6 +30,8 @@ class Scheduler(Protocol):
     ) -> Outcome: ...
 
     def queue_depth(self) -> int: ...
+
+    def load_sample(self) -> LoadSample: ...
 
     def inflight(self) -> int: ...
 

@@ -28,6 +28,7 @@ from inferd.scheduling.execution import (
     Pending,
     Result,
 )
+from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.sequence_batches import (
     FormedBatch,
     attach_controls,
@@ -95,6 +96,10 @@ class SequenceBatcher:
     def executions(self) -> Sequence[ExecutionRecord]:
         return self._runner.executions
 
+    def load_sample(self) -> LoadSample:
+        """Busy time and demand of the instances over the recent window (autoscaling)."""
+        return self._runner.load.sample()
+
     def queue_depth(self) -> int:
         """Requests waiting for a batch (their sequences' queues)."""
         return sum(len(entry.queue) for entry in self.table.by_id.values())
@@ -140,6 +145,7 @@ class SequenceBatcher:
         """
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
+        self._runner.load.arrived(request.rows)  # demand, whether it is served or not
         for key, value in (("priority", priority), ("timeout", timeout_us)):
             if value:
                 raise invalid(
