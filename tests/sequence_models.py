@@ -283,6 +283,14 @@ def write_process_accumulator(repo: Path, name: str = "acc_process") -> None:
     _write(repo / name / "1" / "model.py", ACC_PY)
 
 
+def write_process_triton_accumulator(repo: Path, name: str = "acc_triton_process") -> None:
+    """`acc_triton` in a worker process of its own (isolation: process)."""
+    config = ACC_TRITON_CONFIG.replace('name: "acc_triton"', f'name: "{name}"')
+    config += 'parameters { key: "isolation" value: { string_value: "process" } }\n'
+    _write(repo / name / "config.pbtxt", config)
+    _write(repo / name / "1" / "model.py", ACC_TRITON_PY)
+
+
 def write_short_idle(repo: Path, name: str, idle_us: int) -> None:
     """An `acc` model whose sequences are released after `idle_us` without a request."""
     _write(repo / name / "config.pbtxt", ACC_CONFIG.format(name=name, idle_us=idle_us))

@@ -103,7 +103,7 @@ class DataPlane(StreamingEntry):
         if batcher is None:
             return "it is not loaded"
         if not batcher.instances_alive():
-            return "a worker process is down"
+            return "an instance is down (its worker process died, or its is_ready() said no)"
         if not batcher.serving_instances():
             return "every instance is stuck in an execution past its execution timeout"
         limit = int(parameter(mv.config, "unready_after_failures", "5") or 0)
@@ -453,6 +453,8 @@ class DataPlane(StreamingEntry):
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
         )
+        if bound.response_parameters:  # a Triton Python model's InferenceResponse(parameters=)
+            response.parameters.update(bound.response_parameters)
         if fallback_from:
             response.parameters["fallback_from"] = fallback_from
         return response

@@ -6,13 +6,13 @@
         def predict(self, inputs):          # a batch: {input name: array}, batch dim first
             return {"OUT": inputs["IN"] * 2}  # {output name: array}, same batch size
         # or predict(self, inputs, requests): `requests` tells, per request of the batch in
-        # row order, its correlation_id() and sequence flags() (sequence models)
+        # row order, its request_id, rows, parameters, correlation_id() and sequence flags()
         def unload(self):                   # once, when the version is unloaded
             ...
 
 A decoupled model (`model_transaction_policy { decoupled: true }`) defines `predict_stream`
 instead of `predict`: called once per request, it sends any number of responses and then the
-final flag through a `ResponseSender`.
+final flag through a `ResponseSender`. `load`, `predict` and `unload` may be `async def`.
 
 See docs/python-models.md.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
@@ -49,33 +50,53 @@ SEQUENCE_START = 1
 SEQUENCE_END = 2
 
 
-class _SequenceFields(Protocol):
+class _RequestFields(Protocol):
     request_id: str
     rows: int
     correlation_id: int | str
     flags: int
 
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+
+
+_NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+
 
 class RequestInfo:
     """Who sent one request of the batch `predict(inputs, requests)` receives.
 
-    Requests are in row order: request i holds the next `rows` rows of every input. The
-    method names are Triton's (`pb_utils.InferenceRequest`).
+    Requests are in row order: request i holds the next `rows` rows of every input.
+    `parameters` are the request's parameters (Triton's reserved keys, such as `priority` and
+    `timeout`, left out; docs/python-models.md). The method names are Triton's
+    (`pb_utils.InferenceRequest`).
     """
 
-    __slots__ = ("_correlation_id", "_flags", "request_id", "rows")
+    __slots__ = ("_correlation_id", "_flags", "parameters", "request_id", "rows")
 
     def __init__(
-        self, request_id: str = "", rows: int = 1, correlation_id: int | str = 0, flags: int = 0
+        self,
+        request_id: str = "",
+        rows: int = 1,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        parameters: Mapping[str, Any] = _NO_PARAMETERS,
     ) -> None:
         self.request_id = request_id
         self.rows = rows
+        self.parameters = parameters
         self._correlation_id = correlation_id
         self._flags = flags
 
     @classmethod
-    def of(cls, request: _SequenceFields) -> RequestInfo:
-        return cls(request.request_id, request.rows, request.correlation_id, request.flags)
+    def of(cls, request: _RequestFields) -> RequestInfo:
+        return cls(
+            request.request_id,
+            request.rows,
+            request.correlation_id,
+            request.flags,
+            request.parameters,
+        )
 
     def correlation_id(self) -> int | str:
         """The request's sequence id (an int or a str); 0 when it is not part of a sequence."""
@@ -86,16 +107,24 @@ class RequestInfo:
         sequence; 0 otherwise."""
         return self._flags
 
-    def __getstate__(self) -> tuple[str, int, int | str, int]:  # crosses to worker processes
-        return (self.request_id, self.rows, self._correlation_id, self._flags)
+    def __getstate__(self) -> tuple[str, int, int | str, int, dict[str, Any]]:
+        # Crosses to worker processes (a mapping proxy does not pickle: a dict does).
+        return (
+            self.request_id,
+            self.rows,
+            self._correlation_id,
+            self._flags,
+            dict(self.parameters),
+        )
 
-    def __setstate__(self, state: tuple[str, int, int | str, int]) -> None:
-        self.request_id, self.rows, self._correlation_id, self._flags = state
+    def __setstate__(self, state: tuple[str, int, int | str, int, dict[str, Any]]) -> None:
+        self.request_id, self.rows, self._correlation_id, self._flags, self.parameters = state
 
     def __repr__(self) -> str:
         return (
             f"RequestInfo(request_id={self.request_id!r}, rows={self.rows}, "
-            f"correlation_id={self._correlation_id!r}, flags={self._flags})"
+            f"correlation_id={self._correlation_id!r}, flags={self._flags}, "
+            f"parameters={dict(self.parameters)!r})"
         )
 
 

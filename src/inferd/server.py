@@ -16,6 +16,8 @@ from starlette.applications import Starlette
 
 from inferd import memory, model_output, tls
 from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
+from inferd.backends.python_host import ServerHost
+from inferd.custom_metrics import CustomMetrics
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
@@ -64,6 +66,10 @@ class InferenceServer:
             access=access,
             model_upload=settings.model_upload,
         )
+        # pb_utils' model loading API and custom metrics, for Python models.
+        self.custom_metrics = CustomMetrics()
+        self.model_host = ServerHost(self.dataplane, self.custom_metrics)
+        self.registry.model_host = self.model_host
         open_to_all = unguarded_repository_api(settings, access)
         if admin and open_to_all:
             log.warning(
@@ -92,6 +98,7 @@ class InferenceServer:
                 host_metrics=worker is None,  # with workers, the supervisor exports the host
             )
             self.telemetry.add(self.metrics)
+            self.metrics.prometheus.register(self.custom_metrics)
         # Large requests are decoded (and large responses encoded) off the event loop.
         self.offload = Offload(settings.limits.offload_bytes)
         self.app: InferdApp = build_app(
@@ -109,6 +116,7 @@ class InferenceServer:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         model_output.install()
+        self.model_host.bind_loop(asyncio.get_running_loop())
         log.info("loading model repository %s", self.settings.model_repository)
         if self.settings.model_control_mode == "explicit":
             names = list(self.settings.load_models)

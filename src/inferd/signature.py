@@ -7,7 +7,7 @@ that names the input and what was expected: nothing malformed reaches the batche
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from inferd.datatypes import CONFIG_TO_V2
 from inferd.errors import invalid
 from inferd.repository.config import ConfigError
 from inferd.repository.ragged_config import read_ragged_plan
+from inferd.request_parameters import model_parameters
 from inferd.types import Array, InferRequest, Parameters, RequestedOutput
 
 if TYPE_CHECKING:
@@ -59,15 +60,22 @@ class BoundRequest:
     shape_key: tuple[tuple[int, ...], ...]
     output_names: list[str]
     request_id: str = ""  # the client's request id, "" when it sent none
+    # For models that read them (ModelSignature.model_parameters: Python models): the
+    # request's parameters without Triton's reserved keys, and its `timeout` (µs; 0: none).
+    parameters: Parameters = field(default_factory=dict)
+    timeout_us: int = 0
     # Sequence models: the request's sequence id (0 / "": none) and its SEQUENCE_START (1) /
     # SEQUENCE_END (2) flags, set by the data plane from the request parameters.
     correlation_id: int | str = 0
     flags: int = 0
-    parameters: Parameters = field(default_factory=dict)  # the request's (Python models read them)
     responses: ResponseSink | None = None  # a decoupled model's response stream for it
     # Output name -> k: outputs the client asked for as their top k classes (set by the
     # data plane from the requested outputs' `classification` parameters); None: none.
     classes: dict[str, int] | None = None
+    # Set while a Triton Python model executes it: whether the client gave up on it.
+    is_cancelled: Callable[[], bool] | None = None
+    # What a Triton Python model attached to its response (InferenceResponse(parameters=)).
+    response_parameters: dict[str, Any] | None = None
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:
@@ -171,6 +179,8 @@ class ModelSignature:
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
         self.text_inputs: frozenset[str] = frozenset()
+        # Request parameters reach the model (the Python backend): checked and handed over.
+        self.model_parameters = False
         # Output name -> its classification labels (label_filename), set when it loads.
         self.labels: dict[str, tuple[str, ...]] = {}
         self.max_batch_size = int(config.max_batch_size)
@@ -267,7 +277,7 @@ class ModelSignature:
             elif not spec.optional:
                 raise invalid(f"missing input '{name}' for model '{model}'")
         keyed = self._keyed
-        return BoundRequest(
+        bound = BoundRequest(
             inputs=inputs,
             rows=rows if self.is_batched else 1,
             shape_key=tuple(a.shape[1:] for a in inputs.values())
@@ -275,8 +285,10 @@ class ModelSignature:
             else tuple(inputs[n].shape[1:] for n in keyed if n in inputs),
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
-            parameters=request.parameters,
         )
+        if request.parameters and self.model_parameters:
+            bound.parameters, bound.timeout_us = model_parameters(request.parameters)
+        return bound
 
     def _check_limits(
         self,

@@ -82,12 +82,6 @@ class Model:
         return {"OUT": inputs["IN"]}
 """
 
-TRITON_PY = """
-class TritonPythonModel:
-    def execute(self, requests):
-        return []
-"""
-
 SIMPLE_CONFIG = """
 name: "{name}"
 backend: "python"
@@ -112,7 +106,6 @@ def crash_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
     _write(repo, "crashy", CRASHY_PY, CRASHY_CONFIG.format(name="crashy", extra=""))
     _write(repo, "steady", STEADY_PY, SIMPLE_CONFIG.format(name="steady", extra=""))
     _write(repo, "bad_load", BAD_LOAD_PY, SIMPLE_CONFIG.format(name="bad_load", extra=PROCESS))
-    _write(repo, "triton_proc", TRITON_PY, SIMPLE_CONFIG.format(name="triton_proc", extra=PROCESS))
     with run_server(repo) as server:
         yield server
 
@@ -249,8 +242,6 @@ def test_a_failing_load_in_the_worker_marks_the_version_unavailable(
             assert time.monotonic() < deadline, rows
             time.sleep(0.05)
         assert "no weights in this folder" in rows["bad_load"]["reason"]
-        assert rows["triton_proc"]["state"] == "UNAVAILABLE"
-        assert "TritonPythonModel runs in the server process" in rows["triton_proc"]["reason"]
         assert c.get("/v2/models/bad_load/ready").status_code != 200
 
 

@@ -24,6 +24,7 @@ from tests.integration.test_metrics import scrape, value
 from tests.sequence_models import (
     build_sequence_repository,
     write_process_accumulator,
+    write_process_triton_accumulator,
     write_short_idle,
 )
 from tests.servers import RunningServer, run_server, sequence_batcher_of, wait_for
@@ -38,6 +39,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     build_sequence_repository(repo)
     write_short_idle(repo, "acc_idle", IDLE_US)
     write_process_accumulator(repo)
+    write_process_triton_accumulator(repo)
     bad = repo / "bad_sequence"
     (bad / "1").mkdir(parents=True)
     (bad / "1" / "model.py").write_text("class Model:\n    pass\n", encoding="utf-8")
@@ -159,6 +161,18 @@ def test_a_process_isolated_model_gets_each_requests_sequence(server: RunningSer
     # predict(inputs, requests) in a worker process: the infos cross the pipe with the batch.
     steps: dict[int | str, list[int]] = {cid: [cid, 1, 2] for cid in (71, 72, 73)}
     results = run_sequences(server, "grpc", "acc_process", steps)
+    for cid, values in steps.items():
+        got = [float(r.as_numpy("OUT").ravel()[0]) for r in results[cid]]
+        assert got == np.cumsum(values).astype(float).tolist()
+
+
+def test_a_process_isolated_triton_model_gets_each_requests_sequence(
+    server: RunningServer,
+) -> None:
+    # correlation_id() and flags() of a TritonPythonModel in a worker process: they cross the
+    # pipe with each request of the batch (string ids, the direct strategy).
+    steps: dict[int | str, list[int]] = {f"p-{k}": [k, 1, 2] for k in (1, 2, 3)}
+    results = run_sequences(server, "grpc", "acc_triton_process", steps)
     for cid, values in steps.items():
         got = [float(r.as_numpy("OUT").ravel()[0]) for r in results[cid]]
         assert got == np.cumsum(values).astype(float).tolist()

@@ -92,7 +92,7 @@ parameters { key: "delay_ms" value: { string_value: "50" } }
 """
 
 # Unbatched and broken on purpose: 0 -> too few responses, 1 -> execute raises,
-# 2 -> something that is not an InferenceResponse, 3 -> an INVALID_ARG error response.
+# 2 -> something that is not an InferenceResponse, 3..6 and 8 -> an error response with a code.
 TBROKEN_PY = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -106,8 +106,15 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("tbroken exploded")
         if x[0] == 2:
             return [None] * len(requests)
-        if x[0] == 3:
-            error = pb_utils.TritonError("3 is not allowed", pb_utils.TritonError.INVALID_ARG)
+        codes = {
+            3: pb_utils.TritonError.INVALID_ARG,
+            4: pb_utils.TritonError.NOT_FOUND,
+            5: pb_utils.TritonError.UNSUPPORTED,
+            6: pb_utils.TritonError.UNAVAILABLE,
+            8: pb_utils.TritonError.CANCELLED,
+        }
+        if int(x[0]) in codes:
+            error = pb_utils.TritonError(f"{int(x[0])} is not allowed", codes[int(x[0])])
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]) for _ in requests]
 """
@@ -302,12 +309,25 @@ def test_broken_execute_fails_with_a_clear_message(
     np.testing.assert_array_equal(result.as_numpy("OUT"), [7.0])
 
 
-def test_error_code_invalid_arg_is_a_client_error(client: Client) -> None:
+@pytest.mark.parametrize(
+    ("value", "http", "grpc"),
+    [
+        (3.0, "400", "INVALID_ARGUMENT"),
+        (4.0, "404", "NOT_FOUND"),
+        (5.0, "400", "INVALID_ARGUMENT"),
+        (6.0, "503", "UNAVAILABLE"),
+        (8.0, "500", "INTERNAL"),
+    ],
+    ids=["INVALID_ARG", "NOT_FOUND", "UNSUPPORTED", "UNAVAILABLE", "CANCELLED"],
+)
+def test_an_error_codes_status_follows_triton(
+    client: Client, value: float, http: str, grpc: str
+) -> None:
     with pytest.raises(InferenceServerException) as info:
-        client.infer("tbroken", {"IN": (np.array([3.0], np.float32), "FP32")})
-    expected = "400" if client.protocol == "http" else "StatusCode.INVALID_ARGUMENT"
+        client.infer("tbroken", {"IN": (np.array([value], np.float32), "FP32")})
+    expected = http if client.protocol == "http" else f"StatusCode.{grpc}"
     assert info.value.status() == expected
-    assert "3 is not allowed" in info.value.message()
+    assert f"{int(value)} is not allowed" in info.value.message()
 
 
 def test_logger_goes_to_the_models_log(

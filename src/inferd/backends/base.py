@@ -12,6 +12,7 @@ from inferd.errors import InferdError
 from inferd.types import Array
 
 if TYPE_CHECKING:
+    from inferd.backends.pb_utils.host import HostProvider
     from inferd.python_model import RequestInfo
     from inferd.signature import BoundRequest
 
@@ -24,6 +25,9 @@ class LoadContext:
     config: mc.ModelConfig
     instance_index: int
     instance_count: int
+    # What Python models may ask of the server (pb_utils.load_model, custom metrics);
+    # None outside a server.
+    host: HostProvider | None = None
 
 
 class Instance(Protocol):
@@ -65,8 +69,8 @@ class RequestListInstance(Protocol):
 @runtime_checkable
 class RequestInfoInstance(Protocol):
     """An `Instance` that can also be told who sent each request of the merged batch
-    (inferd's Python models whose `predict` takes a second argument: the correlation id
-    and sequence flags of each request)."""
+    (inferd's Python models whose `predict` takes a second argument: the request id,
+    rows, parameters, correlation id and sequence flags of each request)."""
 
     device: str
     provider: str
@@ -115,6 +119,9 @@ class Backend(Protocol):
     model_files: tuple[str, ...]  # every file name it can load, in order of preference
     # BYTES inputs reach the model as text, so they must be UTF-8 (checked at the edge).
     decodes_bytes_as_text: bool
+    # Optional, False when absent: request parameters reach the model (the Python backend),
+    # so `bind` checks them and hands them over in BoundRequest.parameters.
+    # passes_request_parameters: bool
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         """Fill what the config leaves out (inputs, outputs, batching) from the model file.

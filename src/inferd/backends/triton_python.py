@@ -1,17 +1,24 @@
 """Models written for Triton's Python backend: class `TritonPythonModel` in `model.py`.
 
 Triton's contract: `initialize(args)` once per instance, `execute(requests)` with the list of
-requests of one batch (each request keeps its own tensors) returning one
-`pb_utils.InferenceResponse` per request, `finalize()` at unload. A decoupled model's
-`execute` returns None and answers through each request's response sender instead.
+requests of one batch (each request keeps its own tensors and parameters) returning one
+`pb_utils.InferenceResponse` per request, `is_ready()` on readiness probes, `finalize()` at
+unload. A decoupled model's `execute` returns None and answers through each request's
+response sender instead. `execute` (and `is_ready`) may be `async def`: the coroutine runs on
+the instance's own event loop (model_calls.ModelLoop); a decoupled model's is not waited for,
+as in Triton. The same class runs in the server process and, with `isolation: "process"`
+(decoupled models excepted), in a worker process (worker_child.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -19,6 +26,8 @@ import numpy as np
 
 from inferd.backends import pb_utils
 from inferd.backends.base import LoadContext
+from inferd.backends.model_calls import ModelLoop, ReadinessCheck
+from inferd.backends.pb_utils.host import InstanceModelHost, serving
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.model_output import running_model
@@ -29,9 +38,12 @@ from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.python")
 
-# What a TritonError's code becomes; every other code fails the request as a model error.
+# What a TritonError's code becomes (Triton's HTTP and gRPC statuses for the same codes);
+# UNKNOWN, INTERNAL, ALREADY_EXISTS and CANCELLED fail the request as a model error.
 _ERROR_KINDS = {
     pb_utils.TritonError.INVALID_ARG: ErrorKind.INVALID_ARGUMENT,
+    pb_utils.TritonError.UNSUPPORTED: ErrorKind.INVALID_ARGUMENT,
+    pb_utils.TritonError.NOT_FOUND: ErrorKind.NOT_FOUND,
     pb_utils.TritonError.UNAVAILABLE: ErrorKind.UNAVAILABLE,
 }
 
@@ -57,36 +69,70 @@ class TritonPythonInstance:
     device = "cpu"
     provider = "python"
 
-    def __init__(self, ctx: LoadContext, module: ModuleType) -> None:
+    def __init__(self, ctx: LoadContext, module: ModuleType, probe_readiness: bool = True) -> None:
+        """`probe_readiness`: answer `is_alive()` from the model's `is_ready()` (False in a
+        worker process, whose parent asks `check_ready()` over a pipe of its own)."""
         self._name = ctx.model_name
         self._module_name = module.__name__
+        self._model_dir = str(ctx.version_dir)
         self._batched = ctx.config.max_batch_size > 0
         self._decoupled = bool(ctx.config.model_transaction_policy.decoupled)
-        with running_model(self._name):
-            self._model: Any = module.TritonPythonModel()
-            if hasattr(self._model, "initialize"):
-                self._model.initialize(initialize_args(ctx))
+        self._host: InstanceModelHost | None = (
+            ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
+        )
+        task = f"inferd-model-{ctx.model_name}-{ctx.instance_index}"
+        self._loop = ModelLoop(f"{task}-async", self._marks)
+        self._readiness: ReadinessCheck | None = None
+        try:
+            with self._marks():
+                self._model: Any = module.TritonPythonModel()
+                if hasattr(self._model, "initialize"):
+                    self._loop.resolve(self._model.initialize(initialize_args(ctx)))
+            self.has_is_ready = hasattr(self._model, "is_ready")
+            if self.has_is_ready and probe_readiness:
+                self._readiness = ReadinessCheck(task, self.check_ready)
+        except BaseException:
+            self._loop.close()  # an async initialize/load may have started it
+            self._release()
+            raise
+
+    @contextlib.contextmanager
+    def _marks(self) -> Iterator[None]:
+        """While the model's code runs: prints go to its log, pb_utils finds its server."""
+        with running_model(self._name), serving(self._host, self._model_dir):
+            yield
+
+    def check_ready(self) -> bool:
+        """Ask the model's `is_ready()` now (blocking; any thread but the event loop's)."""
+        with self._marks():
+            answer: bool = self._loop.resolve(self._model.is_ready())
+        return answer
+
+    def is_alive(self) -> bool:
+        """A `SupervisedInstance`: what the model's `is_ready()` said last (True without)."""
+        return self._readiness is None or self._readiness.ready()
 
     def execute_requests(
         self, requests: list[BoundRequest]
     ) -> list[dict[str, Array] | InferdError]:
         triton_requests = [
-            pb_utils.InferenceRequest(
-                inputs=[pb_utils.Tensor(name, array) for name, array in r.inputs.items()],
-                request_id=r.request_id,
-                correlation_id=r.correlation_id,
-                flags=r.flags,
-                requested_output_names=r.output_names,
-                model_name=self._name,
-                parameters=r.parameters,
+            pb_utils.InferenceRequest.incoming(
+                [pb_utils.Tensor(name, array) for name, array in r.inputs.items()],
+                r.request_id,
+                r.output_names,
+                r.parameters,
+                r.timeout_us,
+                None if self._decoupled else r.is_cancelled,  # a stream knows better
+                r.correlation_id,
+                r.flags,
             )
             for r in requests
         ]
         if self._decoupled:
             return self._execute_decoupled(requests, triton_requests)
         # An exception here fails every request of the batch, as in Triton.
-        with running_model(self._name):
-            responses = self._model.execute(triton_requests)
+        with self._marks():
+            responses = self._loop.resolve(self._model.execute(triton_requests))
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
             got = (
                 f"{len(responses)} responses"
@@ -105,7 +151,8 @@ class TritonPythonInstance:
     ) -> list[dict[str, Array] | InferdError]:
         """`execute` returns None; each request's responses go through its sender, now or
         later from a thread of the model's. The result per request is empty: its stream
-        carries the answer."""
+        carries the answer. An `async def execute` runs on, and is not waited for: the
+        instance takes its next batch meanwhile (Triton's async decoupled execute)."""
         sinks: list[ResponseSink] = []
         for request, triton_request in zip(requests, triton_requests, strict=True):
             sink = request.responses if request.responses is not None else CollectingSink()
@@ -117,9 +164,11 @@ class TritonPythonInstance:
             sink.started()
             sinks.append(sink)
         try:
-            with running_model(self._name):
+            with self._marks():
                 returned = self._model.execute(triton_requests)
-            if returned is not None:
+            if asyncio.iscoroutine(returned):
+                self._loop.submit(returned, functools.partial(self._failed_later, sinks))
+            elif returned is not None:
                 raise TypeError(
                     f"execute() returned {type(returned).__name__}; a decoupled model "
                     "(model_transaction_policy decoupled) must return None and send its "
@@ -128,12 +177,15 @@ class TritonPythonInstance:
         except Exception as exc:
             # Before the senders can be released: the client gets this message, not the
             # "released without the final flag" one. As in Triton, every request fails.
-            error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self._name}': {exc}")
-            failed = [sink.fail(error) for sink in sinks]
-            if not any(failed):  # every stream had ended: no client hears of it, the log must
-                log.warning("%s (after its requests' final flags)", error.message)
+            self._failed_later(sinks, exc)
             raise
         return [{} for _ in requests]
+
+    def _failed_later(self, sinks: list[ResponseSink], exc: BaseException) -> None:
+        error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self._name}': {exc}")
+        failed = [sink.fail(error) for sink in sinks]
+        if not any(failed):  # every stream had ended: no client hears of it, the log must
+            log.warning("%s (after its requests' final flags)", error.message)
 
     def _stream_outputs(
         self, response: pb_utils.InferenceResponse, request: BoundRequest
@@ -170,13 +222,25 @@ class TritonPythonInstance:
                     "max_batch_size, so each response must keep its request's batch dimension",
                 )
             outputs[tensor.name()] = array
+        parameters = response.parameters_dict()
+        if parameters:
+            request.response_parameters = parameters
         return outputs
 
     def close(self) -> None:
         try:
+            if self._readiness is not None:
+                self._readiness.close()
+            self._loop.close()  # as Triton: the event loop stops before finalize
             if hasattr(self._model, "finalize"):
-                with running_model(self._name):
-                    self._model.finalize()
+                with self._marks():
+                    self._loop.resolve(self._model.finalize())
         finally:
-            sys.modules.pop(self._module_name, None)
+            self._loop.close()
+            self._release()
             del self._model
+
+    def _release(self) -> None:
+        sys.modules.pop(self._module_name, None)
+        if self._host is not None:
+            self._host.close()

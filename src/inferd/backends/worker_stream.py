@@ -25,7 +25,8 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from inferd.backends.worker_process import ProcessInstance, WorkerDiedError
+from inferd.backends.worker_pipe import WorkerDiedError
+from inferd.backends.worker_process import ProcessInstance
 from inferd.errors import ErrorKind, InferdError
 from inferd.signature import BoundRequest
 from inferd.streams import CollectingSink, StreamClosedError
@@ -58,7 +59,7 @@ class StreamingProcessInstance(ProcessInstance):
     def _stream(self, request: BoundRequest) -> dict[str, Array] | InferdError:
         sink = request.responses if request.responses is not None else CollectingSink()
         worker = self._ready_worker()
-        worker.cancelled.value = 0
+        worker.cancelled[0] = 0
         sink.started()
         message = (
             "stream",
@@ -74,7 +75,7 @@ class StreamingProcessInstance(ProcessInstance):
             worker.send(message)
             while not (done and final):
                 if sink.is_cancelled():
-                    worker.cancelled.value = 1
+                    worker.cancelled[0] = 1
                 try:
                     reply = worker.receive(timeout=_CANCEL_POLL_S)
                 except TimeoutError:
@@ -145,7 +146,7 @@ class PipeSink:
         return True
 
     def is_cancelled(self) -> bool:
-        return bool(self._cancelled.value)
+        return bool(self._cancelled[0])
 
     def started(self) -> None:
         pass

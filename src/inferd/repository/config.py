@@ -47,6 +47,16 @@ def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
     return config, True
 
 
+def config_needed(model: str, backend_line: str, file: str, also: str = "") -> str:
+    """What to add when a model without config.pbtxt does not say which tensors it has."""
+    return (
+        f"{model}: no config.pbtxt, and {model}/{file} does not say which tensors "
+        f"it takes and returns; add {model}/config.pbtxt declaring them, e.g. {backend_line} "
+        'max_batch_size: 8 input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ] '
+        f'output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }} ]{also}'
+    )
+
+
 def backend_name(config: mc.ModelConfig) -> str:
     """Triton's rule: `backend` wins; otherwise it follows from `platform`."""
     if config.backend:

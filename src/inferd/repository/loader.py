@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends import BACKENDS, get_backend
 from inferd.backends.base import AnyInstance, Backend, LoadContext
+from inferd.backends.pb_utils.host import HostProvider
 from inferd.errors import InferdError
 from inferd.repository.config import (
     CONFIG_FILE,
@@ -21,6 +22,7 @@ from inferd.repository.config import (
     ConfigError,
     backend_name,
     check_honoured,
+    config_needed,
     int_parameter,
     parameter,
     read_config,
@@ -143,7 +145,11 @@ def prepare(
                 f"{model_dir.name}/{available[-1]}/ holds no {' or '.join(MODEL_FILES)}"
             )
         if not has_config and name in NEEDS_DECLARED_TENSORS:
-            raise ConfigError(_config_needed(model_dir.name, name, f"{available[-1]}/{file_name}"))
+            raise ConfigError(
+                config_needed(
+                    model_dir.name, NEEDS_DECLARED_TENSORS[name], f"{available[-1]}/{file_name}"
+                )
+            )
         if name == "onnxruntime":
             config.platform = "onnxruntime_onnx"
         elif name == "pytorch":
@@ -195,19 +201,9 @@ def prepare(
 
 
 # Backends whose model files do not record their tensors, so a config must declare them;
-# each with the line of config.pbtxt that names it.
-NEEDS_DECLARED_TENSORS = {"python": 'backend: "python"', "pytorch": 'platform: "pytorch_libtorch"'}
-
-
-def _config_needed(model: str, backend: str, file: str) -> str:
-    """What to add when a Python or PyTorch model comes without config.pbtxt."""
-    names = NEEDS_DECLARED_TENSORS[backend]
-    return (
-        f"{model}: no config.pbtxt, and {model}/{file} does not say which tensors "
-        f"it takes and returns; add {model}/config.pbtxt declaring them, e.g. {names} "
-        'max_batch_size: 8 input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ] '
-        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]'
-    )
+# each with the line of config.pbtxt that names it. (A Python model may also complete its
+# config from model.py, Triton's auto_complete_config: its backend decides.)
+NEEDS_DECLARED_TENSORS = {"pytorch": 'platform: "pytorch_libtorch"'}
 
 
 def _check_default_model_filename(
@@ -236,12 +232,18 @@ def model_file(backend: Backend, version_dir: Path) -> Path | None:
 
 
 def load_instances(
-    backend: Backend, name: str, version: str, config: mc.ModelConfig, version_dir: Path, count: int
+    backend: Backend,
+    name: str,
+    version: str,
+    config: mc.ModelConfig,
+    version_dir: Path,
+    count: int,
+    host: HostProvider | None = None,
 ) -> list[AnyInstance]:
     instances: list[AnyInstance] = []
     try:
         for index in range(count):
-            ctx = LoadContext(name, version, version_dir, config, index, count)
+            ctx = LoadContext(name, version, version_dir, config, index, count, host)
             instances.append(backend.load(ctx))
     except BaseException:
         for inst in instances:

@@ -20,6 +20,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import Backend
+from inferd.backends.pb_utils.host import HostProvider
 from inferd.circuit import CircuitBreaker, CircuitPolicy
 from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
@@ -115,6 +116,8 @@ class ModelRegistry:
         self.telemetry = telemetry or Telemetry()
         self.execution_timeout_ms = execution_timeout_ms
         self.models: dict[str, Model] = {}
+        # What Python models may ask of the server (pb_utils); set by the server.
+        self.model_host: HostProvider | None = None
         self.memory = MemoryReleaser()
 
     # -- lookups on the request path ----------------------------------------------------
@@ -302,6 +305,7 @@ class ModelRegistry:
             )
             timeout_s = execution_timeout_s(config, default_ms)
             signature = ModelSignature(config)  # its limits can be malformed config too
+            signature.model_parameters = getattr(backend, "passes_request_parameters", False)
             signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
             sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
             if sequence is not None:
@@ -408,7 +412,14 @@ class ModelRegistry:
                     f"{mv.name}/{mv.version}/ holds no {' or '.join(backend.model_files)}"
                 )
             instances = await asyncio.to_thread(
-                load_instances, backend, mv.name, mv.version, mv.config, version_dir, count
+                load_instances,
+                backend,
+                mv.name,
+                mv.version,
+                mv.config,
+                version_dir,
+                count,
+                self.model_host,
             )
         except Exception as exc:
             mv.state = State.UNAVAILABLE

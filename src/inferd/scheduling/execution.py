@@ -393,7 +393,10 @@ def run_batch(
     if by_request:
         # Models written against Triton's execute(requests) contract see the requests
         # separately, and answer each one (or fail it alone); ragged inputs keep each
-        # request's own shape, as in Triton's Python backend.
+        # request's own shape, as in Triton's Python backend. A request's future is done once
+        # its client gave up (cancelled, deadline passed): request.is_cancelled() reads it.
+        for p in batch:
+            p.request.is_cancelled = p.future.done
         started = clock()
         results = cast(RequestListInstance, instance).execute_requests([p.request for p in batch])
         if len(results) != len(batch):

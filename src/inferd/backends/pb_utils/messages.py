@@ -1,0 +1,273 @@
+"""`InferenceRequest` and `InferenceResponse`, and the helpers and flags that go with them."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from inferd.backends.pb_utils.errors import TritonError, TritonModelException, not_supported
+from inferd.backends.pb_utils.tensor import Tensor
+
+if TYPE_CHECKING:
+    from inferd.backends.pb_utils.sender import InferenceResponseSender
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+class MemoryType(enum.IntEnum):
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """Where a BLS request would like its outputs (kept; BLS itself is not supported yet)."""
+
+    def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+class InferenceTrace:
+    """A request's trace; inferd does not hand its trace context to Python models."""
+
+    def get_context(self) -> str | None:
+        return None
+
+
+def parameters_json(parameters: Mapping[str, Any] | None, where: str) -> str:
+    """Triton's rule for parameters a model sets: str keys, bool/int/str values; as JSON."""
+    for key, value in (parameters or {}).items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"{where}: parameters keys must be str, found {type(key).__name__}"
+            )
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"{where}: parameter '{key}' must be a bool, int or str, found "
+                f"{type(value).__name__}"
+            )
+    return json.dumps(dict(parameters or {}), separators=(",", ":"))
+
+
+class InferenceRequest:
+    """One client request as `execute` receives it (or one built for BLS, which inferd does
+    not run yet: `exec` and `async_exec` raise saying so). A decoupled model answers it
+    through `get_response_sender()`."""
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: Sequence[Tensor] = (),
+        requested_output_names: Sequence[str] = (),
+        model_name: str = "",
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isinstance(correlation_id, bool) or not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._inputs = list(inputs)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._requested_output_names = list(requested_output_names)
+        self._model_name = model_name
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._preferred_memory = preferred_memory
+        self._trace = trace or InferenceTrace()
+        self._parameters_json: str | None = parameters_json(parameters, "InferenceRequest")
+        self._parameters: Mapping[str, Any] = dict(parameters or {})
+        self._is_cancelled: Callable[[], bool] | None = None
+        self._sender: InferenceResponseSender | None = None  # set for decoupled models
+
+    @classmethod
+    def incoming(
+        cls,
+        inputs: list[Tensor],
+        request_id: str,
+        requested_output_names: list[str],
+        parameters: Mapping[str, Any],
+        timeout_us: int = 0,
+        is_cancelled: Callable[[], bool] | None = None,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+    ) -> InferenceRequest:
+        """A request a client sent, as the server hands it to `execute` (no checks: the
+        server checked it already; the parameters JSON is only made if asked for)."""
+        request = cls.__new__(cls)
+        request._inputs = inputs
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._requested_output_names = requested_output_names
+        request._model_name = ""
+        request._model_version = -1
+        request._flags = flags
+        request._timeout = timeout_us
+        request._preferred_memory = None
+        request._trace = InferenceTrace()
+        request._parameters_json = None
+        request._parameters = parameters
+        request._is_cancelled = is_cancelled
+        request._sender = None
+        return request
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        """The sequence id (sequence models): an int, or a str for string ids; 0 if none."""
+        return self._correlation_id
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def flags(self) -> int:
+        """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and/or _END (sequence models), else 0."""
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = int(flags)
+
+    def timeout(self) -> int:
+        """The request's `timeout` parameter in microseconds; 0 when it sent none."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON object string (Triton's reserved ones, such
+        as `priority`, `timeout` and `sequence_id`, left out)."""
+        if self._parameters_json is None:
+            self._parameters_json = json.dumps(dict(self._parameters), separators=(",", ":"))
+        return self._parameters_json
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
+
+    def is_cancelled(self) -> bool:
+        """True once the client gave up on the request (cancelled it, or its deadline or
+        queue timeout passed; a decoupled model's client left its stream): its answer will
+        not be delivered."""
+        if self._sender is not None:
+            return self._sender.is_cancelled()
+        return self._is_cancelled is not None and self._is_cancelled()
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "InferenceRequest.get_response_sender() is for decoupled models: set "
+                "model_transaction_policy { decoupled: true } in config.pbtxt, or return one "
+                "response per request from execute()"
+            )
+        return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        raise not_supported(
+            "request rescheduling (InferenceRequest.set_release_flags)",
+            "it needs sequence_batching { iterative_sequence: true }",
+        )
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        raise TritonModelException(
+            "BLS (InferenceRequest.exec) is not supported yet: a Python model cannot call "
+            "another model in inferd"
+        )
+
+    def async_exec(self, decoupled: bool = False) -> Any:
+        raise TritonModelException(
+            "BLS (InferenceRequest.async_exec) is not supported yet: a Python model cannot "
+            "call another model in inferd"
+        )
+
+
+class InferenceResponse:
+    """The answer to one request: its output tensors (and parameters), or an error failing
+    it alone."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list | tuple):
+            raise TritonModelException('"output_tensors" must be a list.')
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException(
+                f'"error" must be a pb_utils.TritonError, got {type(error).__name__}'
+            )
+        self._output_tensors = list(output_tensors)
+        self._error = error
+        self._parameters_json = parameters_json(parameters, "InferenceResponse")
+        self._parameters: dict[str, Any] = dict(parameters or {})
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters_json
+
+    def parameters_dict(self) -> dict[str, Any]:
+        """inferd's: the parameters as given, for the response the client gets."""
+        return self._parameters
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def _config_entry(model_config: Mapping[str, Any], field: str, name: str) -> dict[str, Any] | None:
+    for entry in model_config.get(field, []):
+        if entry.get("name") == name:
+            return dict(entry)
+    return None
+
+
+def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The `input` entry of the model_config dict named `name`, or None."""
+    return _config_entry(model_config, "input", name)
+
+
+def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The `output` entry of the model_config dict named `name`, or None."""
+    return _config_entry(model_config, "output", name)
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    """Whether the config asks for decoupled mode (which fails the load in inferd)."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
