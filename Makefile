@@ -16,9 +16,10 @@ TORCH ?= torch==2.13.0
 
 # Stamps: reinstall only when pyproject.toml (what each extra holds) or this file (which
 # extras) changes. `make serve` installs what every command the README and docs show after
-# it needs: inferd (with bench and tune), the example models' builders, and the `bench`
-# extra (matplotlib, for `inferd bench --plot` and `inferd optimize --plot`), and the `optimize`
-# extra (onnx, for `inferd optimize`). tests/unit/test_dependencies.py checks it.
+# it needs: inferd (the server, and bench, tune and optimize: src/inferd_tools), the example
+# models' builders, the `bench` extra (matplotlib, for `inferd bench --plot` and `inferd
+# optimize --plot`), and the `optimize` extra (onnx, for `inferd optimize`).
+# tests/unit/test_dependencies.py checks it.
 SERVE_EXTRAS := examples,bench,optimize
 $(VENV)/.serve-deps: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[$(SERVE_EXTRAS)]' '$(TORCH)'

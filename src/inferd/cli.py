@@ -10,14 +10,12 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.access import TOKEN_ENV
-from inferd.bench.options import add_request_options
 from inferd.cli_env import EnvironmentParser, unknown_variables
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
 from inferd.limit_options import add_limit_options, limits_from
-from inferd.optimize.main import add_optimize_parser
 from inferd.settings import MIB, Settings
-from inferd.tune.main import add_tune_parser
+from inferd_tools import commands as tools
 
 # INFERD_* variables that are not options (the admin token; the test suite's switch): no
 # warning that they name no option.
@@ -179,107 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_security_options(serve)
     add_limit_options(serve)
-    add_bench_parser(commands)
-    add_tune_parser(commands)
-    add_optimize_parser(commands)
+    tools.add_parsers(commands)  # bench, tune, optimize: inferd_tools, apart from the server
     return parser
-
-
-def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    bench = commands.add_parser(
-        "bench",
-        help="load a v2 server (inferd, Triton, MLServer) and measure latency and throughput",
-        description="A load generator for any KServe v2 / Triton-protocol server, "
-        "perf_analyzer's kind: closed loop (--concurrency) or open loop (--request-rate), "
-        "over HTTP (JSON or binary tensors) or gRPC. See docs/bench.md.",
-        formatter_class=DefaultsOnceFormatter,
-    )
-    bench.add_argument("-m", "--model", required=True, help="model to load")
-    bench.add_argument(
-        "-x", "--model-version", default="", help="model version (default: the server's choice)"
-    )
-    bench.add_argument(
-        "-u",
-        "--url",
-        default=None,
-        help="server address host:port (default 127.0.0.1:8000, or :8001 with -i grpc)",
-    )
-    bench.add_argument(
-        "-i", "--protocol", choices=["http", "grpc"], default="http", help="protocol to load over"
-    )
-    add_request_options(bench)
-    load = bench.add_mutually_exclusive_group()
-    load.add_argument(
-        "--concurrency",
-        default="1",
-        metavar="LEVELS",
-        help="closed loop: requests kept outstanding; a list 1,8,64, a range 1:16:4 or a "
-        "geometric range 1:64:x2",
-    )
-    load.add_argument(
-        "--request-rate",
-        default=None,
-        metavar="RATES",
-        help="open loop: requests per second (list or range as for --concurrency); latency "
-        "counts from each request's intended send time",
-    )
-    bench.add_argument(
-        "--poisson",
-        action="store_true",
-        help="open loop: Poisson arrivals instead of evenly spaced",
-    )
-    bench.add_argument(
-        "--warmup-s", type=float, default=2.0, help="seconds of load before measuring"
-    )
-    bench.add_argument("--window-s", type=float, default=5.0, help="length of a measurement window")
-    bench.add_argument(
-        "--stability-percentage",
-        type=float,
-        default=10.0,
-        help="stable: 3 consecutive windows whose throughput and p99 are each within this "
-        "percentage of their mean",
-    )
-    bench.add_argument(
-        "--max-windows", type=int, default=10, help="windows measured at most, stable or not"
-    )
-    bench.add_argument(
-        "--duration-s",
-        type=float,
-        default=None,
-        help="measure one window of this length instead of waiting for stability",
-    )
-    bench.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="worker processes sharing the load (1: in the main process)",
-    )
-    bench.add_argument(
-        "--max-connections",
-        type=int,
-        default=256,
-        help="open loop: requests in flight at most; later ones wait in the client, and "
-        "their wait counts as latency",
-    )
-    bench.add_argument(
-        "--stats-url",
-        default=None,
-        metavar="HOST:PORT",
-        help="read the server's statistics over HTTP here (default: the protocol used)",
-    )
-    bench.add_argument("--csv", default=None, metavar="FILE", help="write one row per level")
-    bench.add_argument("--json", default=None, metavar="FILE", help="write the full results")
-    bench.add_argument(
-        "--plot",
-        default=None,
-        metavar="FILE.png",
-        help="plot p50 and p99 against throughput (needs matplotlib: the 'bench' extra)",
-    )
-    bench.add_argument(
-        "--progress",
-        action="store_true",
-        help="show the live progress line even when stderr is not a terminal",
-    )
 
 
 def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -292,18 +191,8 @@ def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "bench":
-        from inferd.bench.main import main as bench_main
-
-        return bench_main(args)
-    if args.command == "optimize":
-        from inferd.optimize.main import main as optimize_main
-
-        return optimize_main(args)
-    if args.command == "tune":
-        from inferd.tune.main import main as tune_main
-
-        return tune_main(args)
+    if args.command in tools.NAMES:
+        return tools.run(args)
     if args.command == "serve":
         from inferd import log, server
 

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from inferd import cli
-from inferd.optimize.publish import REPORT_FILE, file_sha256
+from inferd_tools.optimize.publish import REPORT_FILE, file_sha256
 from tests.models import builders, write_counter
 from tests.optimize_models import write_mlp, write_outlier_classifier, write_torch_mlp
 from tests.servers import RunningServer, run_server

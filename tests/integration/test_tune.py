@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.tune.main import add_tune_parser, main
+from inferd_tools.tune.main import add_tune_parser, main
 from tests.models import build_good_repository
 from tests.servers import RunningServer, run_server
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from inferd.tune.main import main, settings_from_args
-from inferd.tune.sweep import TuneError, is_out_of_memory
+from inferd_tools.tune.errors import TuneError
+from inferd_tools.tune.main import main, settings_from_args
+from inferd_tools.tune.sweep import is_out_of_memory
 from tests.fault_models import param, write_model
 from tests.integration.test_tune import tune_args
 from tests.models import build_good_repository

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from inferd.bench.http import HttpConnection, HttpError, build_request
-from inferd.bench.load import Load, LocalSource, Target
+from inferd_tools.bench.http import HttpConnection, HttpError, build_request
+from inferd_tools.bench.load import Load, LocalSource, Target
 
 
 def test_request_is_built_once_with_host_length_and_headers() -> None:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from inferd.bench.errors import BenchError
-from inferd.bench.inputs import (
+from inferd_tools.bench.errors import BenchError
+from inferd_tools.bench.inputs import (
     TensorSpec,
     grpc_body,
     http_binary_body,
@@ -21,8 +21,8 @@ from inferd.bench.inputs import (
     raw_bytes,
     resolve_shapes,
 )
-from inferd.bench.load import Load, split_load
-from inferd.bench.runner import parse_levels
+from inferd_tools.bench.load import Load, split_load
+from inferd_tools.bench.runner import parse_levels
 
 
 def test_levels_lists_and_ranges() -> None:

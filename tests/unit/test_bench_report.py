@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inferd.bench import report
-from inferd.bench.runner import BenchConfig, BenchResult, LevelResult
+from inferd_tools.bench import report
+from inferd_tools.bench.runner import BenchConfig, BenchResult, LevelResult
 
 
 def _level(

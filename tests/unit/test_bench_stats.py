@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inferd.bench.stats import (
+from inferd_tools.bench.stats import (
     Samples,
     is_stable,
     latency_summary,

@@ -22,6 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "src" / "inferd_tools"  # bench, tune, optimize
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 # Imported only where the code says what to install when it is missing.
 OPTIONAL = {"matplotlib": "bench"}
@@ -73,7 +74,7 @@ def imported_top_levels(files: Iterable[Path]) -> dict[str, Path]:
                 continue
             for name in names:
                 found.setdefault(name.split(".")[0], path)
-    local = {"inferd", "tests", "__future__"}
+    local = {"inferd", "inferd_tools", "tests", "__future__"}
     return {
         name: path
         for name, path in found.items()
@@ -117,16 +118,18 @@ def extra(name: str) -> list[str]:
 
 
 def test_bench_and_tune_need_only_the_base_dependencies() -> None:
-    files = sorted((ROOT / "src" / "inferd" / "bench").glob("*.py"))
-    files += sorted((ROOT / "src" / "inferd" / "tune").glob("*.py"))
-    files += [ROOT / "src" / "inferd" / "cli.py"]
+    """With the server's public surface they use and the command line that registers every
+    tool (building `inferd`'s parser imports each tool's options)."""
+    files = sorted((TOOLS / "bench").glob("*.py")) + sorted((TOOLS / "tune").glob("*.py"))
+    files += [TOOLS / "__init__.py", TOOLS / "commands.py", TOOLS / "optimize" / "main.py"]
+    files += [ROOT / "src" / "inferd" / "cli.py", ROOT / "src" / "inferd" / "public.py"]
     assert not missing(files, closure(base()))
 
 
 def test_optimize_needs_its_extra_and_make_serve_installs_it() -> None:
     """`inferd optimize`: onnx from its `optimize` extra, torch (PyTorch models) from the
     `torch` extra; `make serve` installs both (the README's commands run after it)."""
-    files = sorted((ROOT / "src" / "inferd" / "optimize").glob("*.py"))
+    files = sorted((TOOLS / "optimize").glob("*.py"))
     assert not missing(files, closure(base() + extra("optimize") + extra("torch")))
     assert any("imports onnx " in gap for gap in missing(files, closure(base() + extra("torch"))))
     installed = {_name(Requirement(r).name) for e in serve_extras() for r in extra(e)}
@@ -148,6 +151,6 @@ def test_optional_imports_are_in_their_extra(module: str, extra_name: str) -> No
 
 def test_the_check_sees_what_is_missing() -> None:
     """Without aiohttp in the base, the bench would be caught again."""
-    files = sorted((ROOT / "src" / "inferd" / "bench").glob("*.py"))
+    files = sorted((TOOLS / "bench").glob("*.py"))
     without = closure(r for r in base() if not r.startswith("aiohttp"))
     assert any("imports aiohttp" in gap for gap in missing(files, without))

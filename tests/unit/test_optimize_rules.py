@@ -13,15 +13,15 @@ from google.protobuf import text_format
 from tests.optimize_models import write_mlp
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.optimize import accuracy as acc
-from inferd.optimize.candidates import Built
-from inferd.optimize.data import Dataset
-from inferd.optimize.errors import OptimizeError
-from inferd.optimize.main import parse_share
-from inferd.optimize.measure import Latency, MeasureSettings, Speed, time_calls
-from inferd.optimize.publish import check_canary_possible, policy_note, served_versions
-from inferd.optimize.source import ONNX, TORCHSCRIPT, OriginalModel, open_model
-from inferd.optimize.verdict import MEASURED, Outcome, Rules, judge, pick_winner
+from inferd_tools.optimize import accuracy as acc
+from inferd_tools.optimize.candidates import Built
+from inferd_tools.optimize.data import Dataset
+from inferd_tools.optimize.errors import OptimizeError
+from inferd_tools.optimize.main import parse_share
+from inferd_tools.optimize.measure import Latency, MeasureSettings, Speed, time_calls
+from inferd_tools.optimize.publish import check_canary_possible, policy_note, served_versions
+from inferd_tools.optimize.source import ONNX, TORCHSCRIPT, OriginalModel, open_model
+from inferd_tools.optimize.verdict import MEASURED, Outcome, Rules, judge, pick_winner
 
 PROBABILITIES = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4], [0.5, 0.25, 0.25]])
 

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferd.help_format import DefaultsOnceFormatter
+from inferd.public import DefaultsOnceFormatter
 
 # Everything heavy (onnxruntime's quantisers, torch) is imported only when the command
 # runs: building the parser must stay cheap, since every `inferd` command builds it.
@@ -160,7 +160,7 @@ class Options:
 
 
 def parse_share(text: str) -> float:
-    from inferd.optimize.errors import OptimizeError
+    from inferd_tools.optimize.errors import OptimizeError
 
     raw = text.strip()
     try:
@@ -175,8 +175,8 @@ def parse_share(text: str) -> float:
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
-    from inferd.optimize.candidates import KINDS
-    from inferd.optimize.errors import OptimizeError
+    from inferd_tools.optimize.candidates import KINDS
+    from inferd_tools.optimize.errors import OptimizeError
 
     tries = None
     if args.tries is not None:
@@ -223,8 +223,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 
 def main(args: argparse.Namespace) -> int:
-    from inferd.optimize.errors import EXIT_BAD_INPUT, OptimizeError
-    from inferd.optimize.run import run
+    from inferd_tools.optimize.errors import EXIT_BAD_INPUT, OptimizeError
+    from inferd_tools.optimize.run import run
 
     try:
         return run(options_from_args(args))

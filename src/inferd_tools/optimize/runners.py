@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from inferd.optimize.source import ONNX, TORCH_EXPORT, OriginalModel, RuntimeSettings
+from inferd_tools.optimize.source import ONNX, TORCH_EXPORT, OriginalModel, RuntimeSettings
 
 # Triton's optimization.graph.level values (as the server maps them); others: all.
 _GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-import orjson
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.access import TOKEN_ENV
-from inferd.bench.api import ServerApi
-from inferd.bench.errors import BenchError
-from inferd.bench.runner import BenchConfig, LevelResult, run
+from inferd.public import ADMIN_TOKEN_ENV
+from inferd_tools.bench.api import ServerApi
+from inferd_tools.bench.errors import BenchError
+from inferd_tools.bench.runner import BenchConfig, LevelResult, run
+from inferd_tools.tune.errors import TuneError
+from inferd_tools.tune.repository_api import RepositoryApi
 
 CHECKSUM_PARAMETER = "model_checksum"
 
@@ -44,10 +43,6 @@ OUT_OF_MEMORY_PATTERNS: tuple[str, ...] = (
 def is_out_of_memory(message: str) -> bool:
     lowered = message.lower()
     return any(pattern in lowered for pattern in OUT_OF_MEMORY_PATTERNS)
-
-
-class TuneError(Exception):
-    """A problem the user must fix (admin API off, unknown model, unreachable server)."""
 
 
 @dataclass(frozen=True)
@@ -150,64 +145,6 @@ def to_pbtxt(config: dict[str, Any]) -> str:
     return text
 
 
-class RepositoryApi:
-    """The model config and repository load calls, over HTTP."""
-
-    def __init__(self, url: str, model: str, load_timeout_s: float) -> None:
-        self.url = url
-        self.model = model
-        self.load_timeout_s = load_timeout_s
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> RepositoryApi:
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.load_timeout_s)
-        )
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        assert self._session is not None
-        data = None if body is None else orjson.dumps(body)
-        headers = {} if body is None else {"content-type": "application/json"}
-        if token := os.environ.get(TOKEN_ENV, "").strip():  # a server with an admin token
-            headers["authorization"] = f"Bearer {token}"
-        try:
-            async with self._session.request(
-                method, self.url + path, data=data, headers=headers
-            ) as response:
-                raw = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise TuneError(f"cannot reach the server at {self.url}: {e or type(e)}") from None
-        try:
-            doc = orjson.loads(raw) if raw.strip() else {}
-        except orjson.JSONDecodeError:
-            doc = {"error": raw[:300].decode(errors="replace")}
-        return status, doc
-
-    async def config(self) -> dict[str, Any]:
-        status, doc = await self._call("GET", f"/v2/models/{self.model}/config")
-        if status != 200 or not isinstance(doc, dict):
-            raise TuneError(f"model {self.model!r}: GET config answered {status}: {_error(doc)}")
-        return doc
-
-    async def load(self, config: dict[str, Any]) -> tuple[int, str]:
-        """(status, error message); status 200 is success."""
-        body = {"parameters": {"config": orjson.dumps(config).decode()}}
-        status, doc = await self._call("POST", f"/v2/repository/models/{self.model}/load", body)
-        return status, "" if status == 200 else _error(doc)
-
-
-def _error(doc: Any) -> str:
-    if isinstance(doc, dict) and "error" in doc:
-        return str(doc["error"])
-    return str(doc)
-
-
 ADMIN_HINT = (
     "the server's repository API is off (403): start it with --admin-api on, or with "
     "--model-control-mode explicit, to let inferd tune load candidate configs"
@@ -276,7 +213,7 @@ async def sweep(
         if status == 401:
             raise TuneError(
                 f"the server's repository API needs a credential (401: {message}); set "
-                f"{TOKEN_ENV} to its admin token"
+                f"{ADMIN_TOKEN_ENV} to its admin token"
             )
         if status != 200:
             raise TuneError(

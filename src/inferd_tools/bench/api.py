@@ -8,8 +8,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from inferd.bench.errors import BenchError
-from inferd.bench.load import GRPC_OPTIONS
+from inferd_tools.bench.errors import BenchError
+from inferd_tools.bench.load import GRPC_OPTIONS
 
 
 class ServerApi:

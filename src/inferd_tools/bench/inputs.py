@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from inferd.bench.errors import BenchError
+from inferd_tools.bench.errors import BenchError
 
 NUMPY_TYPES: dict[str, Any] = {
     "BOOL": np.bool_,

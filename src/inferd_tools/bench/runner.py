@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.bench import inputs
-from inferd.bench.api import ServerApi
-from inferd.bench.errors import BenchError
-from inferd.bench.load import (
+from inferd_tools.bench import inputs
+from inferd_tools.bench.api import ServerApi
+from inferd_tools.bench.errors import BenchError
+from inferd_tools.bench.load import (
     Load,
     LocalSource,
     ProcessSource,
@@ -25,7 +25,7 @@ from inferd.bench.load import (
     merge,
     split_load,
 )
-from inferd.bench.stats import (
+from inferd_tools.bench.stats import (
     Samples,
     WindowStats,
     is_stable,

@@ -3,7 +3,7 @@
 A `LocalSource` runs in the calling event loop; a `ProcessSource` runs a `LocalSource` in a
 worker process (multiprocessing, spawn) and is driven over a pipe. Requests are encoded
 once, before the load starts (over HTTP the whole request, headers included: see
-`inferd.bench.http`); the hot path only sends bytes and records a time.
+`inferd_tools.bench.http`); the hot path only sends bytes and records a time.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from inferd.bench.http import HttpConnection, HttpError, build_request, endpoint
-from inferd.bench.stats import SUCCESS, Samples
+from inferd_tools.bench.http import HttpConnection, HttpError, build_request, endpoint
+from inferd_tools.bench.stats import SUCCESS, Samples
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]

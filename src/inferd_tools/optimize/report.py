@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferd.optimize.errors import OptimizeError
-from inferd.optimize.measure import Speed
-from inferd.optimize.source import OriginalModel
-from inferd.optimize.verdict import Outcome, Rules
+from inferd_tools.optimize.errors import OptimizeError
+from inferd_tools.optimize.measure import Speed
+from inferd_tools.optimize.source import OriginalModel
+from inferd_tools.optimize.verdict import Outcome, Rules
 
 
 @dataclass

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.optimize.data import Dataset
-from inferd.optimize.runners import TorchRunner, session_options, tensor_order
-from inferd.optimize.source import MODEL_FILE, ONNX, TORCH_EXPORT, TORCHSCRIPT, OriginalModel
+from inferd_tools.optimize.data import Dataset
+from inferd_tools.optimize.runners import TorchRunner, session_options, tensor_order
+from inferd_tools.optimize.source import MODEL_FILE, ONNX, TORCH_EXPORT, TORCHSCRIPT, OriginalModel
 
 GRAPH = "graph"
 INT8_DYNAMIC = "int8-dynamic"

@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
-from inferd.optimize import accuracy as acc
-from inferd.optimize.candidates import DEFAULT_TRIES, INT8_STATIC, CandidateError, build
-from inferd.optimize.data import Dataset, load_inputs, load_labels, synthetic_inputs
-from inferd.optimize.errors import (
+from inferd_tools.optimize import accuracy as acc
+from inferd_tools.optimize.candidates import DEFAULT_TRIES, INT8_STATIC, CandidateError, build
+from inferd_tools.optimize.data import Dataset, load_inputs, load_labels, synthetic_inputs
+from inferd_tools.optimize.errors import (
     EXIT_NO_WINNER,
     EXIT_OK,
     EXIT_PUBLISH_FAILED,
     OptimizeError,
     PublishError,
 )
-from inferd.optimize.measure import MeasureSettings, Speed, measure
-from inferd.optimize.publish import check_canary_possible, publish
-from inferd.optimize.report import (
+from inferd_tools.optimize.measure import MeasureSettings, Speed, measure
+from inferd_tools.optimize.publish import check_canary_possible, publish
+from inferd_tools.optimize.report import (
     Report,
     check_plot_available,
     table,
@@ -31,13 +31,13 @@ from inferd.optimize.report import (
     write_json,
     write_plot,
 )
-from inferd.optimize.runners import open_runner
-from inferd.optimize.server_api import ServerApi
-from inferd.optimize.source import OriginalModel, check_installed, open_model
-from inferd.optimize.verdict import FAILED, MEASURED, Outcome, Rules, judge, pick_winner
+from inferd_tools.optimize.runners import open_runner
+from inferd_tools.optimize.server_api import ServerApi
+from inferd_tools.optimize.source import OriginalModel, check_installed, open_model
+from inferd_tools.optimize.verdict import FAILED, MEASURED, Outcome, Rules, judge, pick_winner
 
 if TYPE_CHECKING:
-    from inferd.optimize.main import Options
+    from inferd_tools.optimize.main import Options
 
 
 class Progress:

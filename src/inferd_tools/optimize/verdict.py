@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from inferd.optimize.accuracy import Accuracy
-from inferd.optimize.candidates import Built
-from inferd.optimize.measure import Speed
-from inferd.optimize.source import FORMAT_NAMES
+from inferd_tools.optimize.accuracy import Accuracy
+from inferd_tools.optimize.candidates import Built
+from inferd_tools.optimize.measure import Speed
+from inferd_tools.optimize.source import FORMAT_NAMES
 
 MEASURED = "measured"
 FAILED = "failed"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.optimize.runners import Runner
+from inferd_tools.optimize.runners import Runner
 
 
 @dataclass(frozen=True)

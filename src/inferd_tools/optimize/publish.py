@@ -15,10 +15,10 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.optimize.candidates import Built
-from inferd.optimize.errors import OptimizeError, PublishError
-from inferd.optimize.source import MODEL_FILE, OriginalModel
-from inferd.repository.checksum import checksum
+from inferd.public import checksum
+from inferd_tools.optimize.candidates import Built
+from inferd_tools.optimize.errors import OptimizeError, PublishError
+from inferd_tools.optimize.source import MODEL_FILE, OriginalModel
 
 REPORT_FILE = "optimize_report.json"
 AUTO_ROLLBACK = "canary_auto_rollback"

@@ -8,10 +8,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from inferd.bench import report
-from inferd.bench.errors import BenchError
-from inferd.bench.inputs import parse_shape_option
-from inferd.bench.runner import BenchConfig, BenchResult, BenchRun, parse_levels, progress_printer
+from inferd_tools.bench import report
+from inferd_tools.bench.errors import BenchError
+from inferd_tools.bench.inputs import parse_shape_option
+from inferd_tools.bench.runner import (
+    BenchConfig,
+    BenchResult,
+    BenchRun,
+    parse_levels,
+    progress_printer,
+)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.optimize.errors import OptimizeError
-from inferd.optimize.source import OriginalModel, TensorSpec
+from inferd_tools.optimize.errors import OptimizeError
+from inferd_tools.optimize.source import OriginalModel, TensorSpec
 
 SYNTHETIC_ROWS = 256
 # Integer inputs are often indexes (token ids, categories): small values stay in range.

@@ -9,9 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferd.bench.errors import BenchError
-from inferd.bench.runner import BenchResult, LevelResult
-from inferd.bench.stats import PERCENTILES, percentile_key
+from inferd_tools.bench.errors import BenchError
+from inferd_tools.bench.runner import BenchResult, LevelResult
+from inferd_tools.bench.stats import PERCENTILES, percentile_key
 
 if TYPE_CHECKING:  # matplotlib is optional (the 'bench' extra) and imported only to plot
     from matplotlib.axes import Axes

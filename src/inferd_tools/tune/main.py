@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from inferd.bench.options import add_request_options
-from inferd.help_format import DefaultsOnceFormatter
+from inferd.public import DefaultsOnceFormatter
+from inferd_tools.bench.options import add_request_options
+from inferd_tools.tune.errors import TuneError
 
 if TYPE_CHECKING:
-    from inferd.tune.sweep import SweepSettings
+    from inferd_tools.tune.sweep import SweepSettings
 
 # The sweep (and the bench engine with its HTTP client) is imported only when `tune` runs:
 # building the parser must stay cheap, since every `inferd` command builds it.
@@ -102,8 +103,6 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _int_list(option: str, text: str, least: int) -> list[int]:
-    from inferd.tune.sweep import TuneError
-
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -115,8 +114,6 @@ def _int_list(option: str, text: str, least: int) -> list[int]:
 
 def default_grpc_url(http_url: str) -> str:
     """inferd's layout: gRPC on the HTTP port + 1 (8000 and 8001), on the same host."""
-    from inferd.tune.sweep import TuneError
-
     try:
         parts = urlsplit(http_url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -129,8 +126,8 @@ def default_grpc_url(http_url: str) -> str:
 
 
 def settings_from_args(args: argparse.Namespace) -> SweepSettings:
-    from inferd.bench.inputs import parse_shape_option
-    from inferd.tune.sweep import SweepSettings, TuneError
+    from inferd_tools.bench.inputs import parse_shape_option
+    from inferd_tools.tune.sweep import SweepSettings
 
     url = args.url.rstrip("/")
     url = url if "://" in url else f"http://{url}"
@@ -171,8 +168,8 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
 
 
 def main(args: argparse.Namespace) -> int:
-    from inferd.bench.errors import BenchError
-    from inferd.tune.sweep import TuneError, sweep, table, to_pbtxt
+    from inferd_tools.bench.errors import BenchError
+    from inferd_tools.tune.sweep import sweep, table, to_pbtxt
 
     try:
         settings = settings_from_args(args)

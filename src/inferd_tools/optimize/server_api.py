@@ -15,10 +15,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from inferd.optimize.errors import OptimizeError, PublishError
+from inferd.public import ADMIN_TOKEN_ENV
+from inferd_tools.optimize.errors import OptimizeError, PublishError
 
-# The environment variable that holds the server's admin token (inferd serve reads the same).
-TOKEN_ENV = "INFERD_ADMIN_TOKEN"
 POLL_S = 0.2  # between two looks at the server while it loads the new version
 
 
@@ -38,7 +37,7 @@ class ServerApi:
         if body is not None:
             data = json.dumps(body).encode()
             headers["content-type"] = "application/json"
-        if token := os.environ.get(TOKEN_ENV, "").strip():
+        if token := os.environ.get(ADMIN_TOKEN_ENV, "").strip():
             headers["authorization"] = f"Bearer {token}"
         request = urllib.request.Request(self.url + path, data, headers, method=method)
         try:
@@ -72,7 +71,7 @@ class ServerApi:
         if status == 401:
             raise OptimizeError(
                 f"--server {self.url}: the routing API needs a credential ({_error(doc)}); "
-                f"set {TOKEN_ENV} to the server's admin token"
+                f"set {ADMIN_TOKEN_ENV} to the server's admin token"
             )
         if status == 403:
             raise OptimizeError(

@@ -15,14 +15,14 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import triton_to_np_dtype
 
-from inferd.optimize.errors import OptimizeError
-from inferd.repository.config import (
+from inferd.public import (
     ConfigError,
     backend_name,
     instance_count,
     int_parameter,
     read_config,
 )
+from inferd_tools.optimize.errors import OptimizeError
 
 ONNX = "onnx"
 TORCHSCRIPT = "torchscript"

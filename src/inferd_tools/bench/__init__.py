@@ -8,6 +8,6 @@ processes if asked. See docs/bench.md.
 
 from __future__ import annotations
 
-from inferd.bench.errors import BenchError
+from inferd_tools.bench.errors import BenchError
 
 __all__ = ["BenchError"]

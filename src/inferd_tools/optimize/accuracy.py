@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferd.optimize.data import Dataset
-from inferd.optimize.errors import OptimizeError
-from inferd.optimize.runners import Runner
-from inferd.optimize.source import OriginalModel
+from inferd_tools.optimize.data import Dataset
+from inferd_tools.optimize.errors import OptimizeError
+from inferd_tools.optimize.runners import Runner
+from inferd_tools.optimize.source import OriginalModel
 
 CLASS = "class"
 EXACT = "exact"
