@@ -163,7 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit-timeout-secs",
         type=float,
         default=defaults.exit_timeout_s,
-        help="on shutdown, how long queued and running requests may take to finish",
+        help="on shutdown, how long queued and running requests may take to finish; the "
+        "process exits at most a few seconds later, with status 1 if a model call was stuck",
+    )
+    serve.add_argument(
+        "--execution-timeout-ms",
+        type=int,
+        default=defaults.execution_timeout_ms,
+        metavar="MS",
+        help="how long one model execution may take before its requests fail with 504 / "
+        "DEADLINE_EXCEEDED and its instance is taken out of service (a process-isolated one "
+        "is replaced); a model's parameter execution_timeout_ms overrides it; 0: no limit",
     )
     add_security_options(serve)
     add_limit_options(serve)
@@ -191,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.workers < 1:
             print("inferd: --workers must be at least 1", file=sys.stderr)
+            return 2
+        if args.execution_timeout_ms < 0:
+            print("inferd: --execution-timeout-ms must be >= 0 (0: no limit)", file=sys.stderr)
             return 2
         log.configure(args.log_level, args.log_format)
         for name in unknown_variables(serve_parser(parser), os.environ):
@@ -241,6 +254,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         load_models=tuple(args.load_model),
         admin_api=None if args.admin_api is None else args.admin_api == "on",
         exit_timeout_s=args.exit_timeout_secs,
+        execution_timeout_ms=args.execution_timeout_ms,
         max_inflight_requests=args.max_inflight_requests,
         workers=args.workers,
         **security_settings(args),

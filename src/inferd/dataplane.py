@@ -83,8 +83,9 @@ class DataPlane(StreamingEntry):
 
     def ready(self) -> bool:
         """Ready means able to serve: not draining, every model has a version that loaded,
-        whose circuit is closed, whose workers are alive and that isn't failing every
-        execution. Not merely "the process is up"."""
+        whose circuit is closed, whose workers are alive, that has an instance not stuck
+        past its execution timeout and that isn't failing every execution. Not merely "the
+        process is up"."""
         if self.is_shutting_down or not self.registry.is_ready():
             return False
         for model in self.registry.models.values():
@@ -103,6 +104,8 @@ class DataPlane(StreamingEntry):
             return "it is not loaded"
         if not batcher.instances_alive():
             return "an instance is down (its worker process died, or its is_ready() said no)"
+        if not batcher.serving_instances():
+            return "every instance is stuck in an execution past its execution timeout"
         limit = int(parameter(mv.config, "unready_after_failures", "5") or 0)
         if limit and batcher.consecutive_failures >= limit:
             return f"its last {batcher.consecutive_failures} executions failed"

@@ -106,6 +106,7 @@ class BatchRecord:
     compute_infer_ns: int
     compute_output_ns: int
     failed: bool
+    timed_out: bool = False  # failed by the execution timeout (execution_timeout_ms)
 
 
 def note_failure(record: RequestRecord, exc: BaseException) -> None:

@@ -146,6 +146,7 @@ class MetricsSink:
         # Decoupled models: (responses sent to clients, responses dropped) per version.
         self.stream_responses: dict[tuple[str, str], list[int]] = {}
         self.batch_closes: dict[tuple[str, str, str], int] = {}
+        self.execution_timeouts: dict[tuple[str, str], int] = {}
         # GC callbacks run on whichever thread collects: this one keeps its lock.
         self.gc_pause = Histogram(
             "inferd_gc_pause_seconds",
@@ -203,6 +204,9 @@ class MetricsSink:
     def on_batch(self, record: BatchRecord) -> None:
         key = (record.model, record.version, record.close_reason)
         self.batch_closes[key] = self.batch_closes.get(key, 0) + 1
+        if record.timed_out:
+            labels = (record.model, record.version)
+            self.execution_timeouts[labels] = self.execution_timeouts.get(labels, 0) + 1
         if not record.failed:
             c = self._series(record.model, record.version)
             c.inferences += record.rows  # with its execution, like the statistics API
@@ -287,6 +291,13 @@ class _CountsCollector(Collector):
         )
         for key, count in sorted(items(sink.batch_closes)):
             close.add_metric(list(key), count)
+        timeouts = CounterMetricFamily(
+            "inferd_execution_timeouts",
+            "Executions that passed the model's execution timeout (their requests got 504).",
+            labels=MV,
+        )
+        for (model, version), count in sorted(items(sink.execution_timeouts)):
+            timeouts.add_metric([model, version], count)
         sent = CounterMetricFamily(
             "inferd_stream_responses",
             "Responses decoupled models sent to their clients (error responses included).",
@@ -300,7 +311,7 @@ class _CountsCollector(Collector):
         for (model, version), (count, lost) in sorted(dict(sink.stream_responses).items()):
             sent.add_metric([model, version], count)
             dropped.add_metric([model, version], lost)
-        yield from (success, failure, inferences, executions, close, sent, dropped)
+        yield from (success, failure, inferences, executions, close, timeouts, sent, dropped)
         yield from histograms.values()
 
 
@@ -315,6 +326,12 @@ class _StateCollector(Collector):
         depth = GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=MV)
         inflight = GaugeMetricFamily(
             "inferd_inflight_requests", "Requests queued or executing.", labels=MV
+        )
+        unhealthy = GaugeMetricFamily(
+            "inferd_unhealthy_instances",
+            "Instances that cannot execute now: stuck past the execution timeout, or with "
+            "their worker process down or restarting.",
+            labels=MV,
         )
         state = GaugeMetricFamily(
             "inferd_model_state",
@@ -403,6 +420,7 @@ class _StateCollector(Collector):
                 if mv.batcher is not None:
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())
+                    unhealthy.add_metric(labels, mv.batcher.unhealthy_instances())
                 if isinstance(mv.batcher, SequenceBatcher):
                     sequences.add_metric(labels, mv.batcher.active_sequences())
                     backlog.add_metric(labels, mv.batcher.backlog())
@@ -413,7 +431,7 @@ class _StateCollector(Collector):
                     baseline = float(raw) / 1000 if raw else None
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         self._sink.keep_windows(live)
-        yield from (depth, inflight, state, load, warmup, info, health)
+        yield from (depth, inflight, unhealthy, state, load, warmup, info, health)
         yield from (sequences, backlog, released)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
         yield CounterMetricFamily(

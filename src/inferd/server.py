@@ -33,6 +33,7 @@ from inferd.repository.watcher import RepositoryPoller
 from inferd.request_log import RequestLogSink
 from inferd.routing import CanaryGuard
 from inferd.settings import Settings
+from inferd.shutdown import ShutdownClock
 from inferd.trace_settings import TraceSettings
 from inferd.tracing import TraceSink
 from inferd.workers.peers import PeerServer, WorkerSlot
@@ -52,7 +53,10 @@ class InferenceServer:
         if settings.trace_otlp_endpoint:
             self.trace_sink = TraceSink(settings.trace_otlp_endpoint, settings=trace_settings)
             self.telemetry.add(self.trace_sink)
-        self.registry = ModelRegistry(settings.model_repository, self.telemetry)
+        self.registry = ModelRegistry(
+            settings.model_repository, self.telemetry, settings.execution_timeout_ms
+        )
+        self.shutdown = ShutdownClock(settings.exit_timeout_s)
         admin = admin_api_enabled(settings)
         access = access_policy(settings)
         self.dataplane = DataPlane(
@@ -169,17 +173,20 @@ class InferenceServer:
         finally:
             # Shutdown: 1. report not ready; 2. stop accepting gRPC calls, letting running
             # ones finish (uvicorn does the same for HTTP); 3. let queued and running requests
-            # finish and release every model (batchers drain before closing instances).
+            # finish and release every model (batchers drain before closing instances). All
+            # within one --exit-timeout-secs from the signal (shutdown.py).
             self.dataplane.is_shutting_down = True
             if self.poller is not None:
                 await self.poller.stop()
             log.info("shutting down: draining requests and unloading models")
             if self.grpc_server is not None:
-                await self.grpc_server.stop(grace=self.settings.exit_timeout_s)
+                await self.grpc_server.stop(grace=self.shutdown.remaining_s())
+            drained = True
             try:
-                async with asyncio.timeout(self.settings.exit_timeout_s):
+                async with asyncio.timeout(self.shutdown.remaining_s()):
                     await self.registry.unload_all()
             except TimeoutError:
+                drained = False
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
             self.dataplane.shared_memory.unregister()  # unmap the clients' regions
             # 4. flush traces, then stop the metrics endpoint last, so the drain stays visible.
@@ -192,7 +199,7 @@ class InferenceServer:
             if self.metrics is not None:
                 self.metrics.close()
             self.offload.close()
-            log.info("shutdown complete")
+            self.shutdown.finished(drained)
 
     async def _start_grpc(self, port: int) -> None:
         self.grpc_server, self.grpc_port, self.grpc_servicer = grpc_adapter.build_server(
@@ -275,16 +282,18 @@ class _UvicornServer(uvicorn.Server):
     """uvicorn re-raises a caught SIGTERM/SIGINT once it has shut down, so the process dies
     by the signal. After a graceful drain inferd exits with status 0 instead, as process
     supervisors (Kubernetes, systemd) expect from a clean stop. And readiness turns false
-    the moment the signal arrives, before the drain, so load balancers stop sending."""
+    the moment the signal arrives, before the drain, so load balancers stop sending; the
+    signal also starts the shutdown's deadline and its watchdog (shutdown.py)."""
 
-    def __init__(self, config: uvicorn.Config, dataplane: DataPlane) -> None:
+    def __init__(self, config: uvicorn.Config, server: InferenceServer) -> None:
         super().__init__(config)
-        self._dataplane = dataplane
+        self._server = server
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self._dataplane.is_shutting_down:
+        if not self._server.dataplane.is_shutting_down:
             log.info("signal %d: not ready any more, draining requests", sig)
-        self._dataplane.is_shutting_down = True
+        self._server.dataplane.is_shutting_down = True
+        self._server.shutdown.begin(watchdog=True)
         super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
@@ -303,7 +312,8 @@ def run(settings: Settings) -> None:
         return
     memory.configure_allocator()
     server = InferenceServer(settings)
-    _UvicornServer(server.uvicorn_config(), server.dataplane).run()
+    _UvicornServer(server.uvicorn_config(), server).run()
+    server.shutdown.exit_if_incomplete()
 
 
 def run_worker(settings: Settings, worker: WorkerSlot) -> None:
@@ -317,4 +327,5 @@ def run_worker(settings: Settings, worker: WorkerSlot) -> None:
     sock.bind((settings.host, settings.http_port))
     memory.configure_allocator()
     server = InferenceServer(settings, worker)
-    _UvicornServer(server.uvicorn_config(), server.dataplane).run(sockets=[sock])
+    _UvicornServer(server.uvicorn_config(), server).run(sockets=[sock])
+    server.shutdown.exit_if_incomplete()

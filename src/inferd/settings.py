@@ -34,6 +34,8 @@ class Settings:
     metrics_triton_names: bool = False  # also export Triton's nv_* names (model and host)
     trace_otlp_endpoint: str = ""  # OTLP/HTTP traces endpoint; "" disables tracing
     exit_timeout_s: float = 30.0
+    # Default for models whose config sets no execution_timeout_ms; 0: none (reliability.md).
+    execution_timeout_ms: int = 120_000
     max_inflight_requests: int = 0  # server-wide; past it requests are shed (429); 0: none
     model_control_mode: str = "none"  # Triton's: none, poll or explicit
     repository_poll_s: float = 15.0  # poll mode's interval

@@ -100,6 +100,20 @@ class SupervisedInstance(Protocol):
         ...
 
 
+@runtime_checkable
+class ReplaceableInstance(Protocol):
+    """An instance whose execution can be ended from outside when it hangs: its model runs
+    in a worker process, which is killed (the execution fails) and started again."""
+
+    # time.monotonic() when the latest execution reached a live worker; None while one
+    # waits for a worker to start (that wait is not execution time).
+    execution_started: float | None
+
+    def kill_worker(self, reason: str) -> None:
+        """Kill the worker process now (logging `reason`); a new one loads the model."""
+        ...
+
+
 class Backend(Protocol):
     model_file: str  # the file a version directory must hold, e.g. "model.onnx"
     model_files: tuple[str, ...]  # every file name it can load, in order of preference

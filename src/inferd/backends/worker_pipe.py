@@ -38,7 +38,13 @@ from inferd.backends.base import LoadContext
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import InstanceModelHost, MetricKind
 
+log = logging.getLogger("inferd.backends.python")
+
 _POLL_S = 0.1  # how often a waiting parent checks that the child is still alive
+# A worker that dies while loading (rather than raising) is started again, this many times in
+# all, the first retry after _LOAD_BACKOFF_S and each further one after twice as long.
+_LOAD_ATTEMPTS = 3
+_LOAD_BACKOFF_S = 0.5
 STOP_TIMEOUT_S = 30.0  # how long stop() waits for unload() before terminating the child
 _REAP_TIMEOUT_S = 5.0
 # What a child may ask of the server (pb_utils.host.ModelHost's methods).
@@ -101,6 +107,10 @@ def describe_exit(exitcode: int | None) -> str:
 
 class WorkerDiedError(Exception):
     """The child died; `str()` describes how (`exit code 1`, `killed by signal SIGSEGV`)."""
+
+
+class DiedLoadingError(RuntimeError):
+    """The child died while loading the model (it did not report a load error)."""
 
 
 class Worker:
@@ -189,7 +199,10 @@ class Worker:
             conn.close()
         # The child closed its log pipe: it has exited (or is about to).
         if not self.stopping:
-            self.on_exit(self)
+            try:
+                self.on_exit(self)
+            except Exception:  # the relay's last act: never let it die unlogged
+                log.exception("model %s: handling its worker process's exit failed", model)
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Pickle, then send; raises WorkerDiedError when the child is gone."""
@@ -268,7 +281,7 @@ class Worker:
             message = self.receive()
         except WorkerDiedError as exc:
             self.stop()
-            raise RuntimeError(
+            raise DiedLoadingError(
                 f"the model's worker process died ({exc}) while loading the model"
             ) from None
         if message[0] != "ready":
@@ -315,3 +328,35 @@ class Worker:
                 self.process.join()
         if threading.current_thread() is not self._relay:
             self._relay.join(_REAP_TIMEOUT_S)
+
+
+def start_worker(
+    spec: WorkerSpec,
+    on_exit: Callable[[Worker], None],
+    host: InstanceModelHost | None = None,
+) -> tuple[Worker, dict[str, Any]]:
+    """Start a worker and wait for its load: the worker and its report. One that dies while
+    loading is started again, with backoff, up to _LOAD_ATTEMPTS times (then
+    DiedLoadingError says how it died and how often); one whose load raises is not (it would
+    raise again)."""
+    attempt, delay = 1, _LOAD_BACKOFF_S
+    while True:
+        worker = Worker(spec, on_exit, host)
+        try:
+            return worker, worker.wait_ready()
+        except DiedLoadingError as exc:
+            if attempt >= _LOAD_ATTEMPTS:
+                raise DiedLoadingError(
+                    f"{exc}, {attempt} time{'s' if attempt > 1 else ''} in a row; gave up"
+                ) from None
+            log.warning(
+                "model %s: %s; starting it again in %.1f s (attempt %d of %d)",
+                spec.model_name,
+                exc,
+                delay,
+                attempt + 1,
+                _LOAD_ATTEMPTS,
+                extra={"model": spec.model_name},
+            )
+        time.sleep(delay)  # a loader or restart thread, never the event loop
+        attempt, delay = attempt + 1, delay * 2

@@ -10,7 +10,10 @@ batches (worker_child.py).
 When the child dies (segfault, `os._exit`, OOM kill, SIGKILL), the batch it was executing fails
 with a `MODEL_ERROR` naming the crash, and a new child is started in the background, loading the
 model again; the next batch waits for it. If that restart fails, every later batch fails with
-`UNAVAILABLE` and the reason, and `is_alive()` stays False.
+`UNAVAILABLE` and the reason, and `is_alive()` stays False. A child that dies while loading
+(rather than raising) is started again with backoff, a few times, before the load fails
+(worker_pipe.start_worker). An execution that hangs past the model's execution timeout is
+ended by `kill_worker`: the child is killed and replaced like one that crashed.
 
 Whatever the child logs or prints (prints become records of `inferd.model.<name>`, as in the
 server) is sent over a second pipe and re-emitted by the parent's logging, tagged with the model.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.base import LoadContext
 from inferd.backends.model_calls import READY_TIMEOUT_S, ReadinessCheck
 from inferd.backends.pb_utils.host import InstanceModelHost
-from inferd.backends.worker_pipe import STOP_TIMEOUT_S, Worker, WorkerDiedError, WorkerSpec
+from inferd.backends.worker_pipe import (
+    STOP_TIMEOUT_S,
+    Worker,
+    WorkerDiedError,
+    WorkerSpec,
+    start_worker,
+)
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import RequestInfo
@@ -80,8 +90,7 @@ def start_process_instance(ctx: LoadContext) -> ProcessInstance:
     host = ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
     spec = WorkerSpec.from_context(ctx)
     try:
-        worker = Worker(spec, lambda w: None, host)
-        info = worker.wait_ready()
+        worker, info = start_worker(spec, lambda w: None, host)
     except BaseException:
         if host is not None:
             host.close()
@@ -119,14 +128,14 @@ class ProcessInstance:
         self._restarting: threading.Event | None = None
         self._failure: str | None = None  # why the last restart failed
         self.restarts = 0  # how many times a dead worker was replaced
+        self.execution_started: float | None = None  # see ReplaceableInstance
         # The first worker started before this object existed: its exit comes here from now
         # on (a death before this line is found by the next batch, as a death while idle).
         worker.on_exit = self._on_worker_exit
         self._worker: Worker | None = worker
 
     def _start(self) -> Worker:
-        worker = Worker(self._spec, self._on_worker_exit, self._host)
-        info = worker.wait_ready()
+        worker, info = start_worker(self._spec, self._on_worker_exit, self._host)
         if info["api"] != self._api:
             worker.stop()
             raise RuntimeError(
@@ -190,6 +199,7 @@ class ProcessInstance:
                     raise InferdError(ErrorKind.UNAVAILABLE, "the model instance is closed")
                 worker, pending, failure = self._worker, self._restarting, self._failure
             if pending is not None:
+                self.execution_started = None  # waiting for a worker is not execution
                 pending.wait()
                 continue
             if worker is None:
@@ -201,10 +211,27 @@ class ProcessInstance:
             if not worker.is_alive():
                 self._begin_restart(worker)
                 continue
+            # Every execution gets its worker here: the execution timeout counts from now.
+            self.execution_started = time.monotonic()
             return worker
 
     def _on_worker_exit(self, worker: Worker) -> None:
         self._begin_restart(worker)
+
+    def kill_worker(self, reason: str) -> None:
+        """End a hung execution: kill the worker process; the executing thread then fails
+        and a new worker is started (as after a crash)."""
+        worker = self._worker
+        if worker is None or self._closed:
+            return
+        log.warning(
+            "model %s: killing its worker process (pid %s): %s",
+            self._name,
+            worker.pid,
+            reason,
+            extra={"model": self._name},
+        )
+        worker.process.kill()
 
     def _begin_restart(self, dead: Worker) -> None:
         """Replace `dead` by a new worker, in the background; once per dead worker."""

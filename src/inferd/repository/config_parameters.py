@@ -20,6 +20,11 @@ INFERD_PARAMETERS: dict[str, str] = {
         "readiness turns false after this many failed executions in a row; default 5, 0 never "
         "(docs/reliability.md)"
     ),
+    "execution_timeout_ms": (
+        "how long one execution may take before its requests fail with 504 and its instance "
+        "is taken out of service; default `--execution-timeout-ms` (decoupled models: none), "
+        "0 none (docs/reliability.md)"
+    ),
     "max_input_shape": "per-input bound on the non-batch dims, JSON (docs/limits.md)",
     "max_input_elements": "elements per input tensor (docs/limits.md)",
     "max_bytes_element_size": "bytes per BYTES element (docs/limits.md)",

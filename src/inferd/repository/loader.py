@@ -17,11 +17,13 @@ from inferd.backends.base import AnyInstance, Backend, LoadContext
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.errors import InferdError
 from inferd.repository.config import (
+    CONFIG_FILE,
     PLATFORM_TO_BACKEND,
     ConfigError,
     backend_name,
     check_honoured,
     config_needed,
+    int_parameter,
     parameter,
     read_config,
     validate,
@@ -79,6 +81,18 @@ def batching_options(config: mc.ModelConfig) -> BatchingOptions:
         queue_policies=policies,
         default_priority=max(0, default_level - 1),
     )
+
+
+def execution_timeout_s(config: mc.ModelConfig, default_ms: int) -> float:
+    """The model's execution timeout in seconds (0: none): its `execution_timeout_ms`
+    parameter, else the server's `--execution-timeout-ms`."""
+    timeout_ms = int_parameter(config, "execution_timeout_ms", default_ms)
+    if timeout_ms < 0:
+        raise ConfigError(
+            f"{config.name}/{CONFIG_FILE}: parameters.execution_timeout_ms must be >= 0 "
+            f"(milliseconds; 0: no timeout), got {timeout_ms}"
+        )
+    return timeout_ms / 1000
 
 
 def _queue_policy(p: mc.ModelQueuePolicy) -> QueuePolicy:

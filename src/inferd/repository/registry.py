@@ -30,6 +30,7 @@ from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fin
 from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name, instance_count
 from inferd.repository.loader import (
     batching_options,
+    execution_timeout_s,
     load_instances,
     model_file,
     prepare,
@@ -67,6 +68,7 @@ class ModelVersion:
     devices: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
     checksum: str = ""  # of the version directory's files
+    execution_timeout_s: float = 0.0  # 0: none (docs/reliability.md)
     load_duration_s: float = 0.0
     warmup_duration_s: float = 0.0
     # model_transaction_policy { decoupled: true }: answers through a response stream.
@@ -103,9 +105,16 @@ class Model:
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        telemetry: Telemetry | None = None,
+        execution_timeout_ms: int = 0,
+    ) -> None:
+        """`execution_timeout_ms`: the models' default (`--execution-timeout-ms`; 0: none)."""
         self.repository = repository
         self.telemetry = telemetry or Telemetry()
+        self.execution_timeout_ms = execution_timeout_ms
         self.models: dict[str, Model] = {}
         # What Python models may ask of the server (pb_utils); set by the server.
         self.model_host: HostProvider | None = None
@@ -290,6 +299,11 @@ class ModelRegistry:
             config, backend, numbers = await asyncio.to_thread(prepare, model_dir, override)
             policy = RollbackPolicy.from_config(config)
             circuit_policy = CircuitPolicy.from_config(config)
+            # A decoupled model's stream may rightly run long: only its own parameter bounds it.
+            default_ms = (
+                0 if config.model_transaction_policy.decoupled else self.execution_timeout_ms
+            )
+            timeout_s = execution_timeout_s(config, default_ms)
             signature = ModelSignature(config)  # its limits can be malformed config too
             signature.model_parameters = getattr(backend, "passes_request_parameters", False)
             signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
@@ -330,7 +344,13 @@ class ModelRegistry:
             else:
                 fresh.append(
                     ModelVersion(
-                        model.name, v, config, signature, checksum=digest, sequence=sequence
+                        model.name,
+                        v,
+                        config,
+                        signature,
+                        checksum=digest,
+                        sequence=sequence,
+                        execution_timeout_s=timeout_s,
                     )
                 )
         await asyncio.gather(*(self._load_version(mv, backend, model_dir) for mv in fresh))
@@ -425,7 +445,12 @@ class ModelRegistry:
             log.warning("model %s version %s: %s", mv.name, mv.version, warmed.warning)
         if mv.sequence is not None:
             mv.batcher = SequenceBatcher(
-                mv.name, instances, mv.sequence, mv.version, self.telemetry
+                mv.name,
+                instances,
+                mv.sequence,
+                mv.version,
+                self.telemetry,
+                execution_timeout_s=mv.execution_timeout_s,
             )
         else:
             mv.batcher = DynamicBatcher(
@@ -435,6 +460,7 @@ class ModelRegistry:
                 mv.version,
                 self.telemetry,
                 mv.signature.ragged,
+                execution_timeout_s=mv.execution_timeout_s,
             )
         mv.devices = [inst.device for inst in instances]
         mv.providers = [inst.provider for inst in instances]

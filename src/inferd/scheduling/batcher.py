@@ -64,6 +64,7 @@ class DynamicBatcher:
         version: str = "",
         telemetry: Telemetry | None = None,
         ragged: RaggedPlan = NO_RAGGED,
+        execution_timeout_s: float = 0.0,
     ):
         self.name = name
         self.version = version
@@ -74,6 +75,8 @@ class DynamicBatcher:
             options.max_batch_size > 0,
             telemetry or Telemetry(),
             ragged,
+            execution_timeout_s,
+            on_all_stuck=self._fail_queued,
         )
         self._instances = self._runner.instances
         self._opts = options
@@ -118,6 +121,13 @@ class DynamicBatcher:
         """False while an instance's worker process is dead (crash isolation)."""
         return self._runner.instances_alive()
 
+    def serving_instances(self) -> int:
+        """Instances not stuck in an execution past the execution timeout."""
+        return self._runner.serving
+
+    def unhealthy_instances(self) -> int:
+        return self._runner.unhealthy_instances()
+
     def queue_depth(self) -> int:
         """Requests waiting for a batch."""
         return len(self._queue)
@@ -146,6 +156,8 @@ class DynamicBatcher:
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
         self._runner.load.arrived(request.rows)  # demand, whether it is served or shed
+        if not self._runner.serving:
+            raise unavailable(self._all_stuck_message())
         level = self._level(priority)
         policy = self._opts.queue_policies[level]
         if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
@@ -221,6 +233,22 @@ class DynamicBatcher:
         if pending.is_queued:
             pending.is_queued = False
             self._queued_rows -= pending.request.rows
+
+    def _all_stuck_message(self) -> str:
+        return (
+            f"model '{self.name}' version {self.version}: every instance is stuck in an "
+            "execution past the model's execution timeout; retry later or elsewhere"
+        )
+
+    def _fail_queued(self) -> None:
+        """No instance is left to serve (all stuck): answer what waits instead of letting it
+        wait for an execution that may never return."""
+        error = unavailable(self._all_stuck_message())
+        while self._queue:
+            p = self._queue.popleft()
+            self._unqueue(p)
+            if not p.future.done():
+                p.future.set_exception(error)
 
     async def stop(self) -> None:
         """Finish what is queued and executing, then release the instances."""
@@ -321,4 +349,4 @@ class DynamicBatcher:
         try:
             await self._runner.execute(instance, batch, reason)
         finally:
-            self._idle.put_nowait(instance)
+            self._runner.release(instance, self._idle.put_nowait)

@@ -11,24 +11,27 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from inferd.backends.base import (
     AnyInstance,
     Instance,
+    ReplaceableInstance,
     RequestInfoInstance,
     RequestListInstance,
     SupervisedInstance,
 )
-from inferd.errors import ErrorKind, InferdError
+from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.python_model import RequestInfo
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
+from inferd.scheduling.calls import Call, wake
 from inferd.scheduling.load_signal import LoadWindow
 from inferd.scheduling.merge import merged_inputs
 from inferd.signature import BoundRequest
@@ -76,6 +79,14 @@ Result = dict[str, Array] | InferdError
 Finish = Callable[[list[Pending], list[Result]], list[Result]]
 
 
+@dataclass(slots=True)
+class _Stuck:
+    """An instance whose execution outlived the execution timeout."""
+
+    returned: asyncio.Future[None]  # resolved once that execution returns
+    replaceable: bool  # its worker process was killed: it is being replaced, not lost
+
+
 class BatchRunner:
     """Executes batches on a model version's instances, one thread per instance."""
 
@@ -87,7 +98,12 @@ class BatchRunner:
         batched: bool,
         telemetry: Telemetry,
         ragged: RaggedPlan = NO_RAGGED,
+        execution_timeout_s: float = 0.0,
+        on_all_stuck: Callable[[], None] | None = None,
     ) -> None:
+        """`execution_timeout_s` (0: none): how long one execution may take before its
+        requests fail with DEADLINE_EXCEEDED and its instance is taken out of service;
+        `on_all_stuck` is called when that leaves no instance to serve."""
         self.name = name
         self.version = version
         self.instances = list(instances)
@@ -112,12 +128,53 @@ class BatchRunner:
         self._executor = ThreadPoolExecutor(
             max_workers=len(self.instances), thread_name_prefix=f"inferd-{name}"
         )
+        self.execution_timeout_s = execution_timeout_s
+        self._on_all_stuck = on_all_stuck
+        self._index = {id(inst): i for i, inst in enumerate(self.instances)}
+        self._stuck: dict[int, _Stuck] = {}  # by id(instance)
+        # Instances not stuck in an execution that cannot be ended (in-process models): 0
+        # means nothing can serve until one returns, and readiness says so.
+        self.serving = len(self.instances)
+        self._closed = False
 
     def instances_alive(self) -> bool:
         """False while an instance's worker process is dead (crash isolation)."""
         return all(
             inst.is_alive() for inst in self.instances if isinstance(inst, SupervisedInstance)
         )
+
+    def unhealthy_instances(self) -> int:
+        """Instances that cannot execute now: stuck past the execution timeout, or with
+        their worker process dead or restarting."""
+        down = sum(
+            1
+            for inst in self.instances
+            if id(inst) not in self._stuck
+            and isinstance(inst, SupervisedInstance)
+            and not inst.is_alive()
+        )
+        return len(self._stuck) + down
+
+    def out_of_service(self, instance: AnyInstance) -> bool:
+        """The instance is stuck in an execution nothing can end: it serves again only if
+        that execution ever returns."""
+        stuck = self._stuck.get(id(instance))
+        return stuck is not None and not stuck.replaceable
+
+    def returned(self, instance: AnyInstance) -> asyncio.Future[None] | None:
+        """While the instance is stuck past the execution timeout: a future resolved once
+        its execution returns (await it shielded). None when it is not stuck."""
+        stuck = self._stuck.get(id(instance))
+        return None if stuck is None else stuck.returned
+
+    def release(self, instance: AnyInstance, to_pool: Callable[[AnyInstance], None]) -> None:
+        """Give an instance that `execute` returned back to the scheduler's pool: at once,
+        or, when it is stuck, once its execution returns (never, if it never does)."""
+        stuck = self._stuck.get(id(instance))
+        if stuck is None:
+            to_pool(instance)
+        else:
+            stuck.returned.add_done_callback(lambda _: to_pool(instance))
 
     async def execute(
         self,
@@ -128,7 +185,9 @@ class BatchRunner:
     ) -> bool:
         """Execute `batch` on `instance` and answer its requests; True if it executed.
 
-        The caller owns `instance` and gets it back when this returns.
+        The caller owns `instance` and, when this returns, gives it back with `release`:
+        an execution past the execution timeout is answered with DEADLINE_EXCEEDED at the
+        timeout, but its instance stays out of the pool until the call returns.
         """
         loop = asyncio.get_running_loop()
         requests = rows = 0
@@ -141,10 +200,13 @@ class BatchRunner:
         slot = self._slot_of[id(instance)]
         self.load.started(slot, dequeued_ns)
         timings = (0, 0, 0)
-        failed = True
+        failed, timed_out = True, False
+        call: Call[tuple[list[Result], Timings]] = Call(
+            loop, (self.name, self.version, self._index[id(instance)])
+        )
         try:
-            results, timings = await loop.run_in_executor(
-                self._executor,
+            self._executor.submit(
+                call.run,
                 run_batch,
                 instance,
                 batch,
@@ -153,6 +215,14 @@ class BatchRunner:
                 self._takes_request_info,
                 self.ragged,
             )
+        except RuntimeError:  # the executor is shut down: the version is unloading
+            call.run(_unloading, self.name)
+        try:
+            if not await self._returns_in_time(instance, call):
+                timed_out = True
+                self._time_out(instance, call, batch)
+                return False
+            results, timings = call.result()
         except InferdError as exc:
             self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
         except Exception as exc:
@@ -179,9 +249,107 @@ class BatchRunner:
             self.load.finished(slot, dequeued_ns, time.perf_counter_ns(), rows)
             self.executions.append(ExecutionRecord(rows, requests, reason))
             self._telemetry.batch(
-                BatchRecord(self.name, self.version, rows, requests, reason.value, *timings, failed)
+                BatchRecord(
+                    self.name,
+                    self.version,
+                    rows,
+                    requests,
+                    reason.value,
+                    *timings,
+                    failed,
+                    timed_out,
+                )
             )
         return not failed
+
+    async def _returns_in_time(self, instance: AnyInstance, call: Call[Any]) -> bool:
+        """Wait for `call`, up to the execution timeout; False if it is still running then.
+
+        The thread cannot be stopped, and the instance must stay out of the pool until it
+        is done with it, so the wait ends, not the call. Time a process-isolated instance
+        spends waiting for its worker to (re)start is not execution: it does not count.
+        """
+        timeout = self.execution_timeout_s
+        if not timeout:
+            await call.woken
+            return True
+        loop = asyncio.get_running_loop()
+        while True:
+            timer = loop.call_later(timeout, wake, call.woken)
+            try:
+                await call.woken
+            finally:
+                timer.cancel()
+            if call.returned:
+                return True
+            if not isinstance(instance, ReplaceableInstance):
+                return False
+            started = instance.execution_started
+            if started is not None:
+                # (A time from before this call: it has not reached its worker yet.)
+                started = max(started, call.started)
+                timeout = started + self.execution_timeout_s - time.monotonic()
+                if timeout <= 0:
+                    return False
+            # else: still waiting for its worker process; the clock has not started
+            call.woken = loop.create_future()
+
+    def _time_out(self, instance: AnyInstance, call: Call[Any], batch: list[Pending]) -> None:
+        """The execution outlived the timeout: answer its requests now, take the instance
+        out of the pool until the call returns, and replace its worker process if it has
+        one (a thread cannot be killed; a process can)."""
+        replaceable = isinstance(instance, ReplaceableInstance)
+        timeout_ms = round(self.execution_timeout_s * 1000)
+        index = self._index[id(instance)]
+        if replaceable:
+            what = "its worker process is being replaced"
+        else:
+            what = "the instance is out of service until the execution returns"
+        message = (
+            f"model '{self.name}' version {self.version}: the execution did not finish "
+            f"within the model's execution timeout of {timeout_ms} ms "
+            f"(execution_timeout_ms); {what}"
+        )
+        stuck = _Stuck(asyncio.get_running_loop().create_future(), replaceable)
+        self._stuck[id(instance)] = stuck
+        if not replaceable:
+            self.serving -= 1
+        log.error(
+            "model %s version %s: instance %d has executed for longer than its execution "
+            "timeout of %d ms; %s (%d of %d instances still serving)",
+            self.name,
+            self.version,
+            index,
+            timeout_ms,
+            what,
+            self.serving,
+            len(self.instances),
+            extra={"model": self.name},
+        )
+        self._fail(batch, deadline_exceeded(message))
+        call.on_return = lambda: self._returned(instance, stuck)
+        if isinstance(instance, ReplaceableInstance):
+            instance.kill_worker(f"an execution passed the timeout of {timeout_ms} ms")
+        if self.serving == 0 and self._on_all_stuck is not None:
+            self._on_all_stuck()
+
+    def _returned(self, instance: AnyInstance, stuck: _Stuck) -> None:
+        """A stuck execution returned (on the loop): the instance serves again; what it
+        returned or raised is dropped (its requests were answered at the timeout)."""
+        del self._stuck[id(instance)]
+        if not stuck.replaceable:
+            self.serving += 1
+        log.warning(
+            "model %s version %s: instance %d's execution that passed the timeout returned; "
+            "the instance is back in service",
+            self.name,
+            self.version,
+            self._index[id(instance)],
+            extra={"model": self.name},
+        )
+        stuck.returned.set_result(None)
+        if self._closed:  # unloaded while it was stuck: release it now
+            threading.Thread(target=self._close_instance, args=(instance,), daemon=True).start()
 
     @staticmethod
     def _fail(batch: list[Pending], exc: InferdError) -> None:
@@ -190,16 +358,26 @@ class BatchRunner:
                 p.future.set_exception(exc)
 
     def close(self) -> None:
-        """Release the threads and the instances; nothing executes afterwards."""
-        self._executor.shutdown(wait=True)
+        """Release the threads and the instances; nothing executes afterwards. An instance
+        stuck in an execution is released if and when that execution returns."""
+        self._closed = True
+        self._executor.shutdown(wait=not self._stuck)
         for inst in self.instances:
-            try:
-                inst.close()
-            except Exception:
-                log.exception("model %s: closing an instance failed", self.name)
+            if id(inst) not in self._stuck:
+                self._close_instance(inst)
+
+    def _close_instance(self, instance: AnyInstance) -> None:
+        try:
+            instance.close()
+        except Exception:
+            log.exception("model %s: closing an instance failed", self.name)
 
 
 Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), in ns
+
+
+def _unloading(name: str) -> tuple[list[Result], Timings]:
+    raise InferdError(ErrorKind.UNAVAILABLE, f"model '{name}' is unloading")
 
 
 def run_batch(

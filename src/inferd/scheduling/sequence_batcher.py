@@ -61,12 +61,18 @@ class SequenceBatcher:
         options: SequenceOptions,
         version: str = "",
         telemetry: Telemetry | None = None,
+        execution_timeout_s: float = 0.0,
     ) -> None:
         self.name = name
         self.version = version
         self.options = options
         self._runner = BatchRunner(
-            name, version, instances, options.batched, telemetry or Telemetry()
+            name,
+            version,
+            instances,
+            options.batched,
+            telemetry or Telemetry(),
+            execution_timeout_s=execution_timeout_s,
         )
         self.table = SequenceTable(
             name, len(self._runner.instances), options.slots, options.idle_s, time.monotonic
@@ -106,6 +112,12 @@ class SequenceBatcher:
 
     def instances_alive(self) -> bool:
         return self._runner.instances_alive()
+
+    def serving_instances(self) -> int:
+        return self._runner.serving
+
+    def unhealthy_instances(self) -> int:
+        return self._runner.unhealthy_instances()
 
     def active_sequences(self) -> int:
         return self.table.active()
@@ -161,6 +173,9 @@ class SequenceBatcher:
                 raise deadline_exceeded(f"model '{self.name}': the request's deadline passed")
         attach_controls(self.options, request)
         entry = self.table.admit(request)
+        if entry.has_slot and self._runner.out_of_service(self._lanes[entry.lane].instance):
+            self._dropped(entry)
+            raise unavailable(self._stuck_message(entry.lane))
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         pending = Pending(request, future, now)
         entry.queue.append(pending)
@@ -212,13 +227,31 @@ class SequenceBatcher:
                 finally:
                     lane.busy = False
                     self._progress.set()
+                returned = self._runner.returned(lane.instance)
+                if returned is not None:  # stuck past the execution timeout
+                    if self._runner.out_of_service(lane.instance):
+                        # Its sequences cannot advance: answer what they queued.
+                        self._fail_lane(slots, None, unavailable(self._stuck_message(lane.index)))
+                    await asyncio.shield(returned)
             except Exception:
                 # A bug here must not leave requests waiting forever: answer them.
                 log.exception("model %s: the sequence batcher failed", self.name)
                 self._fail_lane(slots, batch)
 
-    def _fail_lane(self, slots: list[SequenceEntry | None], batch: FormedBatch | None) -> None:
-        error = InferdError(
+    def _stuck_message(self, lane: int) -> str:
+        return (
+            f"model '{self.name}' version {self.version}: the instance holding this sequence "
+            f"(instance {lane}) is stuck in an execution past the model's execution timeout; "
+            "retry later"
+        )
+
+    def _fail_lane(
+        self,
+        slots: list[SequenceEntry | None],
+        batch: FormedBatch | None,
+        error: InferdError | None = None,
+    ) -> None:
+        error = error or InferdError(
             ErrorKind.INTERNAL, f"model '{self.name}': the sequence batcher failed; see the log"
         )
         pendings = list(batch.pendings) if batch is not None else []

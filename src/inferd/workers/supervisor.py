@@ -39,6 +39,7 @@ from inferd import log as inferd_log
 from inferd.host_metrics import GpuCollector, register_host_metrics
 from inferd.metrics_http import MetricsServer
 from inferd.settings import Settings
+from inferd.shutdown import EXIT_MARGIN_S
 from inferd.workers import peers
 from inferd.workers.peers import WorkerSlot
 
@@ -249,8 +250,9 @@ class Supervisor:
         for w in self.workers:
             if w.process.is_alive() and w.process.pid is not None:
                 os.kill(w.process.pid, signal.SIGTERM)
-        # A worker drains in up to three phases of exit_timeout_s each (HTTP, gRPC, models).
-        deadline = time.monotonic() + 3 * self.settings.exit_timeout_s + 10
+        # A worker's drain (HTTP, gRPC, models) shares one exit_timeout_s, and its watchdog
+        # ends it EXIT_MARGIN_S later at the latest (shutdown.py): past that it is hung.
+        deadline = time.monotonic() + self.settings.exit_timeout_s + 2 * EXIT_MARGIN_S
         for w in self.workers:
             w.process.join(max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
