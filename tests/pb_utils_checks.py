@@ -386,7 +386,7 @@ CHECKS = [
         lambda c: _eq(c.pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, 2),
     ),
     *[
-        _works(f"ModelConfig.{m}", lambda c, m=m: _auto_complete(c, m))
+        _works(f"ModelConfig.{m}", lambda c, m=m: _auto_complete(c, m))  # type: ignore[misc]
         for m in (
             "as_dict",
             "set_max_batch_size",
@@ -401,7 +401,8 @@ CHECKS = [
     _works("TritonError.code", _error),
     *[
         _works(
-            f"TritonError.{code}", lambda c, code=code, n=n: _eq(getattr(c.pb.TritonError, code), n)
+            f"TritonError.{code}",
+            lambda c, code=code, n=n: _eq(getattr(c.pb.TritonError, code), n),  # type: ignore[misc]
         )
         for n, code in enumerate(
             (
@@ -473,19 +474,19 @@ CHECKS = [
     _works("InferenceResponse.error", lambda c: _response(c, "error")),
     _works("InferenceResponse.parameters", lambda c: _response(c, "parameters")),
     *[
-        _works(f"Logger.{name}", lambda c, name=name: _logger(c, name))
+        _works(f"Logger.{name}", lambda c, name=name: _logger(c, name))  # type: ignore[misc]
         for name in ("log", "log_info", "log_warn", "log_error", "log_verbose")
     ],
     *[
         _works(
             f"Logger.{level}",
-            lambda c, level=level: c.pb.Logger.log(f"walk: {level}", getattr(c.pb.Logger, level)),
+            lambda c, level=level: c.pb.Logger.log(f"walk: {level}", getattr(c.pb.Logger, level)),  # type: ignore[misc]
         )
         for level in ("INFO", "WARNING", "ERROR", "VERBOSE")
     ],
     _works("MetricFamily", lambda c: _family(c, "GAUGE")),
     *[
-        _works(f"MetricFamily.{kind}", lambda c, kind=kind: _family(c, kind))
+        _works(f"MetricFamily.{kind}", lambda c, kind=kind: _family(c, kind))  # type: ignore[misc]
         for kind in ("COUNTER", "GAUGE", "HISTOGRAM")
     ],
     _works("MetricFamily.Metric", lambda c: _metric(c, "COUNTER", "increment")),

@@ -127,7 +127,7 @@ def one_stream(
         return http_stream(server, model, **values)
     stream = GrpcStream(server)
     try:
-        stream.send(model, "r", **values)
+        stream.send(model, "r", **values)  # type: ignore[arg-type]
         return grpc_collect(stream, 1, final_errors).get("r", Stream())
     finally:
         stream.close()

@@ -282,5 +282,5 @@ def test_ctrl_c_reports_and_saves_the_levels_measured(
 
 def _read_all(proc: subprocess.Popen[bytes], into: bytearray) -> None:
     assert proc.stderr is not None
-    while chunk := proc.stderr.read1(4096):
+    while chunk := proc.stderr.read1(4096):  # type: ignore[attr-defined]
         into.extend(chunk)

@@ -107,7 +107,7 @@ def honoured(
         config.write_text(config.read_text().replace("dynamic_batching { }", extra))
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler.emit = records.append  # type: ignore[assignment, method-assign]
     logger = logging.getLogger("inferd.backends")
     logger.addHandler(handler)
     try:

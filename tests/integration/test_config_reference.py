@@ -86,9 +86,9 @@ def test_the_instance_group_runs_two_cpu_instances(
     client: Client, reference: RunningServer
 ) -> None:
     (group,) = _config(client)["instance_group"]  # type: ignore[misc]
-    assert group["name"] == "classifier_cpu"
-    assert int(group["count"]) == 2
-    assert group["kind"] == "KIND_CPU"
+    assert group["name"] == "classifier_cpu"  # type: ignore[has-type]
+    assert int(group["count"]) == 2  # type: ignore[has-type]
+    assert group["kind"] == "KIND_CPU"  # type: ignore[has-type]
     for version in ("2", "3"):
         assert reference.server.registry.get(MODEL, version).devices == ["cpu", "cpu"]
 

@@ -55,7 +55,7 @@ parameters { key: "auto_warmup" value: { string_value: "false" } }
 def warnings() -> Iterator[list[logging.LogRecord]]:
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler.emit = records.append  # type: ignore[assignment, method-assign]
     logger = logging.getLogger("inferd.backends.python")
     logger.addHandler(handler)
     yield records

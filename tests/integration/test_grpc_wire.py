@@ -130,14 +130,14 @@ WIRE_ERRORS = [
         "shared memory and contents",
         "FP32",
         [1, 2],
-        lambda r: (_shm(r.inputs[0], "r", 8), r.inputs[0].contents.fp32_contents.extend([1, 2])),
+        lambda r: (_shm(r.inputs[0], "r", 8), r.inputs[0].contents.fp32_contents.extend([1, 2])),  # type: ignore[func-returns-value]
         ["input 'INPUT0'", "either contents or shared_memory_region"],
     ),
     (
         "raw contents for a shared memory input",
         "FP32",
         [1, 2],
-        lambda r: (_shm(r.inputs[0], "r", 8), r.raw_input_contents.append(b"\0" * 8)),
+        lambda r: (_shm(r.inputs[0], "r", 8), r.raw_input_contents.append(b"\0" * 8)),  # type: ignore[func-returns-value]
         ["raw_input_contents holds 1 buffers for 0 inputs not in shared memory"],
     ),
     (

@@ -198,7 +198,7 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, list[str]]] = [
     (
         "header length past body",
         "/v2/models/mlp/infer",
-        *_binary(GOOD, b"", declared=10_000),
+        *_binary(GOOD, b"", declared=10_000),  # type: ignore[arg-type]
         400,
         ["Inference-Header-Content-Length"],
     ),

@@ -184,7 +184,7 @@ def test_a_torchscript_int8_winner_is_published_and_serves(tmp_path: Path) -> No
 
 
 def _npz(path: Path, **arrays: np.ndarray) -> str:
-    np.savez(path, **arrays)
+    np.savez(path, **arrays)  # type: ignore[arg-type]
     return str(path)
 
 

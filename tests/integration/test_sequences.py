@@ -201,7 +201,7 @@ def test_a_sequence_keeps_its_instance_and_batch_slot(server: RunningServer) -> 
         for client, cid in zip(clients, ids, strict=True):
             step(client, cid, 0)  # all 8 live at once
         threads = [
-            threading.Thread(target=lambda c=c, s=s: [step(c, s, i) for i in range(1, 6)])
+            threading.Thread(target=lambda c=c, s=s: [step(c, s, i) for i in range(1, 6)])  # type: ignore[func-returns-value]
             for c, s in zip(clients, ids, strict=True)
         ]
         for t in threads:

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from inferd.backends.onnx import OnnxInstance
-from inferd.backends.python import PythonInstance
+from inferd.backends.python import PythonInstance  # type: ignore[attr-defined]
 from inferd.backends.worker_process import ProcessInstance
 from tests.lifecycle_models import write_plus_model, write_plus_version, write_python_model
 from tests.servers import RunningServer, run_server
@@ -61,7 +61,7 @@ def _client(server: RunningServer, protocol: str) -> Any:
 def _instance(server: RunningServer, model: str, version: str = "1") -> Any:
     batcher = server.server.registry.models[model].versions[version].batcher
     assert batcher is not None
-    (instance,) = batcher._instances
+    (instance,) = batcher._instances  # type: ignore[attr-defined]
     return instance
 
 

@@ -24,7 +24,7 @@ def torch_server(
     build_torch_repository(repo, builders)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler.emit = records.append  # type: ignore[assignment, method-assign]
     logger = logging.getLogger("inferd.backends.torch")
     logger.addHandler(handler)
     try:

@@ -393,7 +393,7 @@ def test_wrong_output_batch_size_fails_a_lone_request() -> None:
 
 def test_scalar_output_of_a_batching_model_is_a_model_error() -> None:
     async def main() -> None:
-        inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})
+        inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})  # type: ignore[dict-item]
         batcher = DynamicBatcher("m", [inst], options())
         try:
             with pytest.raises(InferdError) as info:
@@ -408,7 +408,7 @@ def test_scalar_output_of_a_batching_model_is_a_model_error() -> None:
 
 def test_unbatched_model_outputs_are_passed_through() -> None:
     async def main() -> None:
-        inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})
+        inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})  # type: ignore[dict-item]
         batcher = DynamicBatcher("m", [inst], options(max_batch_size=0))
         try:
             out = await outputs(batcher, req(1, 2))
@@ -478,7 +478,7 @@ def test_cancelled_queued_request_is_never_executed() -> None:
             doomed.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await doomed
-            inst.gate.set()
+            inst.gate.set()  # type: ignore[union-attr]
             assert (await first)["OUT"].tolist() == [[2.0]]
             assert (await last)["OUT"].tolist() == [[6.0]]
             await blocker
@@ -503,7 +503,7 @@ def test_cancelled_head_of_queue_is_skipped() -> None:
             doomed.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await doomed
-            inst.gate.set()
+            inst.gate.set()  # type: ignore[union-attr]
             assert (await kept)["OUT"].tolist() == [[4.0]]
             await blocker
             assert [rows_of(b) for b in inst.batches] == [[-1.0], [2]]
@@ -531,7 +531,7 @@ def test_stop_drains_the_queue_then_closes() -> None:
             await outputs(batcher, req(9))
         assert info.value.kind is ErrorKind.UNAVAILABLE
         assert not inst.closed
-        inst.gate.set()
+        inst.gate.set()  # type: ignore[union-attr]
         await stopping
         assert inst.closed
         assert log == ["execute", "execute", "close"]

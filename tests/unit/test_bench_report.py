@@ -79,10 +79,10 @@ def test_plot_labels_every_point_of_both_lines_inside_the_axes(levels: list[Leve
         frame = ax.get_window_extent(renderer)
         labels = list(ax.texts)
         points = {
-            (float(x), float(y))
+            (float(x), float(y))  # type: ignore[arg-type]
             for line in ax.get_lines()
-            for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)  # type: ignore[call-overload]
-            if not math.isnan(y)
+            for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)  # type: ignore[arg-type, call-overload]
+            if not math.isnan(y)  # type: ignore[arg-type]
         }
         measured = [lv for lv in levels if not math.isnan(lv.latency_ms["p50"])]
         assert len(labels) == 2 * len(measured)  # on the p50 line and on the p99 line

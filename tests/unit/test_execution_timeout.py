@@ -75,7 +75,7 @@ def test_a_stuck_execution_fails_at_the_timeout_and_its_instance_rejoins_when_it
         assert batcher.unhealthy_instances() == 1
         assert [r.timed_out for r in sink.records] == [True]
         assert any("model 'm' version 1 instance 0" in r for r in running_executions())
-        inst.gate.set()  # the call returns: the instance serves again
+        inst.gate.set()  # type: ignore[union-attr]  # the call returns: the instance serves again
         await until(lambda: batcher.serving_instances() == 1)
         assert batcher.unhealthy_instances() == 0
         assert (await outputs(batcher, req(3)))["OUT"].tolist() == [[6.0]]
@@ -105,7 +105,7 @@ def test_with_two_instances_the_healthy_one_keeps_serving() -> None:
             assert (await outputs(batcher, req(value)))["OUT"].tolist() == [[2.0 * value]]
         assert rows_executed(healthy) == [[1.0], [2.0], [3.0]]
         assert rows_executed(stuck) == [[-1.0]]
-        stuck.gate.set()
+        stuck.gate.set()  # type: ignore[union-attr]
         await until(lambda: batcher.serving_instances() == 2)
         await batcher.stop()
 
@@ -186,7 +186,7 @@ def test_unloading_does_not_wait_for_a_stuck_instance_and_closes_it_when_it_retu
         assert (await failure(batcher, req(-1))).kind is ErrorKind.DEADLINE_EXCEEDED
         await batcher.stop()
         assert not inst.closed  # never close an instance while a thread is inside it
-        inst.gate.set()
+        inst.gate.set()  # type: ignore[union-attr]
         await until(lambda: inst.closed)
 
     run(main)
@@ -227,7 +227,7 @@ def test_a_stuck_sequence_instance_refuses_its_sequences_until_it_returns() -> N
         assert refused.kind is ErrorKind.UNAVAILABLE
         assert "(instance 0) is stuck" in refused.message
         assert batcher.serving_instances() == 0
-        inst.gate.set()
+        inst.gate.set()  # type: ignore[union-attr]
         await until(lambda: batcher.serving_instances() == 1)
         outs, _ = await batcher.submit(sequence_request(7, 3))
         assert outs["OUT"].tolist() == [[6.0]]

@@ -32,7 +32,7 @@ def test_cpu_utilization_is_the_busy_share_since_the_last_reading(tmp_path: Path
     # +30 busy (user 20, system 5, irq 2, softirq 2, steal 1), +70 idle (60 idle, 10 iowait)
     _write_proc(proc, (120, 0, 55, 2, 2, 1), idle=860, iowait=60)
     samples = _samples(collector)
-    assert samples["nv_cpu_utilization"] == ("gauge", pytest.approx(0.3))
+    assert samples["nv_cpu_utilization"] == ("gauge", pytest.approx(0.3))  # type: ignore[comparison-overlap]
     assert samples["nv_cpu_memory_total_bytes"] == ("gauge", 1000 * 1024)
     assert samples["nv_cpu_memory_used_bytes"] == ("gauge", 750 * 1024)  # total - available
     # No tick since: the last figure stays (no division by zero, no jump to 0).

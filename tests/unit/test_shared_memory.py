@@ -95,14 +95,14 @@ def test_inputs_are_views_of_the_region_not_copies(shm: mpshm.SharedMemory) -> N
     table = SharedMemoryRegistry()
     table.register("in", key_of(shm), 64, 1024)
     values = np.arange(8, dtype=np.float32)
-    shm.buf[64 + 16 : 64 + 48] = values.tobytes()  # window offset 64, tensor offset 16
+    shm.buf[64 + 16 : 64 + 48] = values.tobytes()  # type: ignore[index]  # window offset 64, tensor offset 16
     request = shm_request([fp32_input("in", 8, offset=16)])
     lease = table.lease(request)
     data = request.inputs[0].data
     np.testing.assert_array_equal(data, values.reshape(1, 8))
     assert not data.flags.writeable  # a model cannot write into the client's memory
     # A write by the client shows through: the array reads the mapping itself.
-    shm.buf[64 + 16 : 64 + 20] = np.float32(42.0).tobytes()
+    shm.buf[64 + 16 : 64 + 20] = np.float32(42.0).tobytes()  # type: ignore[index]
     assert data[0, 0] == 42.0
     lease.release()
 
@@ -150,12 +150,12 @@ def test_outputs_are_written_only_when_all_fit(shm: mpshm.SharedMemory) -> None:
     ]
     with pytest.raises(InferdError, match="output 'B' needs 16 bytes.*region 'out' is 4"):
         lease.write_outputs(produced)
-    assert bytes(shm.buf[:16]) == bytes(16)  # A was not written either
+    assert bytes(shm.buf[:16]) == bytes(16)  # type: ignore[index]  # A was not written either
     produced[1] = Tensor("B", "FP32", (1,), np.full(1, 8.0, np.float32))
     answered = lease.write_outputs(produced)
     assert [t.shared_memory for t in answered] == [o.shared_memory for o in outputs]
     assert all(t.data.size == 0 for t in answered)
-    np.testing.assert_array_equal(np.frombuffer(shm.buf, np.float32, 5), [7, 7, 7, 7, 8])
+    np.testing.assert_array_equal(np.frombuffer(shm.buf, np.float32, 5), [7, 7, 7, 7, 8])  # type: ignore[arg-type]
     lease.release()
 
 
@@ -188,7 +188,7 @@ def test_register_checks_the_object(shm: mpshm.SharedMemory, tmp_path: Path) -> 
 def test_bytes_inputs_are_copied_so_their_size_is_bounded(shm: mpshm.SharedMemory) -> None:
     table = SharedMemoryRegistry(max_copy_bytes=16)
     table.register("r", key_of(shm), 0, 64)
-    shm.buf[:12] = b"\x08\0\0\0abcdefgh"
+    shm.buf[:12] = b"\x08\0\0\0abcdefgh"  # type: ignore[index]
     small = Tensor("T", "BYTES", (1,), NO_DATA, shared_memory=SharedMemoryRef("r", 12))
     lease = table.lease(shm_request([small]))
     assert small.data.tolist() == [b"abcdefgh"]

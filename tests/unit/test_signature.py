@@ -35,7 +35,7 @@ def signature(text: str = BATCHED) -> ModelSignature:
 
 def tensor(name: str, datatype: str, shape: tuple[int, ...]) -> Tensor:
     dtype = {"FP32": np.float32, "INT32": np.int32, "BYTES": np.object_}[datatype]
-    data = np.arange(int(np.prod(shape)), dtype=np.int64).astype(dtype).reshape(shape)
+    data = np.arange(int(np.prod(shape)), dtype=np.int64).astype(dtype).reshape(shape)  # type: ignore[var-annotated]
     return Tensor(name, datatype, shape, data)
 
 

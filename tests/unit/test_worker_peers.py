@@ -76,7 +76,7 @@ def test_merging_leaves_the_answers_untouched() -> None:
     first = _stats(5, {1: 1}, 100)
     merge_model_stats([first, _stats(3, {1: 1}, 100)])
     assert first[0]["inference_count"] == 5
-    assert first[0]["batch_stats"][0]["compute_infer"] == {"count": 1, "ns": 100}
+    assert first[0]["batch_stats"][0]["compute_infer"] == {"count": 1, "ns": 100}  # type: ignore[index]
 
 
 def test_models_only_one_worker_knows_are_kept() -> None:
@@ -134,7 +134,7 @@ def test_a_sibling_answer_past_the_stream_line_limit_arrives_whole(tmp_path: Pat
     answer = asyncio.run(scenario())
     assert answer is not None
     assert len(orjson.dumps(answer)) > 128 * 1024
-    assert [e["name"] for e in answer["stats"]] == [f"model_{i:04d}" for i in range(400)]  # type: ignore[index]
+    assert [e["name"] for e in answer["stats"]] == [f"model_{i:04d}" for i in range(400)]  # type: ignore[attr-defined, index]
 
 
 def test_a_sibling_that_is_not_there_is_no_answer(tmp_path: Path) -> None:
