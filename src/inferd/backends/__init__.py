@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import threading
+
 from inferd.backends.base import Backend
 from inferd.errors import invalid
 
 BACKENDS = ("onnxruntime", "pytorch", "python")  # what `backend:` may name
 
+# Models load concurrently, each in a thread. Two threads importing torch (or onnxruntime)
+# at once can see a half-initialised package: `KeyError: 'torch.version'` was seen at start
+# with the example repository. One import at a time; after the first, a dict lookup.
+_import_lock = threading.Lock()
+
 
 def get_backend(name: str) -> Backend:
+    with _import_lock:
+        return _backend(name)
+
+
+def _backend(name: str) -> Backend:
     # Imported lazily so that a backend's heavy dependency loads only when a model needs it.
     if name == "onnxruntime":
         from inferd.backends.onnx import OnnxBackend
