@@ -148,7 +148,7 @@ def prepare(
     validate(config, model_dir)
     read_ragged_plan(config)  # its checks; the model's signature keeps the plan
     check_config_paths(config, model_dir)
-    return config, backend, versions, parse_spec(config)
+    return config, backend, versions, parse_spec(config, model_dir)
 
 
 # Backends whose model files do not record their tensors, so a config must declare them;

@@ -36,7 +36,7 @@ from inferd.routing import Router, parse_weights
 from inferd.scheduling.batcher import DynamicBatcher
 from inferd.scheduling.scheduler import Scheduler
 from inferd.scheduling.sequence_batcher import SequenceBatcher
-from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
+from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
@@ -297,12 +297,12 @@ class ModelRegistry:
             signature = ModelSignature(config, spec.limits)
             signature.model_parameters = getattr(backend, "passes_request_parameters", False)
             signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
-            sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
+            sequence = spec.sequence
             if sequence is not None:
                 signature.server_inputs.update(sequence.server_inputs())
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
-                    n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
+                    n for n, t in signature.inputs.items() if t.datatype == "BYTES"
                 )
         except (ConfigError, InferdError, OSError, ValueError) as exc:
             message = exc.message if isinstance(exc, InferdError) else str(exc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -29,6 +30,7 @@ from inferd.repository.spec_limits import InputLimits, read_limits
 from inferd.routing import RollbackPolicy, parse_weights
 from inferd.scheduling.batcher import BatchingOptions
 from inferd.scheduling.queues import QueuePolicy
+from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
 
 BATCHING_POLICIES = ("work_conserving", "window", "none")
 DEFAULT_UNREADY_AFTER_FAILURES = 5
@@ -43,6 +45,7 @@ class ModelSpec:
     backend: BackendSettings  # the backend's own keys
     instance_count: int  # across instance groups (Triton's default: one)
     decoupled: bool  # model_transaction_policy
+    sequence: SequenceOptions | None = None  # sequence_batching; None: not a sequence model
     canary_weights: dict[str, int] | None = None  # None: the config sets none
     auto_warmup: bool = True
     unready_after_failures: int = DEFAULT_UNREADY_AFTER_FAILURES  # 0: never
@@ -57,9 +60,10 @@ class ModelSpec:
         return 0.0 if self.decoupled else default_ms / 1000
 
 
-def parse_spec(config: mc.ModelConfig) -> ModelSpec:
+def parse_spec(config: mc.ModelConfig, model_dir: Path) -> ModelSpec:
     """The spec of a completed, validated config; raises `ConfigError` naming file, field and
-    value for the first bad one."""
+    value for the first bad one. Reads a sequence model's initial-state files: call it off
+    the event loop."""
     where = f"{config.name}/{CONFIG_FILE}: parameters"
     raw = parameter(config, "unready_after_failures", str(DEFAULT_UNREADY_AFTER_FAILURES))
     if not raw.isdigit():
@@ -72,6 +76,7 @@ def parse_spec(config: mc.ModelConfig) -> ModelSpec:
         backend=read_backend_settings(config),
         instance_count=instance_count(config),
         decoupled=bool(config.model_transaction_policy.decoupled),
+        sequence=read_sequence_options(config, model_dir),
         canary_weights=_canary_weights(config),
         auto_warmup=parameter(config, "auto_warmup", "true").lower() not in ("0", "false", "no"),
         unready_after_failures=int(raw),
