@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from inferd.backends.base import LoadContext  # noqa: E402
 from inferd.backends.torch import TorchBackend  # noqa: E402
-from inferd.repository.loader import batching_options  # noqa: E402
+from inferd.repository.spec import batching_options  # noqa: E402
 from inferd.scheduling.batcher import DynamicBatcher  # noqa: E402
 from inferd.signature import ModelSignature  # noqa: E402
 

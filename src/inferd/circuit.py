@@ -22,10 +22,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from tritonclient.grpc import model_config_pb2 as mc
-
-from inferd.repository.config import ConfigError, parameter
-
 log = logging.getLogger("inferd.circuit")
 
 
@@ -47,28 +43,6 @@ class CircuitPolicy:
     @property
     def enabled(self) -> bool:
         return self.failures > 0 or self.error_rate > 0
-
-    @classmethod
-    def from_config(cls, config: mc.ModelConfig) -> CircuitPolicy:
-        where = f"{config.name}/config.pbtxt: parameters"
-        try:
-            policy = cls(
-                failures=int(parameter(config, "circuit_breaker_failures", "0")),
-                error_rate=float(parameter(config, "circuit_breaker_error_rate", "0")),
-                window_s=float(parameter(config, "circuit_breaker_window_s", "30")),
-                min_requests=int(parameter(config, "circuit_breaker_min_requests", "20")),
-                open_s=float(parameter(config, "circuit_breaker_open_s", "10")),
-                fallback_model=parameter(config, "fallback_model", ""),
-            )
-        except ValueError as exc:
-            raise ConfigError(
-                f"{where}: a circuit_breaker_* value is not a number: {exc}"
-            ) from None
-        if not 0 <= policy.error_rate <= 1:
-            raise ConfigError(f"{where}: circuit_breaker_error_rate must be within 0..1")
-        if policy.fallback_model == config.name:
-            raise ConfigError(f"{where}: fallback_model cannot be the model itself")
-        return policy
 
 
 @dataclass(eq=False)

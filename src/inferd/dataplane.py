@@ -20,7 +20,7 @@ from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unav
 from inferd.events import CallContext, RequestRecord, Telemetry, note_failure
 from inferd.limits import check_response_size
 from inferd.repository import uploads
-from inferd.repository.config import ConfigError, parameter, with_kinds_used
+from inferd.repository.config import ConfigError, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.runtime_settings import RuntimeSettings
@@ -106,7 +106,7 @@ class DataPlane(StreamingEntry):
             return "an instance is down (its worker process died, or its is_ready() said no)"
         if not batcher.serving_instances():
             return "every instance is stuck in an execution past its execution timeout"
-        limit = int(parameter(mv.config, "unready_after_failures", "5") or 0)
+        limit = mv.spec.unready_after_failures
         if limit and batcher.consecutive_failures >= limit:
             return f"its last {batcher.consecutive_failures} executions failed"
         return ""

@@ -41,7 +41,7 @@ from inferd.health import IDLE_SCORE, HealthWindow
 from inferd.host_metrics import GpuCollector, register_host_metrics
 from inferd.metrics_load import LoadCollector
 from inferd.metrics_triton import TritonCollector
-from inferd.repository.config import backend_name, parameter
+from inferd.repository.config import backend_name
 from inferd.repository.registry import ModelRegistry, State
 from inferd.scheduling.sequence_batcher import SequenceBatcher
 from inferd.snapshots import items
@@ -427,8 +427,7 @@ class _StateCollector(Collector):
                     for reason, count in sorted(mv.batcher.released().items()):
                         released.add_metric([*labels, reason], count)
                 if mv.is_ready:
-                    raw = parameter(mv.config, "health_p99_baseline_ms", "")
-                    baseline = float(raw) / 1000 if raw else None
+                    baseline = mv.spec.health_p99_baseline_s
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         self._sink.keep_windows(live)
         yield from (depth, inflight, unhealthy, state, load, warmup, info, health)

@@ -22,11 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from inferd.errors import invalid
 from inferd.events import BatchRecord, RequestRecord
-from inferd.repository.config import ConfigError, parameter
 
 if TYPE_CHECKING:
     from inferd.repository.registry import ModelRegistry
@@ -41,21 +38,6 @@ class RollbackPolicy:
     min_requests: int = 20
     error_rate_margin: float = 0.05  # canary errors may exceed stable's by this much
     p99_ratio: float = 2.0  # canary p99 may be at most this many times stable's
-
-    @classmethod
-    def from_config(cls, config: mc.ModelConfig) -> RollbackPolicy:
-        where = f"{config.name}/config.pbtxt: parameters"
-        try:
-            return cls(
-                enabled=parameter(config, "canary_auto_rollback", "false").lower()
-                in ("1", "true", "yes"),
-                window_s=float(parameter(config, "canary_window_s", "30")),
-                min_requests=int(parameter(config, "canary_min_requests", "20")),
-                error_rate_margin=float(parameter(config, "canary_error_rate_margin", "0.05")),
-                p99_ratio=float(parameter(config, "canary_p99_ratio", "2.0")),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"{where}: a canary_* value is not a number: {exc}") from None
 
 
 def parse_weights(raw: object, where: str) -> dict[str, int]:

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from inferd.repository.loader import batching_options
 from inferd.repository.registry import ModelRegistry, State
 from inferd.repository.warmup import warmup_samples
 from inferd.scheduling.queues import QueuePolicy
@@ -114,7 +113,7 @@ def test_a_request_may_shorten_its_queue_timeout(client: Client) -> None:
 
 
 def test_the_queue_policies_reach_the_scheduler(reference: RunningServer) -> None:
-    options = batching_options(reference.server.registry.get(MODEL).config)
+    options = reference.server.registry.get(MODEL).spec.batching
     assert options.queue_policies == (
         QueuePolicy(max_queue_size=16, default_timeout_us=200_000, allow_timeout_override=True),
         QueuePolicy(max_queue_size=64, default_timeout_us=1_000_000, allow_timeout_override=True),

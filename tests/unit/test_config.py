@@ -79,7 +79,7 @@ def parse(text: str) -> mc.ModelConfig:
 
 
 def test_valid_config_prepares(tmp_path: Path) -> None:
-    config, backend, versions = prepare(make_model(tmp_path, LINEAR_CONFIG))
+    config, backend, versions, _ = prepare(make_model(tmp_path, LINEAR_CONFIG))
     assert config.name == "m"
     assert config.max_batch_size == 8
     assert [i.name for i in config.input] == ["x"]
@@ -90,7 +90,7 @@ def test_valid_config_prepares(tmp_path: Path) -> None:
 
 def test_config_without_name_takes_the_directory_name(tmp_path: Path) -> None:
     text = LINEAR_CONFIG.replace('name: "m"', "")
-    config, _, _ = prepare(make_model(tmp_path, text))
+    config, _, _, _ = prepare(make_model(tmp_path, text))
     assert config.name == "m"
 
 
@@ -198,7 +198,7 @@ def test_reshape_element_count_mismatch(tmp_path: Path) -> None:
 
 def test_reshape_with_matching_element_count_is_accepted(tmp_path: Path) -> None:
     text = LINEAR_CONFIG.replace("dims: [ 4 ] }", "dims: [ 2, 2 ], reshape: { shape: [ 4 ] } }")
-    config, _, _ = prepare(make_model(tmp_path, text))
+    config, _, _, _ = prepare(make_model(tmp_path, text))
     assert list(config.input[0].dims) == [2, 2]
     assert list(config.input[0].reshape.shape) == [4]
 
@@ -315,12 +315,12 @@ def test_select_versions(policy: str, expected: list[int]) -> None:
 
 def test_prepare_applies_the_version_policy(tmp_path: Path) -> None:
     text = LINEAR_CONFIG + "version_policy: { all: { } }\n"
-    _, _, versions = prepare(make_model(tmp_path, text, versions=(1, 2, 10)))
+    _, _, versions, _ = prepare(make_model(tmp_path, text, versions=(1, 2, 10)))
     assert versions == [1, 2, 10]
 
 
 def test_prepare_default_policy_is_latest(tmp_path: Path) -> None:
-    _, _, versions = prepare(make_model(tmp_path, LINEAR_CONFIG, versions=(1, 2, 10)))
+    _, _, versions, _ = prepare(make_model(tmp_path, LINEAR_CONFIG, versions=(1, 2, 10)))
     assert versions == [10]
 
 
@@ -343,7 +343,7 @@ def test_latest_zero_versions_is_rejected(tmp_path: Path) -> None:
 
 def test_onnx_autocomplete_without_config(tmp_path: Path) -> None:
     model_dir = make_model(tmp_path, None, model=builders.mlp([4, 8, 3], seed=0))
-    config, _, versions = prepare(model_dir)
+    config, _, versions, _ = prepare(model_dir)
     assert versions == [1]
     assert config.name == "m"
     assert config.platform == "onnxruntime_onnx"
@@ -360,7 +360,7 @@ def test_onnx_autocomplete_without_config(tmp_path: Path) -> None:
 
 def test_onnx_fixed_leading_dim_does_not_batch(tmp_path: Path) -> None:
     model_dir = make_model(tmp_path, None, model=builders.identity(TensorProto.INT32, [2, 3]))
-    config, _, _ = prepare(model_dir)
+    config, _, _, _ = prepare(model_dir)
     assert config.max_batch_size == 0
     assert not config.HasField("dynamic_batching")
     assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
@@ -378,7 +378,7 @@ def test_onnx_config_with_only_inputs_gets_outputs(tmp_path: Path) -> None:
         max_batch_size: 8
         input [ { name: "x", data_type: TYPE_FP32, dims: [ 4 ] } ]
     """
-    config, _, _ = prepare(make_model(tmp_path, text))
+    config, _, _, _ = prepare(make_model(tmp_path, text))
     assert config.max_batch_size == 8
     assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
         ("y", mc.TYPE_FP32, [2])
@@ -462,7 +462,7 @@ def test_onnx_variable_model_dims_take_any_config_size(tmp_path: Path) -> None:
         output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
     """
     model = builders.identity(TensorProto.FLOAT, ["batch", "n"])
-    config, _, _ = prepare(make_model(tmp_path, text, model=model))
+    config, _, _, _ = prepare(make_model(tmp_path, text, model=model))
     assert list(config.input[0].dims) == [7]
 
 
@@ -489,7 +489,7 @@ def test_to_json_renders_numbers(tmp_path: Path) -> None:
     text = LINEAR_CONFIG + (
         "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 500 }\n"
     )
-    config, _, _ = prepare(make_model(tmp_path, text))
+    config, _, _, _ = prepare(make_model(tmp_path, text))
     doc = to_json(config)
     assert doc["max_batch_size"] == 8
     assert doc["input"][0]["dims"] == [4]
@@ -504,7 +504,7 @@ def test_to_json_renders_numbers(tmp_path: Path) -> None:
 
 def test_to_json_includes_zero_max_batch_size(tmp_path: Path) -> None:
     model_dir = make_model(tmp_path, None, model=builders.identity(TensorProto.INT32, [2, 3]))
-    config, _, _ = prepare(model_dir)
+    config, _, _, _ = prepare(model_dir)
     doc = to_json(config)
     assert doc["max_batch_size"] == 0
     assert doc["input"][0]["dims"] == [2, 3]
@@ -517,6 +517,6 @@ def test_to_json_keeps_string_parameters_strings(tmp_path: Path) -> None:
     text = LINEAR_CONFIG + (
         'parameters { key: "intra_op_thread_count" value: { string_value: "2" } }\n'
     )
-    config, _, _ = prepare(make_model(tmp_path, text))
+    config, _, _, _ = prepare(make_model(tmp_path, text))
     doc = to_json(config)
     assert doc["parameters"]["intra_op_thread_count"] == {"string_value": "2"}

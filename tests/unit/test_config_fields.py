@@ -67,6 +67,10 @@ def test_the_docs_tables_are_the_codes() -> None:
     assert "**unclassified**" not in page
 
 
+# The spec parser's readers of one key (or a tuple of keys), given as their second argument.
+_READERS = ("parameter", "int_parameter", "_positive_int_parameter", "_optional_int")
+
+
 def _keys_read_in(path: Path) -> set[str]:
     """Config parameter keys the module reads: `parameter(config, "k")`, `int_parameter(config,
     ("A", "b"), ...)`, `config.parameters["k"]`, `"k" in config.parameters`, with module
@@ -100,7 +104,7 @@ def _keys_read_in(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = ast.unparse(node.func).rsplit(".", 1)[-1]
-            if name in ("parameter", "int_parameter", "_positive_int_parameter") and node.args:
+            if name in _READERS and node.args:
                 keys.update(s for arg in node.args[1:2] for s in strings(arg))
         elif isinstance(node, ast.Subscript) and is_config_parameters(node.value):
             keys.update(strings(node.slice))
@@ -299,16 +303,16 @@ def test_an_image_format_needs_three_dims(tmp_path: Path) -> None:
         input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 3, 2, 2 ], format: FORMAT_NCHW } ]
         output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 3, 2, 2 ] } ]
     """
-    config, _, _ = prepare(make_model(tmp_path / "image", text, model=image))
+    config, _, _, _ = prepare(make_model(tmp_path / "image", text, model=image))
     assert to_json(config)["input"][0]["format"] == "FORMAT_NCHW"  # served to clients
 
 
 def test_the_served_config_loads_again(tmp_path: Path) -> None:
     """Clients (inferd tune, Triton tooling) read the config and send it back with a load."""
-    config, _, _ = prepare(make_model(tmp_path, LINEAR_CONFIG + "dynamic_batching { }\n"))
+    config, _, _, _ = prepare(make_model(tmp_path, LINEAR_CONFIG + "dynamic_batching { }\n"))
     config.parameters["model_checksum"].string_value = "abc"
     override = parse_config_override("m", json.dumps(to_json(config)))
-    again, _, _ = prepare(tmp_path / "m", override)
+    again, _, _, _ = prepare(tmp_path / "m", override)
     assert again.max_batch_size == 8
 
 
@@ -339,7 +343,7 @@ def _python_model(tmp_path: Path, extra: str) -> Path:
 
 
 def test_python_models_receive_unknown_parameters(tmp_path: Path) -> None:
-    config, _, _ = prepare(
+    config, _, _, _ = prepare(
         _python_model(tmp_path, 'parameters { key: "greeting" value: { string_value: "hi" } }')
     )
     assert config.parameters["greeting"].string_value == "hi"

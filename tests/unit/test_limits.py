@@ -17,12 +17,12 @@ from inferd.errors import ErrorKind, InferdError
 from inferd.protocol.codec import decode_bytes_elements, decode_request
 from inferd.protocol.pb_codec import decode_infer_request
 from inferd.repository.config import ConfigError
-from inferd.signature import (
+from inferd.repository.spec_limits import (
     DEFAULT_MAX_BYTES_ELEMENT_SIZE,
     DEFAULT_MAX_INPUT_ELEMENTS,
-    ModelSignature,
     read_limits,
 )
+from inferd.signature import ModelSignature
 from inferd.types import InferRequest, Tensor
 
 CONFIG = """

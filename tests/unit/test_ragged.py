@@ -267,7 +267,7 @@ ONNX_CONFIG = """
 
 
 def test_the_onnx_model_loads_with_its_batch_input(tmp_path: Path) -> None:
-    config, _, _ = prepare(make_model(tmp_path, ONNX_CONFIG, model=ragged_sum()))
+    config, _, _, _ = prepare(make_model(tmp_path, ONNX_CONFIG, model=ragged_sum()))
     assert [i.name for i in config.input] == ["INPUT"]  # INDEX is the server's
 
 

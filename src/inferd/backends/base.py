@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.errors import InferdError
+from inferd.repository.spec_backend import BackendSettings, read_backend_settings
 from inferd.types import Array
 
 if TYPE_CHECKING:
@@ -28,6 +29,12 @@ class LoadContext:
     # What Python models may ask of the server (pb_utils.load_model, custom metrics);
     # None outside a server.
     host: HostProvider | None = None
+    # The model spec's backend settings, parsed at load; None (a context built from a bare
+    # config: a worker process, a test): read from `config`.
+    settings: BackendSettings | None = None
+
+    def backend_settings(self) -> BackendSettings:
+        return self.settings if self.settings is not None else read_backend_settings(self.config)
 
 
 class Instance(Protocol):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends import onnx_bf16 as bf16_session
 from inferd.backends.base import LoadContext
-from inferd.repository.config import ConfigError, instance_group_of, int_parameter
+from inferd.repository.config import ConfigError, instance_group_of
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.onnx")
@@ -213,22 +212,14 @@ def _check_batch_inputs(
 class OnnxInstance:
     def __init__(self, ctx: LoadContext) -> None:
         config = ctx.config
+        settings = ctx.backend_settings()
         options = ort.SessionOptions()
-        # Instances run in parallel: by default split the cores between them rather than
-        # letting each session spin up one thread per core and oversubscribe the machine.
-        default_threads = max(1, (os.cpu_count() or 1) // ctx.instance_count)
-        options.intra_op_num_threads = int_parameter(
-            config, "intra_op_thread_count", default_threads
-        )
-        options.inter_op_num_threads = int_parameter(config, "inter_op_thread_count", 0)
-        mode = int_parameter(config, "execution_mode", 0)
-        if mode not in (0, 1):
-            raise ConfigError(
-                f"{config.name}/config.pbtxt: parameters.execution_mode must be 0 "
-                f"(sequential) or 1 (parallel), got {mode}"
-            )
+        options.intra_op_num_threads = settings.intra_op_threads(ctx.instance_count)
+        options.inter_op_num_threads = settings.inter_op_thread_count
         options.execution_mode = (
-            ort.ExecutionMode.ORT_PARALLEL if mode == 1 else ort.ExecutionMode.ORT_SEQUENTIAL
+            ort.ExecutionMode.ORT_PARALLEL
+            if settings.parallel_execution
+            else ort.ExecutionMode.ORT_SEQUENTIAL
         )
         level = config.optimization.graph.level if config.HasField("optimization") else 0
         options.graph_optimization_level = GRAPH_LEVELS.get(

@@ -27,23 +27,12 @@ from inferd.repository.config import (
     ConfigError,
     config_needed,
     instance_group_of,
-    parameter,
 )
+from inferd.repository.spec_backend import isolation_of
 
 log = logging.getLogger("inferd.backends.python")
 
 KIND_GPU = mc.ModelInstanceGroup.KIND_GPU
-ISOLATIONS = ("thread", "process")
-
-
-def isolation_of(config: mc.ModelConfig) -> str:
-    isolation = parameter(config, "isolation", "thread") or "thread"
-    if isolation not in ISOLATIONS:
-        raise ConfigError(
-            f"{config.name}/config.pbtxt: parameters: isolation '{isolation}' is not "
-            'supported; use "process" (a worker process of its own) or "thread" (default)'
-        )
-    return isolation
 
 
 class PythonBackend:
@@ -91,7 +80,7 @@ class PythonBackend:
                 ctx.version,
                 ctx.instance_index,
             )
-        if isolation_of(ctx.config) == "process":
+        if ctx.backend_settings().isolation == "process":
             # model.py is imported in the worker process only: its import may crash too.
             return start_process_instance(ctx)
         return instantiate(ctx, import_model_module(ctx.model_name, ctx.version_dir))

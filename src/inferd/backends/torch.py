@@ -8,7 +8,6 @@ which could run arbitrary code when unpickled.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -22,7 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.base import LoadContext
 from inferd.conformance import OutputMismatchError
 from inferd.datatypes import BF16, CONFIG_TO_V2, V2_TO_NUMPY
-from inferd.repository.config import ConfigError, instance_group_of, int_parameter, parameter
+from inferd.repository.config import ConfigError, instance_group_of
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.torch")
@@ -69,11 +68,8 @@ class TorchInstance:
         self._name = ctx.model_name
         self.device = self._choose_device(ctx)
         self.provider = "torch"
-        threads = int_parameter(
-            config,
-            ("INTRA_OP_THREAD_COUNT", "intra_op_thread_count"),
-            max(1, (os.cpu_count() or 1) // ctx.instance_count),
-        )
+        settings = ctx.backend_settings()
+        threads = settings.intra_op_threads(ctx.instance_count)
         # torch's intra-op pool is process-wide (Triton's libtorch backend sets it the same).
         torch.set_num_threads(threads)
 
@@ -123,7 +119,7 @@ class TorchInstance:
         self._output_names = outputs
         self._output_index = _indexes(outputs) or list(range(len(outputs)))
 
-        compile_requested = parameter(config, "torch_compile", "false").lower() in ("1", "true")
+        compile_requested = settings.torch_compile
         if compile_requested:
             # dynamic=True: one graph serves every batch size instead of one compile per size.
             module = torch.compile(module, dynamic=config.max_batch_size > 0)

@@ -128,19 +128,7 @@ def validate(config: mc.ModelConfig, model_dir: Path) -> None:
         raise ConfigError(f"{where}: version_policy.latest.num_versions must be >= 1")
     if policy.HasField("specific") and not policy.specific.versions:
         raise ConfigError(f"{where}: version_policy.specific.versions must not be empty")
-    for key in ("unready_after_failures",):
-        raw = parameter(config, key, "0")
-        if not raw.isdigit():
-            raise ConfigError(f"{where}: parameters.{key} must be an integer >= 0, got '{raw}'")
-    batching = parameter(config, "batching_policy", "work_conserving")
-    if batching not in BATCHING_POLICIES:
-        raise ConfigError(
-            f"{where}: parameters.batching_policy '{batching}' must be one of "
-            f"{', '.join(BATCHING_POLICIES)}"
-        )
-
-
-BATCHING_POLICIES = ("work_conserving", "window", "none")
+    # The values of `parameters` are checked where they are parsed: spec.parse_spec.
 
 
 def check_honoured(config: mc.ModelConfig, where: str) -> None:
@@ -175,6 +163,8 @@ def _check_reshape(field: str, dims: list[int], shape: list[int]) -> None:
 
 
 def parameter(config: mc.ModelConfig, key: str, default: str = "") -> str:
+    """A raw `parameters` value. In the server only the spec parser (spec*.py) reads them;
+    everything else reads the parsed `ModelSpec`."""
     if key in config.parameters:
         return str(config.parameters[key].string_value)
     return default

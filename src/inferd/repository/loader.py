@@ -17,21 +17,17 @@ from inferd.backends.base import AnyInstance, Backend, LoadContext
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.errors import InferdError
 from inferd.repository.config import (
-    CONFIG_FILE,
     PLATFORM_TO_BACKEND,
     ConfigError,
     backend_name,
     check_honoured,
     config_needed,
-    int_parameter,
-    parameter,
     read_config,
     validate,
 )
 from inferd.repository.paths import check_config_paths
 from inferd.repository.ragged_config import read_ragged_plan
-from inferd.scheduling.batcher import BatchingOptions
-from inferd.scheduling.queues import QueuePolicy
+from inferd.repository.spec import ModelSpec, parse_spec
 
 # Which backend serves a model that has no config naming one (Triton's platform detection).
 MODEL_FILES = {
@@ -58,52 +54,6 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
     return available[-num:]
 
 
-def batching_options(config: mc.ModelConfig) -> BatchingOptions:
-    db = config.dynamic_batching
-    levels = int(db.priority_levels)
-    default = (
-        _queue_policy(db.default_queue_policy)
-        if db.HasField("default_queue_policy")
-        else QueuePolicy()
-    )
-    policies = tuple(
-        _queue_policy(db.priority_queue_policy[level])
-        if level in db.priority_queue_policy
-        else default
-        for level in range(1, max(1, levels) + 1)
-    )
-    default_level = int(db.default_priority_level) if levels else 1
-    return BatchingOptions(
-        max_batch_size=int(config.max_batch_size),
-        preferred_sizes=tuple(int(s) for s in db.preferred_batch_size),
-        max_delay_s=db.max_queue_delay_microseconds / 1e6,
-        policy=parameter(config, "batching_policy", "work_conserving"),
-        queue_policies=policies,
-        default_priority=max(0, default_level - 1),
-    )
-
-
-def execution_timeout_s(config: mc.ModelConfig, default_ms: int) -> float:
-    """The model's execution timeout in seconds (0: none): its `execution_timeout_ms`
-    parameter, else the server's `--execution-timeout-ms`."""
-    timeout_ms = int_parameter(config, "execution_timeout_ms", default_ms)
-    if timeout_ms < 0:
-        raise ConfigError(
-            f"{config.name}/{CONFIG_FILE}: parameters.execution_timeout_ms must be >= 0 "
-            f"(milliseconds; 0: no timeout), got {timeout_ms}"
-        )
-    return timeout_ms / 1000
-
-
-def _queue_policy(p: mc.ModelQueuePolicy) -> QueuePolicy:
-    return QueuePolicy(
-        max_queue_size=int(p.max_queue_size),
-        default_timeout_us=int(p.default_timeout_microseconds),
-        allow_timeout_override=bool(p.allow_timeout_override),
-        reject_on_timeout=p.timeout_action != mc.ModelQueuePolicy.DELAY,
-    )
-
-
 def parse_config_override(name: str, text: str) -> mc.ModelConfig:
     """A config given with a load request (Triton's `config` parameter: JSON)."""
     config = mc.ModelConfig()
@@ -120,8 +70,9 @@ def parse_config_override(name: str, text: str) -> mc.ModelConfig:
 
 def prepare(
     model_dir: Path, override: mc.ModelConfig | None = None
-) -> tuple[mc.ModelConfig, Backend, list[int]]:
-    """Read, complete and check a model's config; choose its versions. Runs in a thread."""
+) -> tuple[mc.ModelConfig, Backend, list[int], ModelSpec]:
+    """Read, complete and check a model's config, parse its spec; choose its versions.
+    Runs in a thread."""
     if override is not None:
         config = mc.ModelConfig()
         config.CopyFrom(override)
@@ -197,7 +148,7 @@ def prepare(
     validate(config, model_dir)
     read_ragged_plan(config)  # its checks; the model's signature keeps the plan
     check_config_paths(config, model_dir)
-    return config, backend, versions
+    return config, backend, versions, parse_spec(config, model_dir)
 
 
 # Backends whose model files do not record their tensors, so a config must declare them;
@@ -237,13 +188,14 @@ def load_instances(
     version: str,
     config: mc.ModelConfig,
     version_dir: Path,
-    count: int,
+    spec: ModelSpec,
     host: HostProvider | None = None,
 ) -> list[AnyInstance]:
     instances: list[AnyInstance] = []
+    count = spec.instance_count
     try:
         for index in range(count):
-            ctx = LoadContext(name, version, version_dir, config, index, count, host)
+            ctx = LoadContext(name, version, version_dir, config, index, count, host, spec.backend)
             instances.append(backend.load(ctx))
     except BaseException:
         for inst in instances:

@@ -21,27 +21,22 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import Backend
 from inferd.backends.pb_utils.host import HostProvider
-from inferd.circuit import CircuitBreaker, CircuitPolicy
+from inferd.circuit import CircuitBreaker
 from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.memory import MemoryReleaser, rss_bytes
 from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
-from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name, instance_count
-from inferd.repository.loader import (
-    batching_options,
-    execution_timeout_s,
-    load_instances,
-    model_file,
-    prepare,
-)
+from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name
+from inferd.repository.loader import load_instances, model_file, prepare
+from inferd.repository.spec import ModelSpec
 from inferd.repository.uploads import NAME_MAX_BYTES, checked_paths, shown
 from inferd.repository.warmup import warm_up
-from inferd.routing import RollbackPolicy, Router, parse_weights
+from inferd.routing import Router, parse_weights
 from inferd.scheduling.batcher import DynamicBatcher
 from inferd.scheduling.scheduler import Scheduler
 from inferd.scheduling.sequence_batcher import SequenceBatcher
-from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
+from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
@@ -60,6 +55,7 @@ class ModelVersion:
     version: str
     config: mc.ModelConfig
     signature: ModelSignature
+    spec: ModelSpec  # the config parsed at load: read its fields, not the config's strings
     state: State = State.LOADING
     reason: str = ""  # why it is not serving, or why the latest attempt to replace it failed
     warning: str = ""  # a problem that does not stop it serving (a failed automatic warm-up)
@@ -296,23 +292,17 @@ class ModelRegistry:
         reloading = bool(model.versions)
         seen = await asyncio.to_thread(fingerprint, model_dir)
         try:
-            config, backend, numbers = await asyncio.to_thread(prepare, model_dir, override)
-            policy = RollbackPolicy.from_config(config)
-            circuit_policy = CircuitPolicy.from_config(config)
-            # A decoupled model's stream may rightly run long: only its own parameter bounds it.
-            default_ms = (
-                0 if config.model_transaction_policy.decoupled else self.execution_timeout_ms
-            )
-            timeout_s = execution_timeout_s(config, default_ms)
-            signature = ModelSignature(config)  # its limits can be malformed config too
+            config, backend, numbers, spec = await asyncio.to_thread(prepare, model_dir, override)
+            timeout_s = spec.execution_timeout_s(self.execution_timeout_ms)
+            signature = ModelSignature(config, spec.limits)
             signature.model_parameters = getattr(backend, "passes_request_parameters", False)
             signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
-            sequence = await asyncio.to_thread(read_sequence_options, config, model_dir)
+            sequence = spec.sequence
             if sequence is not None:
                 signature.server_inputs.update(sequence.server_inputs())
             if backend.decodes_bytes_as_text:
                 signature.text_inputs = frozenset(
-                    n for n, spec in signature.inputs.items() if spec.datatype == "BYTES"
+                    n for n, t in signature.inputs.items() if t.datatype == "BYTES"
                 )
         except (ConfigError, InferdError, OSError, ValueError) as exc:
             message = exc.message if isinstance(exc, InferdError) else str(exc)
@@ -348,6 +338,7 @@ class ModelRegistry:
                         v,
                         config,
                         signature,
+                        spec,
                         checksum=digest,
                         sequence=sequence,
                         execution_timeout_s=timeout_s,
@@ -379,10 +370,10 @@ class ModelRegistry:
         model.config_checksum = config_sum if not failed else model.config_checksum
         model.seen = seen
         model.reason = ""  # the config passed this time; version failures are on their rows
-        model.router.policy = policy
-        if model.circuit.policy != circuit_policy or model.circuit.model != model.name:
-            model.circuit = CircuitBreaker(model.name, circuit_policy)
-        _apply_config_weights(model, config)
+        model.router.policy = spec.canary
+        if model.circuit.policy != spec.circuit or model.circuit.model != model.name:
+            model.circuit = CircuitBreaker(model.name, spec.circuit)
+        _apply_config_weights(model, spec)
         if retired:
             await self._retire(retired)
         elif failed:
@@ -404,7 +395,7 @@ class ModelRegistry:
 
     async def _load_version(self, mv: ModelVersion, backend: Backend, model_dir: Path) -> None:
         version_dir = model_dir / mv.version
-        count = instance_count(mv.config)
+        count = mv.spec.instance_count
         started = time.monotonic()
         try:
             if model_file(backend, version_dir) is None:
@@ -418,7 +409,7 @@ class ModelRegistry:
                 mv.version,
                 mv.config,
                 version_dir,
-                count,
+                mv.spec,
                 self.model_host,
             )
         except Exception as exc:
@@ -431,7 +422,13 @@ class ModelRegistry:
         loaded = time.monotonic()
         try:
             warmed = await asyncio.to_thread(
-                warm_up, instances, mv.config, model_dir, mv.signature, mv.sequence
+                warm_up,
+                instances,
+                mv.config,
+                model_dir,
+                mv.signature,
+                mv.sequence,
+                mv.spec.auto_warmup,
             )
         except Exception as exc:
             for inst in instances:
@@ -456,7 +453,7 @@ class ModelRegistry:
             mv.batcher = DynamicBatcher(
                 mv.name,
                 instances,
-                batching_options(mv.config),
+                mv.spec.batching,
                 mv.version,
                 self.telemetry,
                 mv.signature.ragged,
@@ -525,20 +522,10 @@ class ModelRegistry:
         await self._retire([v for v in versions if v.batcher is not None], release=False)
 
 
-def _apply_config_weights(model: Model, config: mc.ModelConfig) -> None:
+def _apply_config_weights(model: Model, spec: ModelSpec) -> None:
     """Weights from the config's `canary_weights` parameter, when it sets them."""
-    raw = (
-        config.parameters["canary_weights"].string_value
-        if "canary_weights" in config.parameters
-        else ""
-    )
-    if not raw:
-        return
-    try:
-        weights = parse_weights(raw, f"{model.name}/config.pbtxt: parameters.canary_weights")
-    except InferdError as exc:
-        model.reason = exc.message
-        log.error("%s", exc.message)
+    weights = spec.canary_weights
+    if weights is None:
         return
     model.router.weights = {v: w for v, w in weights.items() if v in model.versions}
 
@@ -576,7 +563,7 @@ def _write_files(model_dir: Path, paths: dict[str, PurePosixPath], files: dict[s
 def _batching(mv: ModelVersion) -> str:
     if mv.sequence is not None:
         return f"sequence ({mv.sequence.strategy})"
-    return batching_options(mv.config).policy if mv.config.max_batch_size else "off"
+    return mv.spec.batching.policy if mv.config.max_batch_size else "off"
 
 
 def _latest_reason(model: Model, mv: ModelVersion) -> str:

@@ -24,7 +24,7 @@ from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.errors import InferdError
 from inferd.protocol.codec import decode_bytes_elements
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START, RequestInfo
-from inferd.repository.config import ConfigError, parameter
+from inferd.repository.config import ConfigError
 from inferd.repository.paths import confined
 from inferd.scheduling.merge import merged_inputs
 from inferd.scheduling.sequence_config import SequenceOptions
@@ -36,14 +36,18 @@ Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
 
 
 def warmup_samples(
-    config: mc.ModelConfig, model_dir: Path, sequence: SequenceOptions | None = None
+    config: mc.ModelConfig,
+    model_dir: Path,
+    sequence: SequenceOptions | None = None,
+    auto: bool = True,
 ) -> list[Sample]:
     """The samples; a sequence model's also carry the server's inputs (controls: a one-step
-    sequence with correlation id 0; implicit state: the initial state)."""
+    sequence with correlation id 0; implicit state: the initial state). `auto`: the spec's
+    `auto_warmup` (zeros when the config has no model_warmup)."""
     where = f"{config.name}/config.pbtxt"
     if config.model_warmup:
         samples = [_configured(w, config, model_dir, where) for w in config.model_warmup]
-    elif parameter(config, "auto_warmup", "true").lower() in ("0", "false", "no"):
+    elif not auto:
         return []
     else:
         sizes = [1]
@@ -133,6 +137,7 @@ def warm_up(
     model_dir: Path,
     signature: ModelSignature,
     sequence: SequenceOptions | None = None,
+    auto: bool = True,
 ) -> WarmupResult:
     """Warm every instance up before the version takes traffic.
 
@@ -144,7 +149,7 @@ def warm_up(
     sequence model's samples are one-step sequences (flags SEQUENCE_START | SEQUENCE_END).
     """
     where = f"{config.name}/config.pbtxt"
-    samples = warmup_samples(config, model_dir, sequence)
+    samples = warmup_samples(config, model_dir, sequence, auto)
     flags = SEQUENCE_START | SEQUENCE_END if sequence is not None else 0
     try:
         run_warmup(instances, samples, signature, flags, config.model_transaction_policy.decoupled)
