@@ -381,6 +381,16 @@ def test_raw_grpc_messages(target: Target, method: str, raw: bytes) -> None:
     target.check_code(code, model, details)
 
 
+@pytest.mark.parametrize("method", UNARY_METHODS)
+def test_unparseable_grpc_messages_are_invalid_argument(target: Target, method: str) -> None:
+    call = target.channel.unary_unary(f"/{SERVICE}/{method}")
+    with pytest.raises(grpc.RpcError) as info:
+        call(b"\xff\xff\xff\xff\x0f", timeout=ANSWER_TIMEOUT_S)  # a varint past 64 bits
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert (info.value.details() or "").startswith("malformed "), info.value.details()
+    assert "DecodeError" not in (info.value.details() or "")
+
+
 # -- (d) structured ModelInferRequest variants, unary and streamed ----------------------------
 
 PARAMETER_KEYS = st.sampled_from(
