@@ -19,6 +19,7 @@ from inferd.log_safety import (
     EXCEPTION_CHARS,
     FIELD_CHARS,
     MESSAGE_CHARS,
+    json_line,
     safe,
     safe_exception,
     truncated,
@@ -84,7 +85,8 @@ class JsonFormatter(logging.Formatter):
             doc["exception"] = truncated(record.exc_text, EXCEPTION_CHARS)
         if record.stack_info:
             doc["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(doc, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(doc, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+        return json_line(text)
 
 
 def _bounded(value: Any) -> Any:

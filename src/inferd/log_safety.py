@@ -32,6 +32,16 @@ _TABLE = {code: _escape(code) for code in _CONTROLS}
 _TABLE_KEEP_NEWLINES = {code: text for code, text in _TABLE.items() if code != 0x0A}
 
 
+# JSON escapes C0 by itself; what it leaves raw (DEL, C1, U+2028/9, which str.splitlines and
+# some log shippers split on) becomes a JSON escape.
+_JSON_TABLE = {code: f"\\u{code:04x}" for code in _CONTROLS if code >= 0x7F}
+
+
+def json_line(text: str) -> str:
+    """A JSON document's text with every line-breaking character left in it escaped."""
+    return text if text.isprintable() else text.translate(_JSON_TABLE)
+
+
 def truncated(text: str, limit: int) -> str:
     """`text`, cut to `limit` characters with a marker naming how many more there were."""
     if len(text) <= limit:

@@ -76,6 +76,7 @@ def test_a_traceback_cannot_forge_lines() -> None:
 def test_json_lines_are_bounded_and_one_line() -> None:
     line = JsonFormatter().format(_record(FORGED + "e" * (1 << 20), model="m" * (1 << 20)))
     assert "\n" not in line and len(line) < MESSAGE_CHARS + 4 * FIELD_CHARS
+    assert len(line.splitlines()) == 1  # no raw U+2028, U+0085 (nor DEL) either
     doc = json.loads(line)
     assert doc["message"].startswith(FORGED) and doc["model"].endswith("more chars]")
 
