@@ -175,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         "DEADLINE_EXCEEDED and its instance is taken out of service (a process-isolated one "
         "is replaced); a model's parameter execution_timeout_ms overrides it; 0: no limit",
     )
+    serve.add_argument(
+        "--verbose-errors",
+        action="store_true",
+        help="send a model's exception text to clients whole; by default they get it on one "
+        "line, bounded, with file paths cut to their last component and no traceback (the "
+        "server log always has the full text)",
+    )
     add_security_options(serve)
     add_limit_options(serve)
     tools.add_parsers(commands)  # bench, tune, optimize: inferd_tools, apart from the server
@@ -255,6 +262,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         admin_api=None if args.admin_api is None else args.admin_api == "on",
         exit_timeout_s=args.exit_timeout_secs,
         execution_timeout_ms=args.execution_timeout_ms,
+        verbose_errors=args.verbose_errors,
         max_inflight_requests=args.max_inflight_requests,
         workers=args.workers,
         **security_settings(args),

@@ -2,6 +2,8 @@
 
 Structured fields travel as `extra` on a log call (`log.info("...", extra={"model": m})`):
 JSON lines carry them as top-level keys, text lines append them as compact `key=value`s.
+Both formats bound every message and field, and text lines escape control characters
+(log_safety.py): request-derived text can neither forge a line nor flood the log.
 """
 
 from __future__ import annotations
@@ -12,6 +14,16 @@ import sys
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from inferd.log_safety import (
+    EXCEPTION_CHARS,
+    FIELD_CHARS,
+    MESSAGE_CHARS,
+    json_line,
+    safe,
+    safe_exception,
+    truncated,
+)
 
 # Attributes every LogRecord has; anything else on a record came in through `extra`.
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
@@ -62,26 +74,43 @@ class JsonFormatter(logging.Formatter):
             "timestamp": self._timestamp(record.created),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": truncated(record.getMessage(), MESSAGE_CHARS),
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and key not in doc:
-                doc[key] = value
+                doc[key] = _bounded(value)
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
-            doc["exception"] = record.exc_text
+            doc["exception"] = truncated(record.exc_text, EXCEPTION_CHARS)
         if record.stack_info:
             doc["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(doc, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(doc, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+        return json_line(text)
+
+
+def _bounded(value: Any) -> Any:
+    """A JSON field's value with its text bounded (JSON escapes controls by itself)."""
+    if isinstance(value, str):
+        return truncated(value, FIELD_CHARS)
+    if isinstance(value, int | float | bool) or value is None:
+        return value
+    text = json.dumps(value, default=_json_default, separators=(",", ":"))
+    # A structure (the inputs' shapes) is kept as is unless its text is too long.
+    return value if len(text) <= FIELD_CHARS * 4 else truncated(text, FIELD_CHARS * 4)
 
 
 def _text_value(value: Any) -> str:
     if isinstance(value, str):
-        return value if value and " " not in value and '"' not in value else json.dumps(value)
+        text = truncated(value, FIELD_CHARS)
+        if text and text.isprintable() and " " not in text and '"' not in text:
+            return text
+        return json.dumps(text)  # quoted, controls escaped (and non-ASCII, as \uXXXX)
     if isinstance(value, int | float | bool):
         return str(value)
-    return json.dumps(value, default=_json_default, separators=(",", ":"))
+    return truncated(
+        json.dumps(value, default=_json_default, separators=(",", ":")), FIELD_CHARS * 4
+    )
 
 
 def _is_empty(value: Any) -> bool:
@@ -94,6 +123,19 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__(_TEXT_FORMAT, _TEXT_DATEFMT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        # logging.Formatter.format, with the message and the traceback made safe.
+        record.message = safe(record.getMessage(), MESSAGE_CHARS)
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line = f"{line}\n    {safe_exception(record.exc_text)}"
+        if record.stack_info:
+            line = f"{line}\n    {safe_exception(self.formatStack(record.stack_info))}"
+        return line
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
         line = super().formatMessage(record)

@@ -14,7 +14,7 @@ import grpc
 import uvicorn
 from starlette.applications import Starlette
 
-from inferd import memory, model_output, tls
+from inferd import error_text, memory, model_output, tls
 from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.backends.python_host import ServerHost
 from inferd.custom_metrics import CustomMetrics
@@ -46,6 +46,7 @@ class InferenceServer:
         """`worker`: this process is one of `--workers N` (see inferd.workers)."""
         self.settings = settings
         self.worker = worker
+        error_text.set_verbose(settings.verbose_errors)
         self.telemetry = Telemetry()
         self.telemetry.add(RequestLogSink(settings.log_sample_rate))
         self.trace_sink: TraceSink | None = None

@@ -36,6 +36,8 @@ class Settings:
     exit_timeout_s: float = 30.0
     # Default for models whose config sets no execution_timeout_ms; 0: none (reliability.md).
     execution_timeout_ms: int = 120_000
+    # Model error text sent to clients whole (paths, tracebacks); off: sanitised (error_text.py).
+    verbose_errors: bool = False
     max_inflight_requests: int = 0  # server-wide; past it requests are shed (429); 0: none
     model_control_mode: str = "none"  # Triton's: none, poll or explicit
     repository_poll_s: float = 15.0  # poll mode's interval

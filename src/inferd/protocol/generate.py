@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
+from inferd.error_text import client_message
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.protocol.codec import decode_json_input, tensor_json
@@ -100,7 +101,7 @@ class GenerateEndpoint:
                 else:
                     await self._answer_once(items, send)
         except InferdError as exc:
-            body = orjson.dumps({"error": exc.message})
+            body = orjson.dumps({"error": client_message(exc)})
             await _reply(send, self._status[exc.kind], _JSON, body, exc)
         except asyncio.CancelledError:
             if handler is None or not watcher or not watcher[0].done():
@@ -237,9 +238,9 @@ def _event(item: StreamResponse) -> bytes:
         try:
             return b"data: " + response_json(item.response) + b"\n\n"
         except InferdError as exc:
-            return b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
+            return b"data: " + orjson.dumps({"error": client_message(exc)}) + b"\n\n"
     if item.error is not None:
-        return b"data: " + orjson.dumps({"error": item.error.message}) + b"\n\n"
+        return b"data: " + orjson.dumps({"error": client_message(item.error)}) + b"\n\n"
     return b""
 
 

@@ -23,6 +23,7 @@ from tritonclient.grpc import service_pb2_grpc
 from inferd import tracing
 from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
+from inferd.error_text import client_message
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.limits import DEFAULT_LIMITS, Limits
@@ -68,7 +69,7 @@ def errors_mapped(method: Method[Req, Resp]) -> Method[Req, Resp]:
         try:
             return await method(self, request, context)
         except InferdError as exc:
-            await context.abort(STATUS[exc.kind], exc.message)
+            await context.abort(STATUS[exc.kind], client_message(exc))
         except Exception:
             log.exception("unhandled error in %s", method.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
@@ -199,7 +200,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                         if message is not None:
                             await done.put(message)
             except InferdError as exc:
-                await done.put(_stream_error(request, exc.message))
+                await done.put(_stream_error(request, client_message(exc)))
             except Exception:
                 log.exception("unhandled error in ModelStreamInfer")
                 await done.put(_stream_error(request, "internal error; see the server log"))
@@ -253,7 +254,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 {FINAL: item.final},
             )
         if item.error is not None:
-            return _stream_error(request, item.error.message, item.final)
+            return _stream_error(request, client_message(item.error), item.final)
         if empty_final:  # the final flag alone
             return _stream_error(request, "", True)
         return None
@@ -427,7 +428,7 @@ class AdminService:
                     raise invalid("the request must be a JSON object")
                 return fn(doc)
             except InferdError as exc:
-                await context.abort(STATUS[exc.kind], exc.message)
+                await context.abort(STATUS[exc.kind], client_message(exc))
             raise AssertionError("unreachable: abort raises")
 
         return call

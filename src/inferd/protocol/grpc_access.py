@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from inferd.access import AccessPolicy, ApiGroup
+from inferd.error_text import client_message
 from inferd.errors import ErrorKind, InferdError
 
 _SERVICE = "/inference.GRPCInferenceService/"
@@ -59,7 +60,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         try:
             self.access.check("grpc", group, metadata.get)
         except InferdError as exc:
-            return _refusal(handler, self.status[exc.kind], exc.message)
+            return _refusal(handler, self.status[exc.kind], client_message(exc))
         return handler
 
 

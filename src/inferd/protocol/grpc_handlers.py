@@ -4,14 +4,18 @@ The generated `add_GRPCInferenceServiceServicer_to_server` has gRPC parse every 
 serialise every response on the event loop (57 ms each way for a 60 MiB message). This table
 is built from the same service descriptor, with one difference: ModelInfer and
 ModelStreamInfer take and give wire bytes, so the servicer parses and serialises them itself,
-off the loop when they are large (protocol/offload.py). Every other method is as generated.
+off the loop when they are large (protocol/offload.py). Every other method is parsed by
+inferd too, before the servicer runs: a message gRPC could not parse would be answered
+UNKNOWN naming a Python exception class, where a client sent bad bytes (INVALID_ARGUMENT).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
@@ -22,10 +26,9 @@ def method_handlers(servicer: Any) -> dict[str, grpc.RpcMethodHandler]:
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         behaviour = getattr(servicer, method.name)
-        if method.name in RAW_METHODS:
-            parse, serialize = None, None
-        else:
-            parse = getattr(pb, method.input_type.name).FromString
+        serialize = None
+        if method.name not in RAW_METHODS:
+            behaviour = _parsing(behaviour, getattr(pb, method.input_type.name))
             serialize = getattr(pb, method.output_type.name).SerializeToString
         if method.client_streaming and method.server_streaming:
             make = grpc.stream_stream_rpc_method_handler
@@ -34,9 +37,25 @@ def method_handlers(servicer: Any) -> dict[str, grpc.RpcMethodHandler]:
         else:  # the service has none of these; refuse to register it half-understood
             raise TypeError(f"{SERVICE}/{method.name}: unexpected streaming kind")
         handlers[method.name] = make(
-            behaviour, request_deserializer=parse, response_serializer=serialize
+            behaviour, request_deserializer=None, response_serializer=serialize
         )
     return handlers
+
+
+def _parsing(
+    behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], message: Any
+) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """`behaviour`, taking the wire bytes of a `message` and parsing them first."""
+    name = message.DESCRIPTOR.name
+
+    async def parsed(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = message.FromString(raw)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {name}: {exc}")
+        return await behaviour(request, context)
+
+    return parsed
 
 
 def add_inference_servicer(servicer: Any, server: grpc.aio.Server) -> None:

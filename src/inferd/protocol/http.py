@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from inferd import tracing
 from inferd.access import AccessPolicy, ApiGroup
 from inferd.dataplane import DataPlane
+from inferd.error_text import client_message
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.limits import DEFAULT_LIMITS
@@ -73,7 +74,7 @@ def inferd_error_response(exc: InferdError, headers: dict[str, str] | None = Non
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
     elif exc.kind is ErrorKind.UNAUTHENTICATED:
         headers = {**(headers or {}), **_CHALLENGE}
-    return error_response(STATUS[exc.kind], exc.message, headers)
+    return error_response(STATUS[exc.kind], client_message(exc), headers)
 
 
 # A 401 names the scheme that would be accepted (RFC 9110); the message says which header.
@@ -440,7 +441,7 @@ class InferEndpoint:
                 extra.append((b"retry-after", RETRY_AFTER_S.encode()))
             elif exc.kind is ErrorKind.UNAUTHENTICATED:
                 extra += [(k.lower().encode(), v.encode()) for k, v in _CHALLENGE.items()]
-            return STATUS[exc.kind], _JSON, orjson.dumps({"error": exc.message}), extra
+            return STATUS[exc.kind], _JSON, orjson.dumps({"error": client_message(exc)}), extra
         if json_length is None:
             return 200, _JSON, payload, extra
         extra.append((b"inference-header-content-length", str(json_length).encode()))
