@@ -167,11 +167,12 @@ def _good(model: str, value: float = 1.0) -> dict[str, Any]:
     if not datatype:
         datatype = model.removeprefix("identity_").upper()
     count = shape[0] * shape[1]
-    data: list[Any] = {
+    by_type: dict[str, list[Any]] = {
         "BYTES": ["ab"] * count,
         "BOOL": [True] * count,
         "INT8": [int(value) if abs(value) < 100 else 100] * count,
-    }.get(datatype, [value] * count)
+    }
+    data = by_type.get(datatype, [value] * count)
     return {"inputs": [{"name": name, "datatype": datatype, "shape": shape, "data": data}]}
 
 
