@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from inferd import memory, model_output, tls
 from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.backends.python_host import ServerHost
+from inferd.canary import CanaryGuard
 from inferd.custom_metrics import CustomMetrics
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
@@ -31,7 +32,6 @@ from inferd.repository.registry import ModelRegistry
 from inferd.repository.uploads import UPLOAD_MODES
 from inferd.repository.watcher import RepositoryPoller
 from inferd.request_log import RequestLogSink
-from inferd.routing import CanaryGuard
 from inferd.settings import Settings
 from inferd.shutdown import ShutdownClock
 from inferd.trace_settings import TraceSettings

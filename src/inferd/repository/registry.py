@@ -182,37 +182,22 @@ class ModelRegistry:
     def set_weights(self, name: str, raw: object) -> dict[str, int]:
         model = self._model(name)
         weights = parse_weights(raw, f"model '{name}' routing")
-        for version, weight in weights.items():
-            mv = model.versions.get(version)
-            if weight > 0 and (mv is None or not mv.is_ready):
-                raise invalid(f"model '{name}' version {version} is not loaded and ready")
-        model.router.change(weights)
+        model.router.set_weights(weights, _ready(model), name)
         log.info("model %s routing weights set to %s", name, weights)
         return weights
 
     def promote(self, name: str, version: str) -> dict[str, int]:
-        return self.set_weights(name, {version: 100})
+        model = self._model(name)
+        model.router.promote(version, _ready(model), name)
+        log.info("model %s routing weights set to %s", name, model.router.weights)
+        return dict(model.router.weights)
 
     def rollback(self, name: str, version: str = "") -> dict[str, int]:
-        """Undo the last step forward: a canary's traffic goes back to the stable version
-        (`version`, default every canary, -> weight 0); with no canary taking traffic, the
-        weights before the last change (e.g. before a promote) come back."""
+        """Undo the last step forward (`Router.rollback`)."""
         model = self._model(name)
-        router = model.router
-        stable = router.stable
-        canaries = [v for v, w in router.weights.items() if v != stable and w > 0]
-        if version:
-            if router.weights.get(version, 0) == 0 or version == stable:
-                raise invalid(f"model '{name}' version {version} is not a canary taking traffic")
-            canaries = [version]
-        if canaries:
-            router.change({v: (0 if v in canaries else w) for v, w in router.weights.items()})
-        elif router.history and router.history[-1]:
-            router.weights = router.history.pop()
-        else:
-            raise invalid(f"model '{name}' has no canary or earlier routing to roll back to")
-        log.info("model %s rolled back; routing weights now %s", name, router.weights)
-        return dict(router.weights)
+        model.router.rollback(version, name)
+        log.info("model %s rolled back; routing weights now %s", name, model.router.weights)
+        return dict(model.router.weights)
 
     def _model(self, name: str) -> Model:
         model = self.models.get(name)
@@ -379,10 +364,9 @@ class ModelRegistry:
         model.config_checksum = config_sum if not failed else model.config_checksum
         model.seen = seen
         model.reason = ""  # the config passed this time; version failures are on their rows
-        model.router.policy = policy
+        model.router.configure(policy, _config_weights(model, config))
         if model.circuit.policy != circuit_policy or model.circuit.model != model.name:
             model.circuit = CircuitBreaker(model.name, circuit_policy)
-        _apply_config_weights(model, config)
         if retired:
             await self._retire(retired)
         elif failed:
@@ -514,7 +498,7 @@ class ModelRegistry:
             model.versions = {}
             model.reason = "unloaded"
             model.config_checksum = ""
-            model.router.weights = {}
+            model.router.clear()
             if forget:
                 del self.models[name]
             await self._retire([v for v in retired if v.batcher is not None])
@@ -525,22 +509,27 @@ class ModelRegistry:
         await self._retire([v for v in versions if v.batcher is not None], release=False)
 
 
-def _apply_config_weights(model: Model, config: mc.ModelConfig) -> None:
-    """Weights from the config's `canary_weights` parameter, when it sets them."""
+def _config_weights(model: Model, config: mc.ModelConfig) -> dict[str, int] | None:
+    """Weights from the config's `canary_weights` parameter for the loaded versions, when it
+    sets them (a malformed value is the model's reason, and changes nothing)."""
     raw = (
         config.parameters["canary_weights"].string_value
         if "canary_weights" in config.parameters
         else ""
     )
     if not raw:
-        return
+        return None
     try:
         weights = parse_weights(raw, f"{model.name}/config.pbtxt: parameters.canary_weights")
     except InferdError as exc:
         model.reason = exc.message
         log.error("%s", exc.message)
-        return
-    model.router.weights = {v: w for v, w in weights.items() if v in model.versions}
+        return None
+    return {v: w for v, w in weights.items() if v in model.versions}
+
+
+def _ready(model: Model) -> set[str]:
+    return {v for v, mv in model.versions.items() if mv.is_ready}
 
 
 def _check_model_name(name: str) -> None:
