@@ -304,12 +304,8 @@ class _UvicornServer(uvicorn.Server):
 
 
 def run(settings: Settings) -> None:
+    """One server process (`--workers 1`; cli.main runs the supervisor for more)."""
     ensure_file_descriptors(settings.limits)
-    if settings.workers > 1:
-        from inferd.workers import supervisor
-
-        supervisor.run(settings)
-        return
     memory.configure_allocator()
     server = InferenceServer(settings)
     _UvicornServer(server.uvicorn_config(), server).run()

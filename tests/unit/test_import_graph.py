@@ -8,8 +8,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import inferd
 
 ROOT = Path(inferd.__file__).parent
@@ -134,7 +132,6 @@ def test_the_walk_sees_every_import_form(tmp_path: Path) -> None:
     assert find_cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
 
 
-@pytest.mark.xfail(strict=True, reason="issue #15 item 2: the circles are being broken")
 def test_no_import_circle_in_the_package() -> None:
     cycles = find_cycles(import_graph())
     assert not cycles, "import circles in src/inferd:\n" + "\n".join(
