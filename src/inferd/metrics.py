@@ -42,7 +42,8 @@ from inferd.host_metrics import GpuCollector, register_host_metrics
 from inferd.metrics_load import LoadCollector
 from inferd.metrics_triton import TritonCollector
 from inferd.repository.config import backend_name, parameter
-from inferd.repository.registry import ModelRegistry, State
+from inferd.repository.model_state import State
+from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.sequence_batcher import SequenceBatcher
 from inferd.snapshots import items
 from inferd.statistics import StatisticsSink

@@ -14,7 +14,8 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from inferd.repository.loader import batching_options
-from inferd.repository.registry import ModelRegistry, State
+from inferd.repository.model_state import State
+from inferd.repository.registry import ModelRegistry
 from inferd.repository.warmup import warmup_samples
 from inferd.scheduling.queues import QueuePolicy
 from tests.integration.test_protocols import PROTOCOLS, Client
