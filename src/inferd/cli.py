@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from inferd.access import AccessError
         from inferd.tls import TlsError
+        from inferd.workers import supervisor
         from inferd.workers.supervisor import WorkersError
 
         try:
@@ -235,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
         try:
-            server.run(settings)
+            if settings.workers > 1:
+                supervisor.run(settings)  # it starts the workers, each a server.run_worker
+            else:
+                server.run(settings)
         except WorkersError as exc:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2

@@ -22,7 +22,8 @@ from inferd.limits import check_response_size
 from inferd.repository import uploads
 from inferd.repository.config import ConfigError, with_kinds_used
 from inferd.repository.loader import parse_config_override
-from inferd.repository.registry import ModelRegistry, ModelVersion
+from inferd.repository.model_state import ModelVersion
+from inferd.repository.registry import ModelRegistry
 from inferd.runtime_settings import RuntimeSettings
 from inferd.scheduling.admission import scheduling_parameters
 from inferd.scheduling.sequence_parameters import sequence_parameters

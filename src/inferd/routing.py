@@ -5,30 +5,19 @@ weights (`{"2": 10, "1": 90}`), each request picks a version in proportion; a ro
 (the `inferd-routing-key` header / metadata, else the request id) hashes to a fixed point,
 so the same key always lands on the same version while the weights stay the same.
 
-`CanaryGuard`, a telemetry sink, watches every weighted version: when a canary's error rate
-or p99 over the window exceeds the stable version's by the configured margin, its weight
-drops to 0 (automatic rollback), and the event is logged and counted.
+`Router` owns the weights; the automatic rollback that drops a failing canary's weight to 0
+(`inferd.canary.CanaryGuard`) asks it to.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import random
-import time
 import zlib
-from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Container, Mapping
+from dataclasses import dataclass
 
 from inferd.errors import invalid
-from inferd.events import BatchRecord, RequestRecord
-
-if TYPE_CHECKING:
-    from inferd.repository.registry import ModelRegistry
-
-log = logging.getLogger("inferd.routing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +50,37 @@ def parse_weights(raw: object, where: str) -> dict[str, int]:
     return weights
 
 
-@dataclass(slots=True)
 class Router:
-    weights: dict[str, int] = field(default_factory=dict)  # empty: the default route
-    history: list[dict[str, int]] = field(default_factory=list)  # earlier weights, newest last
-    rollbacks: dict[str, int] = field(default_factory=dict)  # automatic rollbacks per version
-    policy: RollbackPolicy = field(default_factory=RollbackPolicy)
+    """A model's traffic split. It owns its state: every change (weights set, promote,
+    rollback by hand or by the canary guard, unload) goes through a method here, so the
+    history a rollback restores and the rollback counts stay whole. Readers get read-only
+    views; each change assigns a new dict or writes one existing key, so a scrape thread
+    reading them (snapshots.items) never sees a dict change size."""
+
+    __slots__ = ("_history", "_policy", "_rollbacks", "_weights")
+
+    def __init__(self) -> None:
+        self._weights: dict[str, int] = {}  # empty: the default route
+        self._history: list[dict[str, int]] = []  # earlier weights, newest last
+        self._rollbacks: dict[str, int] = {}  # automatic rollbacks per version
+        self._policy = RollbackPolicy()
+
+    @property
+    def weights(self) -> Mapping[str, int]:
+        return self._weights
+
+    @property
+    def rollbacks(self) -> Mapping[str, int]:
+        return self._rollbacks
+
+    @property
+    def policy(self) -> RollbackPolicy:
+        return self._policy
 
     def pick(self, ready: Mapping[str, object], key: str) -> str | None:
         """The version for one request, or None for the default route."""
         candidates = sorted(
-            ((v, w) for v, w in self.weights.items() if w > 0 and v in ready),
+            ((v, w) for v, w in self._weights.items() if w > 0 and v in ready),
             key=lambda x: int(x[0]),
         )
         if not candidates:
@@ -84,110 +93,58 @@ class Router:
             point -= weight
         return candidates[-1][0]
 
-    def change(self, weights: dict[str, int]) -> None:
-        """New weights, keeping the old ones so that a rollback can restore them."""
-        self.history = [*self.history[-9:], dict(self.weights)]
-        self.weights = weights
-
     @property
     def stable(self) -> str | None:
         """The version with the largest weight (ties: the lowest number)."""
-        if not self.weights:
+        if not self._weights:
             return None
-        return min(self.weights, key=lambda v: (-self.weights[v], int(v)))
+        return min(self._weights, key=lambda v: (-self._weights[v], int(v)))
 
+    def set_weights(self, weights: dict[str, int], ready: Container[str], model: str) -> None:
+        """New weights (a version taking traffic must be `ready`), keeping the old ones so
+        that a rollback can restore them."""
+        for version, weight in weights.items():
+            if weight > 0 and version not in ready:
+                raise invalid(f"model '{model}' version {version} is not loaded and ready")
+        self._change(weights)
 
-@dataclass(slots=True)
-class _Outcomes:
-    samples: deque[tuple[float, float, bool]] = field(default_factory=lambda: deque(maxlen=50_000))
+    def promote(self, version: str, ready: Container[str], model: str) -> None:
+        """All traffic to `version`."""
+        self.set_weights({version: 100}, ready, model)
 
-    def window(self, since: float) -> tuple[int, float, float]:
-        """(requests, error rate, p99 seconds) since a monotonic time."""
-        while self.samples and self.samples[0][0] < since:
-            self.samples.popleft()
-        n = len(self.samples)
-        if n == 0:
-            return 0, 0.0, 0.0
-        ok = sorted(lat for _, lat, success in self.samples if success)
-        errors = n - len(ok)
-        p99 = ok[min(len(ok) - 1, int(0.99 * len(ok)))] if ok else 0.0
-        return n, errors / n, p99
+    def rollback(self, version: str, model: str) -> None:
+        """Undo the last step forward: a canary's traffic goes back to the stable version
+        (`version`, default every canary, -> weight 0); with no canary taking traffic, the
+        weights before the last change (e.g. before a promote) come back."""
+        stable = self.stable
+        canaries = [v for v, w in self._weights.items() if v != stable and w > 0]
+        if version:
+            if self._weights.get(version, 0) == 0 or version == stable:
+                raise invalid(f"model '{model}' version {version} is not a canary taking traffic")
+            canaries = [version]
+        if canaries:
+            self._change({v: (0 if v in canaries else w) for v, w in self._weights.items()})
+        elif self._history and self._history[-1]:
+            self._weights = self._history.pop()
+        else:
+            raise invalid(f"model '{model}' has no canary or earlier routing to roll back to")
 
+    def guard_rollback(self, version: str) -> None:
+        """The canary guard's automatic rollback: the version's weight drops to 0, counted."""
+        self._weights[version] = 0  # an existing key: the dict keeps its size
+        self._rollbacks[version] = self._rollbacks.get(version, 0) + 1
 
-class CanaryGuard:
-    """Telemetry sink: compares each weighted canary with its stable version."""
+    def configure(self, policy: RollbackPolicy, weights: Mapping[str, int] | None) -> None:
+        """After a (re)load: the config's rollback policy, and its `canary_weights` (when it
+        sets them) for the versions that are loaded. Not a step a rollback undoes."""
+        self._policy = policy
+        if weights is not None:
+            self._weights = dict(weights)
 
-    CHECK_EVERY_S = 0.25
+    def clear(self) -> None:
+        """The model unloaded: back to the default route."""
+        self._weights = {}
 
-    def __init__(self, registry: ModelRegistry) -> None:
-        self._registry = registry
-        self._outcomes: dict[tuple[str, str], _Outcomes] = {}
-        self._last_check: dict[str, float] = {}
-        self._unchecked: dict[str, int] = {}
-
-    def on_batch(self, record: BatchRecord) -> None:
-        pass
-
-    def on_request(self, record: RequestRecord) -> None:
-        model = self._registry.models.get(record.model)
-        if model is None or not record.version or not model.router.weights:
-            return
-        router = model.router
-        key = (record.model, record.version)
-        outcomes = self._outcomes.get(key)
-        if outcomes is None:
-            outcomes = self._outcomes[key] = _Outcomes()
-        now = time.monotonic()
-        outcomes.samples.append((now, record.duration_ns / 1e9, record.is_success))
-        if not router.policy.enabled:
-            return
-        # Check every CHECK_EVERY_S, or sooner after min_requests new outcomes: a failing
-        # canary is caught within a bounded number of requests however fast they come.
-        unchecked = self._unchecked.get(record.model, 0) + 1
-        self._unchecked[record.model] = unchecked
-        if (
-            now - self._last_check.get(record.model, 0) < self.CHECK_EVERY_S
-            and unchecked < router.policy.min_requests
-        ):
-            return
-        self._last_check[record.model] = now
-        self._unchecked[record.model] = 0
-        self._check(record.model, router, now)
-
-    def _check(self, name: str, router: Router, now: float) -> None:
-        stable = router.stable
-        if stable is None:
-            return
-        policy = router.policy
-        since = now - policy.window_s
-        base = self._outcomes.get((name, stable))
-        base_n, base_err, base_p99 = base.window(since) if base else (0, 0.0, 0.0)
-        for version, weight in list(router.weights.items()):
-            if version == stable or weight == 0:
-                continue
-            canary = self._outcomes.get((name, version))
-            if canary is None:
-                continue
-            n, err, p99 = canary.window(since)
-            if n < policy.min_requests:
-                continue
-            too_many_errors = err > base_err + policy.error_rate_margin
-            too_slow = (
-                base_n >= policy.min_requests and base_p99 > 0 and p99 > base_p99 * policy.p99_ratio
-            )
-            if too_many_errors or too_slow:
-                router.weights[version] = 0
-                router.rollbacks[version] = router.rollbacks.get(version, 0) + 1
-                log.warning(
-                    "automatic rollback: model %s version %s weight -> 0 (error rate %.1f%% vs "
-                    "stable v%s %.1f%%, p99 %.1f ms vs %.1f ms over %d requests)",
-                    name,
-                    version,
-                    100 * err,
-                    stable,
-                    100 * base_err,
-                    1000 * p99,
-                    1000 * base_p99,
-                    n,
-                    extra={"model": name, "version": version, "event": "canary_rollback"},
-                )
+    def _change(self, weights: dict[str, int]) -> None:
+        self._history = [*self._history[-9:], dict(self._weights)]
+        self._weights = weights

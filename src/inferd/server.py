@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from inferd import error_text, memory, model_output, tls
 from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.backends.python_host import ServerHost
+from inferd.canary import CanaryGuard
 from inferd.custom_metrics import CustomMetrics
 from inferd.dataplane import DataPlane
 from inferd.events import Telemetry
@@ -31,7 +32,6 @@ from inferd.repository.registry import ModelRegistry
 from inferd.repository.uploads import UPLOAD_MODES
 from inferd.repository.watcher import RepositoryPoller
 from inferd.request_log import RequestLogSink
-from inferd.routing import CanaryGuard
 from inferd.settings import Settings
 from inferd.shutdown import ShutdownClock
 from inferd.trace_settings import TraceSettings
@@ -305,12 +305,8 @@ class _UvicornServer(uvicorn.Server):
 
 
 def run(settings: Settings) -> None:
+    """One server process (`--workers 1`; cli.main runs the supervisor for more)."""
     ensure_file_descriptors(settings.limits)
-    if settings.workers > 1:
-        from inferd.workers import supervisor
-
-        supervisor.run(settings)
-        return
     memory.configure_allocator()
     server = InferenceServer(settings)
     _UvicornServer(server.uvicorn_config(), server).run()

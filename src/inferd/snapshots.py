@@ -9,13 +9,14 @@ nothing per key, so no thread runs while it copies: the keys first, then each va
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
-def items(shared: dict[K, V]) -> list[tuple[K, V]]:
+def items(shared: Mapping[K, V]) -> list[tuple[K, V]]:
     """The (key, value) pairs of `shared` as of now; a key removed meanwhile is left out."""
     pairs = []
     for key in list(shared):

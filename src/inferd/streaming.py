@@ -36,7 +36,8 @@ from inferd.events import (
     Telemetry,
     note_failure,
 )
-from inferd.repository.registry import ModelRegistry, ModelVersion
+from inferd.repository.model_state import ModelVersion
+from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.admission import scheduling_parameters
 from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.signature import BoundRequest

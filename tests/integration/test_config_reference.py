@@ -8,12 +8,14 @@ import asyncio
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from inferd.repository.registry import ModelRegistry, State
+from inferd.repository.model_state import State
+from inferd.repository.registry import ModelRegistry
 from inferd.repository.warmup import warmup_samples
 from inferd.scheduling.queues import QueuePolicy
 from tests.integration.test_protocols import PROTOCOLS, Client
@@ -84,10 +86,11 @@ def test_versions_compute_their_own_weights(client: Client) -> None:
 def test_the_instance_group_runs_two_cpu_instances(
     client: Client, reference: RunningServer
 ) -> None:
+    group: dict[str, Any]
     (group,) = _config(client)["instance_group"]  # type: ignore[misc]
-    assert group["name"] == "classifier_cpu"  # type: ignore[has-type]
-    assert int(group["count"]) == 2  # type: ignore[has-type]
-    assert group["kind"] == "KIND_CPU"  # type: ignore[has-type]
+    assert group["name"] == "classifier_cpu"
+    assert int(group["count"]) == 2
+    assert group["kind"] == "KIND_CPU"
     for version in ("2", "3"):
         assert reference.server.registry.get(MODEL, version).devices == ["cpu", "cpu"]
 

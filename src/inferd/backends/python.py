@@ -6,22 +6,24 @@ Python-backend contract, see `triton_python`); in a worker thread of the server,
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
-from inferd.backends.inferd_python import PythonInstance, StreamingPythonInstance
+from inferd.backends.inferd_python import PythonInstance
 from inferd.backends.python_autocomplete import apply_completion, completed_config
 from inferd.backends.python_import import MODEL_FILE, import_model_module, may_define_triton_model
+from inferd.backends.python_instantiate import instantiate
 from inferd.backends.triton_python import TritonPythonInstance
+from inferd.backends.worker_pipe import start_worker
 from inferd.backends.worker_process import (
     ProcessInstance,
+    TritonProcessInstance,
     auto_complete_in_worker,
-    start_process_instance,
 )
+from inferd.backends.worker_spec import WorkerSpec
+from inferd.backends.worker_stream import StreamingProcessInstance
 from inferd.repository.config import (
     CONFIG_FILE,
     ConfigError,
@@ -86,32 +88,19 @@ class PythonBackend:
         return instantiate(ctx, import_model_module(ctx.model_name, ctx.version_dir))
 
 
-def instantiate(
-    ctx: LoadContext, module: ModuleType, probe_readiness: bool = True
-) -> PythonInstance | TritonPythonInstance:
-    """The instance for the class model.py defines (`Model` wins over `TritonPythonModel`);
-    forgets the module if there is none, or if building it fails."""
+def start_process_instance(ctx: LoadContext) -> ProcessInstance:
+    """The instance for the model class the worker found in model.py."""
+    host = ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
+    spec = WorkerSpec.from_context(ctx)
     try:
-        if hasattr(module, "Model"):
-            if ctx.config.model_transaction_policy.decoupled:
-                return StreamingPythonInstance(ctx, module)
-            return PythonInstance(ctx, module)
-        if hasattr(module, "TritonPythonModel"):
-            if ctx.config.batch_input:
-                # Its execute(requests) gets each request's own tensors, not one merged
-                # batch: there is no batch to describe (Triton's Python backend does not
-                # create batch inputs either).
-                raise ConfigError(
-                    f"{ctx.model_name}/config.pbtxt: batch_input: a TritonPythonModel "
-                    "receives each request's own tensors, so batch inputs are not "
-                    "supported; read each request's shape instead, or define class "
-                    "'Model' (inferd's API), which receives the merged batch"
-                )
-            return TritonPythonInstance(ctx, module, probe_readiness)
-        raise RuntimeError(
-            "model.py defines no class 'Model' (inferd) or 'TritonPythonModel' "
-            "(Triton Python backend)"
-        )
+        worker, info = start_worker(spec, lambda w: None, host)
     except BaseException:
-        sys.modules.pop(module.__name__, None)
+        if host is not None:
+            host.close()
         raise
+    cls: type[ProcessInstance] = ProcessInstance
+    if info["api"] == "triton":
+        cls = TritonProcessInstance
+    elif ctx.config.model_transaction_policy.decoupled:
+        cls = StreamingProcessInstance
+    return cls(ctx, spec, host, worker, info)

@@ -20,16 +20,20 @@ import pickle
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from inferd import model_output
+from inferd.backends.inferd_python import PythonInstance, StreamingPythonInstance
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import MetricKind
-from inferd.backends.worker_stream import PipeSender, serve_stream
+from inferd.backends.python_autocomplete import completed_config
+from inferd.backends.python_import import import_model_module
+from inferd.backends.python_instantiate import instantiate
+from inferd.backends.triton_python import TritonPythonInstance
+from inferd.backends.worker_child_stream import PipeSender, serve_stream
+from inferd.backends.worker_spec import WorkerSpec
 from inferd.errors import InferdError
 from inferd.signature import BoundRequest
-
-if TYPE_CHECKING:
-    from inferd.backends.worker_pipe import WorkerSpec
 
 
 class PipeHost:
@@ -139,14 +143,6 @@ def worker_main(
     spec: WorkerSpec,
 ) -> None:
     """The child process: load the model, then answer batches until told to stop."""
-    # Imported here: python.py imports the parent's side, which names this function.
-    from inferd import model_output
-    from inferd.backends.inferd_python import PythonInstance, StreamingPythonInstance
-    from inferd.backends.python import instantiate
-    from inferd.backends.python_autocomplete import completed_config
-    from inferd.backends.python_import import import_model_module
-    from inferd.backends.triton_python import TritonPythonInstance
-
     faulthandler.enable()  # a segfault's traceback goes to the inherited stderr
     root = logging.getLogger()
     for handler in list(root.handlers):

@@ -26,17 +26,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends.base import LoadContext
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import InstanceModelHost, MetricKind
+from inferd.backends.worker_child import worker_main  # the child's side
+from inferd.backends.worker_spec import WorkerSpec
 
 log = logging.getLogger("inferd.backends.python")
 
@@ -51,45 +50,6 @@ _REAP_TIMEOUT_S = 5.0
 _HOST_CALLS = frozenset(
     {"load_model", "unload_model", "is_model_ready", "metric_family", "metric_new", "metric_op"}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSpec:
-    """Everything the child needs to load the model; picklable."""
-
-    model_name: str
-    version: str
-    version_dir: Path
-    config: bytes  # the ModelConfig, serialized
-    instance_index: int
-    instance_count: int
-    log_level: int  # the parent's root level: records below it are not sent
-    task: str = "serve"  # or "auto_complete": run auto_complete_config, answer, exit
-
-    @classmethod
-    def from_context(cls, ctx: LoadContext, task: str = "serve") -> WorkerSpec:
-        return cls(
-            ctx.model_name,
-            ctx.version,
-            ctx.version_dir,
-            ctx.config.SerializeToString(),
-            ctx.instance_index,
-            ctx.instance_count,
-            logging.getLogger().getEffectiveLevel(),
-            task,
-        )
-
-    def load_context(self) -> LoadContext:
-        config = mc.ModelConfig()
-        config.ParseFromString(self.config)
-        return LoadContext(
-            self.model_name,
-            self.version,
-            self.version_dir,
-            config,
-            self.instance_index,
-            self.instance_count,
-        )
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -122,8 +82,6 @@ class Worker:
         on_exit: Callable[[Worker], None],
         host: InstanceModelHost | None = None,
     ) -> None:
-        from inferd.backends.worker_child import worker_main  # the child's side
-
         ctx = multiprocessing.get_context("spawn")
         self.host = host  # answers the child's pb_utils calls
         self.on_exit = on_exit  # told when the child exits without being stopped

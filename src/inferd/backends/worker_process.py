@@ -45,13 +45,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.base import LoadContext
 from inferd.backends.model_calls import READY_TIMEOUT_S, ReadinessCheck
 from inferd.backends.pb_utils.host import InstanceModelHost
-from inferd.backends.worker_pipe import (
-    STOP_TIMEOUT_S,
-    Worker,
-    WorkerDiedError,
-    WorkerSpec,
-    start_worker,
-)
+from inferd.backends.worker_pipe import STOP_TIMEOUT_S, Worker, WorkerDiedError, start_worker
+from inferd.backends.worker_spec import WorkerSpec
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import RequestInfo
@@ -81,26 +76,6 @@ def auto_complete_in_worker(config: mc.ModelConfig, version_dir: Path) -> str | 
         raise ConfigError(str(message[1]))
     completed: str | None = message[1]
     return completed
-
-
-def start_process_instance(ctx: LoadContext) -> ProcessInstance:
-    """The instance for the model class the worker found in model.py."""
-    from inferd.backends.worker_stream import StreamingProcessInstance  # it subclasses ours
-
-    host = ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
-    spec = WorkerSpec.from_context(ctx)
-    try:
-        worker, info = start_worker(spec, lambda w: None, host)
-    except BaseException:
-        if host is not None:
-            host.close()
-        raise
-    cls: type[ProcessInstance] = ProcessInstance
-    if info["api"] == "triton":
-        cls = TritonProcessInstance
-    elif ctx.config.model_transaction_policy.decoupled:
-        cls = StreamingProcessInstance
-    return cls(ctx, spec, host, worker, info)
 
 
 class ProcessInstance:

@@ -4,100 +4,45 @@ A model whose config is broken, or a version that fails to load or warm up, is m
 UNAVAILABLE with the reason; every other model keeps serving. Reloading loads and warms the
 new version beside the old one, switches routing in one step (a dict assignment on the event
 loop), then drains the old one's queued and running requests and releases it.
+
+The registry decides and swaps; what it keeps per model is model_state.py, one version's load
+attempt version_load.py, and the checks of a load call's name and files uploads.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import tempfile
-import time
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends.base import Backend
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.circuit import CircuitBreaker
 from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.memory import MemoryReleaser, rss_bytes
-from inferd.repository.checksum import Fingerprint, checksum, file_checksum, fingerprint
-from inferd.repository.config import CONFIG_FILE, ConfigError, backend_name
-from inferd.repository.loader import load_instances, model_file, prepare
+from inferd.repository.checksum import checksum, file_checksum, fingerprint
+from inferd.repository.config import CONFIG_FILE, ConfigError
+from inferd.repository.loader import prepare
+from inferd.repository.model_state import (
+    Model,
+    ModelVersion,
+    State,
+    first_reason,
+    latest_reason,
+    ready_versions,
+)
 from inferd.repository.spec import ModelSpec
-from inferd.repository.uploads import NAME_MAX_BYTES, checked_paths, shown
-from inferd.repository.warmup import warm_up
-from inferd.routing import Router, parse_weights
-from inferd.scheduling.batcher import DynamicBatcher
-from inferd.scheduling.scheduler import Scheduler
-from inferd.scheduling.sequence_batcher import SequenceBatcher
-from inferd.scheduling.sequence_config import SequenceOptions
+from inferd.repository.uploads import check_model_name, checked_paths, write_files
+from inferd.repository.version_load import load_version
+from inferd.routing import parse_weights
 from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
-
-
-class State(enum.Enum):
-    LOADING = "LOADING"
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    UNLOADING = "UNLOADING"
-
-
-@dataclass(eq=False)
-class ModelVersion:
-    name: str
-    version: str
-    config: mc.ModelConfig
-    signature: ModelSignature
-    spec: ModelSpec  # the config parsed at load: read its fields, not the config's strings
-    state: State = State.LOADING
-    reason: str = ""  # why it is not serving, or why the latest attempt to replace it failed
-    warning: str = ""  # a problem that does not stop it serving (a failed automatic warm-up)
-    batcher: Scheduler | None = None
-    sequence: SequenceOptions | None = None  # a sequence model's sequence_batching
-    devices: list[str] = field(default_factory=list)
-    providers: list[str] = field(default_factory=list)
-    checksum: str = ""  # of the version directory's files
-    execution_timeout_s: float = 0.0  # 0: none (docs/reliability.md)
-    load_duration_s: float = 0.0
-    warmup_duration_s: float = 0.0
-    # model_transaction_policy { decoupled: true }: answers through a response stream.
-    decoupled: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
-
-    @property
-    def is_ready(self) -> bool:
-        return self.state is State.READY
-
-
-@dataclass(eq=False)
-class Model:
-    name: str
-    config: mc.ModelConfig | None = None
-    reason: str = ""  # why the model (or its last reload) could not be configured
-    versions: dict[str, ModelVersion] = field(default_factory=dict)
-    router: Router = field(default_factory=Router)
-    circuit: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(""))
-    config_checksum: str = ""
-    seen: Fingerprint = ()  # the files' stat fingerprint at the last (re)load
-    load_failures: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def default_version(self) -> ModelVersion | None:
-        """The highest-numbered ready version."""
-        if len(self.versions) == 1:  # the common case, on every request: no list, no max
-            (only,) = self.versions.values()
-            return only if only.is_ready else None
-        ready = [v for v in self.versions.values() if v.is_ready]
-        return max(ready, key=lambda v: int(v.version)) if ready else None
 
 
 class ModelRegistry:
@@ -130,7 +75,7 @@ class ModelRegistry:
             if mv is None or not mv.is_ready:
                 mv = model.default_version()
             if mv is None:
-                reason = model.reason or _first_reason(model)
+                reason = model.reason or first_reason(model)
                 raise unavailable(
                     f"model '{name}' has no ready version" + (f": {reason}" if reason else "")
                 )
@@ -139,7 +84,7 @@ class ModelRegistry:
         if mv is None:
             raise not_found(f"unknown version '{version}' of model '{name}'")
         if not mv.is_ready:
-            reason = _latest_reason(model, mv)
+            reason = latest_reason(model, mv)
             raise unavailable(
                 f"model '{name}' version {version} is {mv.state.value}"
                 + (f": {reason}" if reason else "")
@@ -167,7 +112,7 @@ class ModelRegistry:
                 if ready_only and not v.is_ready:
                     continue
                 row = {"name": name, "version": v.version, "state": v.state.value}
-                reason = _latest_reason(model, v) or v.warning
+                reason = latest_reason(model, v) or v.warning
                 if reason:
                     row["reason"] = reason
                 rows.append(row)
@@ -178,37 +123,22 @@ class ModelRegistry:
     def set_weights(self, name: str, raw: object) -> dict[str, int]:
         model = self._model(name)
         weights = parse_weights(raw, f"model '{name}' routing")
-        for version, weight in weights.items():
-            mv = model.versions.get(version)
-            if weight > 0 and (mv is None or not mv.is_ready):
-                raise invalid(f"model '{name}' version {version} is not loaded and ready")
-        model.router.change(weights)
+        model.router.set_weights(weights, ready_versions(model), name)
         log.info("model %s routing weights set to %s", name, weights)
         return weights
 
     def promote(self, name: str, version: str) -> dict[str, int]:
-        return self.set_weights(name, {version: 100})
+        model = self._model(name)
+        model.router.promote(version, ready_versions(model), name)
+        log.info("model %s routing weights set to %s", name, model.router.weights)
+        return dict(model.router.weights)
 
     def rollback(self, name: str, version: str = "") -> dict[str, int]:
-        """Undo the last step forward: a canary's traffic goes back to the stable version
-        (`version`, default every canary, -> weight 0); with no canary taking traffic, the
-        weights before the last change (e.g. before a promote) come back."""
+        """Undo the last step forward (`Router.rollback`)."""
         model = self._model(name)
-        router = model.router
-        stable = router.stable
-        canaries = [v for v, w in router.weights.items() if v != stable and w > 0]
-        if version:
-            if router.weights.get(version, 0) == 0 or version == stable:
-                raise invalid(f"model '{name}' version {version} is not a canary taking traffic")
-            canaries = [version]
-        if canaries:
-            router.change({v: (0 if v in canaries else w) for v, w in router.weights.items()})
-        elif router.history and router.history[-1]:
-            router.weights = router.history.pop()
-        else:
-            raise invalid(f"model '{name}' has no canary or earlier routing to roll back to")
-        log.info("model %s rolled back; routing weights now %s", name, router.weights)
-        return dict(router.weights)
+        model.router.rollback(version, name)
+        log.info("model %s rolled back; routing weights now %s", name, model.router.weights)
+        return dict(model.router.weights)
 
     def _model(self, name: str) -> Model:
         model = self.models.get(name)
@@ -255,7 +185,7 @@ class ModelRegistry:
         """
         # Everything the caller sent is checked before the registry changes: a refused
         # call leaves no trace (no entry that holds server readiness down).
-        _check_model_name(name)
+        check_model_name(name)
         paths = checked_paths(files) if files else {}
         if files and override is None:
             raise invalid("file: parameters need a 'config' parameter as well (Triton's rule)")
@@ -268,7 +198,7 @@ class ModelRegistry:
                 if files:
                     with tempfile.TemporaryDirectory(prefix="inferd-") as tmp:
                         model_dir = Path(tmp) / name
-                        await asyncio.to_thread(_write_files, model_dir, paths, files)
+                        await asyncio.to_thread(write_files, model_dir, paths, files)
                         await self._load_locked(model, model_dir, override)
                     return
                 model_dir = self.repository / name
@@ -344,7 +274,9 @@ class ModelRegistry:
                         execution_timeout_s=timeout_s,
                     )
                 )
-        await asyncio.gather(*(self._load_version(mv, backend, model_dir) for mv in fresh))
+        await asyncio.gather(
+            *(load_version(mv, backend, model_dir, self.model_host, self.telemetry) for mv in fresh)
+        )
 
         for mv in fresh:
             old = model.versions.get(mv.version)
@@ -370,10 +302,9 @@ class ModelRegistry:
         model.config_checksum = config_sum if not failed else model.config_checksum
         model.seen = seen
         model.reason = ""  # the config passed this time; version failures are on their rows
-        model.router.policy = spec.canary
+        model.router.configure(spec.canary, _config_weights(model, spec))
         if model.circuit.policy != spec.circuit or model.circuit.model != model.name:
             model.circuit = CircuitBreaker(model.name, spec.circuit)
-        _apply_config_weights(model, spec)
         if retired:
             await self._retire(retired)
         elif failed:
@@ -392,94 +323,6 @@ class ModelRegistry:
             ready = sorted((v for v, mv in keep.items() if mv.is_ready), key=int)
             serving = f"; still serving version {', '.join(ready)}" if ready else ""
             raise invalid(f"model '{model.name}' failed to load: {detail}{serving}")
-
-    async def _load_version(self, mv: ModelVersion, backend: Backend, model_dir: Path) -> None:
-        version_dir = model_dir / mv.version
-        count = mv.spec.instance_count
-        started = time.monotonic()
-        try:
-            if model_file(backend, version_dir) is None:
-                raise RuntimeError(
-                    f"{mv.name}/{mv.version}/ holds no {' or '.join(backend.model_files)}"
-                )
-            instances = await asyncio.to_thread(
-                load_instances,
-                backend,
-                mv.name,
-                mv.version,
-                mv.config,
-                version_dir,
-                mv.spec,
-                self.model_host,
-            )
-        except Exception as exc:
-            mv.state = State.UNAVAILABLE
-            mv.reason = f"load failed: {exc}"
-            # The text, not the exception: its traceback holds the model's frames, and a
-            # handler that keeps records would keep the failed version alive with them.
-            log.error("model %s version %s failed to load: %s", mv.name, mv.version, str(exc))
-            return
-        loaded = time.monotonic()
-        try:
-            warmed = await asyncio.to_thread(
-                warm_up,
-                instances,
-                mv.config,
-                model_dir,
-                mv.signature,
-                mv.sequence,
-                mv.spec.auto_warmup,
-            )
-        except Exception as exc:
-            for inst in instances:
-                inst.close()
-            mv.state = State.UNAVAILABLE
-            mv.reason = f"load failed: {exc}"
-            log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, str(exc))
-            return
-        if warmed.warning:
-            mv.warning = warmed.warning
-            log.warning("model %s version %s: %s", mv.name, mv.version, warmed.warning)
-        if mv.sequence is not None:
-            mv.batcher = SequenceBatcher(
-                mv.name,
-                instances,
-                mv.sequence,
-                mv.version,
-                self.telemetry,
-                execution_timeout_s=mv.execution_timeout_s,
-            )
-        else:
-            mv.batcher = DynamicBatcher(
-                mv.name,
-                instances,
-                mv.spec.batching,
-                mv.version,
-                self.telemetry,
-                mv.signature.ragged,
-                execution_timeout_s=mv.execution_timeout_s,
-            )
-        mv.devices = [inst.device for inst in instances]
-        mv.providers = [inst.provider for inst in instances]
-        mv.load_duration_s = loaded - started
-        mv.warmup_duration_s = time.monotonic() - loaded
-        mv.state = State.READY
-        log.info(
-            "loaded model %s version %s (%s, %d instance%s on %s, max_batch_size %d, "
-            "batching %s) in %.2fs, warm-up %.2fs (%d sample%s)",
-            mv.name,
-            mv.version,
-            backend_name(mv.config),
-            count,
-            "" if count == 1 else "s",
-            ",".join(sorted(set(mv.devices))),
-            mv.config.max_batch_size,
-            _batching(mv),
-            mv.load_duration_s,
-            mv.warmup_duration_s,
-            warmed.samples,
-            "" if warmed.samples == 1 else "s",
-        )
 
     async def _retire(self, versions: list[ModelVersion], release: bool = True) -> None:
         """Drain and close versions that no longer take new requests; then (`release`) give
@@ -511,7 +354,7 @@ class ModelRegistry:
             model.versions = {}
             model.reason = "unloaded"
             model.config_checksum = ""
-            model.router.weights = {}
+            model.router.clear()
             if forget:
                 del self.models[name]
             await self._retire([v for v in retired if v.batcher is not None])
@@ -522,56 +365,10 @@ class ModelRegistry:
         await self._retire([v for v in versions if v.batcher is not None], release=False)
 
 
-def _apply_config_weights(model: Model, spec: ModelSpec) -> None:
-    """Weights from the config's `canary_weights` parameter, when it sets them."""
+def _config_weights(model: Model, spec: ModelSpec) -> dict[str, int] | None:
+    """Weights from the config's `canary_weights` parameter (parsed, and checked, with the
+    spec) for the loaded versions, when it sets them."""
     weights = spec.canary_weights
     if weights is None:
-        return
-    model.router.weights = {v: w for v, w in weights.items() if v in model.versions}
-
-
-def _check_model_name(name: str) -> None:
-    """A model name is a directory name: one path component, not hidden, printable."""
-    problem = ""
-    if not name:
-        problem = "it is empty"
-    elif any(not c.isprintable() for c in name):
-        problem = "control characters are not allowed"
-    elif "/" in name or "\\" in name:
-        problem = "it must not hold '/' or '\\'"
-    elif name.startswith("."):
-        problem = "it must not start with '.'"
-    elif len(name.encode()) > NAME_MAX_BYTES:
-        problem = (
-            f"{len(name.encode())} bytes, more than the {NAME_MAX_BYTES} a directory name may have"
-        )
-    if problem:
-        raise invalid(f"invalid model name '{shown(name)}': {problem}")
-
-
-def _write_files(model_dir: Path, paths: dict[str, PurePosixPath], files: dict[str, bytes]) -> None:
-    """Write uploads (names already checked) into a fresh directory. Runs in a thread."""
-    root = model_dir.resolve()
-    for name, relative in paths.items():
-        path = root / relative
-        if root not in path.parents:  # checked_paths made sure; this is the last guard
-            raise invalid(f"file parameter '{shown(name)}' points outside the model directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(files[name])
-
-
-def _batching(mv: ModelVersion) -> str:
-    if mv.sequence is not None:
-        return f"sequence ({mv.sequence.strategy})"
-    return mv.spec.batching.policy if mv.config.max_batch_size else "off"
-
-
-def _latest_reason(model: Model, mv: ModelVersion) -> str:
-    """Why `mv` is not serving, or why the latest attempt to replace it failed. The model's
-    own reason (its config failed) is set by the latest attempt and cleared by the next one
-    that gets past the config, so it is never older than a version's."""
-    return model.reason or mv.reason
-
-
-def _first_reason(model: Model) -> str:
-    return next((v.reason for v in model.versions.values() if v.reason), "")
+        return None
+    return {v: w for v, w in weights.items() if v in model.versions}

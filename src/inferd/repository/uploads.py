@@ -11,7 +11,7 @@ directory, never into the repository, and every name is checked before anything 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from inferd.errors import ErrorKind, InferdError, invalid
 
@@ -87,3 +87,33 @@ def checked_paths(names: Iterable[str]) -> dict[str, PurePosixPath]:
                     f"'file:{shown(name)}' needs '{parent}' to be a directory"
                 )
     return paths
+
+
+def check_model_name(name: str) -> None:
+    """A model name is a directory name: one path component, not hidden, printable."""
+    problem = ""
+    if not name:
+        problem = "it is empty"
+    elif any(not c.isprintable() for c in name):
+        problem = "control characters are not allowed"
+    elif "/" in name or "\\" in name:
+        problem = "it must not hold '/' or '\\'"
+    elif name.startswith("."):
+        problem = "it must not start with '.'"
+    elif len(name.encode()) > NAME_MAX_BYTES:
+        problem = (
+            f"{len(name.encode())} bytes, more than the {NAME_MAX_BYTES} a directory name may have"
+        )
+    if problem:
+        raise invalid(f"invalid model name '{shown(name)}': {problem}")
+
+
+def write_files(model_dir: Path, paths: dict[str, PurePosixPath], files: dict[str, bytes]) -> None:
+    """Write uploads (names already checked) into a fresh directory. Runs in a thread."""
+    root = model_dir.resolve()
+    for name, relative in paths.items():
+        path = root / relative
+        if root not in path.parents:  # checked_paths made sure; this is the last guard
+            raise invalid(f"file parameter '{shown(name)}' points outside the model directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(files[name])

@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from inferd import log as inferd_log
 from inferd.host_metrics import GpuCollector, register_host_metrics
+from inferd.limits import ensure_file_descriptors
 from inferd.metrics_http import MetricsServer
 from inferd.settings import Settings
 from inferd.shutdown import EXIT_MARGIN_S
@@ -283,6 +284,7 @@ def how_it_ended(exitcode: int | None) -> str:
 
 
 def run(settings: Settings) -> None:
+    ensure_file_descriptors(settings.limits)
     check(settings)
     code = Supervisor(settings).run()
     if code:

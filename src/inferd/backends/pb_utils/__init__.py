@@ -30,6 +30,7 @@ from inferd.backends.pb_utils.messages import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceRequest,
     InferenceResponse,
+    InferenceResponseSender,
     InferenceTrace,
     PreferredMemory,
     get_input_config_by_name,
@@ -40,7 +41,6 @@ from inferd.backends.pb_utils.messages import (
 )
 from inferd.backends.pb_utils.metrics import Metric, MetricFamily
 from inferd.backends.pb_utils.model_config import ModelConfig
-from inferd.backends.pb_utils.sender import InferenceResponseSender
 from inferd.backends.pb_utils.tensor import (
     TRITON_STRING_TO_NUMPY,
     Tensor,

@@ -1,17 +1,22 @@
-"""`InferenceRequest` and `InferenceResponse`, and the helpers and flags that go with them."""
+"""`InferenceRequest` and `InferenceResponse`, and the helpers and flags that go with them;
+`InferenceResponseSender`: how a decoupled model answers a request (Triton's decoupled
+mode). A decoupled model (`model_transaction_policy { decoupled: true }`) gets one sender
+per request from `request.get_response_sender()` and sends zero or more responses, then the
+final flag, from any thread; the responses go to the request's response stream
+(inferd.streams)."""
 
 from __future__ import annotations
 
 import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inferd.backends.pb_utils.errors import TritonError, TritonModelException, not_supported
 from inferd.backends.pb_utils.tensor import Tensor
-
-if TYPE_CHECKING:
-    from inferd.backends.pb_utils.sender import InferenceResponseSender
+from inferd.errors import InferdError
+from inferd.streams import ResponseSink, StreamClosedError
+from inferd.types import Array
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -234,6 +239,52 @@ class InferenceResponse:
     def parameters_dict(self) -> dict[str, Any]:
         """inferd's: the parameters as given, for the response the client gets."""
         return self._parameters
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model, from any thread: zero or more
+    `send(response)`, then `send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)` (or the flag
+    with the last response). A send may block while the client reads slower than the model
+    sends; after the client left, sends are dropped and `is_cancelled()` is True."""
+
+    def __init__(
+        self, sink: ResponseSink, convert: Callable[[InferenceResponse], dict[str, Array]]
+    ) -> None:
+        self._sink = sink
+        self._convert = convert  # a response's outputs, or raises InferdError
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}"
+            )
+        if response is not None and response.parameters_dict():
+            raise TritonModelException(
+                "InferenceResponse(parameters=...) is not supported for decoupled models yet: "
+                "a streamed response carries outputs (or an error) only"
+            )
+        outputs: dict[str, Array] | None = None
+        error: InferdError | None = None
+        if response is not None:
+            try:
+                outputs = self._convert(response)
+            except InferdError as exc:  # an error response, or one its config contradicts
+                error = exc
+        try:
+            self._sink.send(outputs, error, flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except StreamClosedError:
+            raise TritonModelException(
+                "Unable to send response. Response sender has been closed."
+            ) from None
+
+    def is_cancelled(self) -> bool:
+        return self._sink.is_cancelled()
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

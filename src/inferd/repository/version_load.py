@@ -1,0 +1,124 @@
+"""Loading one model version: its instances, their warm-up, and the scheduler that runs
+its batches (the registry decides which versions to load, and swaps them in)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from inferd.backends.base import Backend
+from inferd.backends.pb_utils.host import HostProvider
+from inferd.events import Telemetry
+from inferd.repository.config import backend_name
+from inferd.repository.loader import load_instances, model_file
+from inferd.repository.model_state import ModelVersion, State
+from inferd.repository.warmup import warm_up
+from inferd.scheduling.batcher import DynamicBatcher
+from inferd.scheduling.sequence_batcher import SequenceBatcher
+
+log = logging.getLogger("inferd.repository")
+
+
+async def load_version(
+    mv: ModelVersion,
+    backend: Backend,
+    model_dir: Path,
+    model_host: HostProvider | None,
+    telemetry: Telemetry,
+) -> None:
+    """One load attempt of one version: its instances, their warm-up, its scheduler. A
+    failure leaves it UNAVAILABLE with the reason; success, READY."""
+    version_dir = model_dir / mv.version
+    count = mv.spec.instance_count
+    started = time.monotonic()
+    try:
+        if model_file(backend, version_dir) is None:
+            raise RuntimeError(
+                f"{mv.name}/{mv.version}/ holds no {' or '.join(backend.model_files)}"
+            )
+        instances = await asyncio.to_thread(
+            load_instances,
+            backend,
+            mv.name,
+            mv.version,
+            mv.config,
+            version_dir,
+            mv.spec,
+            model_host,
+        )
+    except Exception as exc:
+        mv.state = State.UNAVAILABLE
+        mv.reason = f"load failed: {exc}"
+        # The text, not the exception: its traceback holds the model's frames, and a
+        # handler that keeps records would keep the failed version alive with them.
+        log.error("model %s version %s failed to load: %s", mv.name, mv.version, str(exc))
+        return
+    loaded = time.monotonic()
+    try:
+        warmed = await asyncio.to_thread(
+            warm_up,
+            instances,
+            mv.config,
+            model_dir,
+            mv.signature,
+            mv.sequence,
+            mv.spec.auto_warmup,
+        )
+    except Exception as exc:
+        for inst in instances:
+            inst.close()
+        mv.state = State.UNAVAILABLE
+        mv.reason = f"load failed: {exc}"
+        log.error("model %s version %s failed to warm up: %s", mv.name, mv.version, str(exc))
+        return
+    if warmed.warning:
+        mv.warning = warmed.warning
+        log.warning("model %s version %s: %s", mv.name, mv.version, warmed.warning)
+    if mv.sequence is not None:
+        mv.batcher = SequenceBatcher(
+            mv.name,
+            instances,
+            mv.sequence,
+            mv.version,
+            telemetry,
+            execution_timeout_s=mv.execution_timeout_s,
+        )
+    else:
+        mv.batcher = DynamicBatcher(
+            mv.name,
+            instances,
+            mv.spec.batching,
+            mv.version,
+            telemetry,
+            mv.signature.ragged,
+            execution_timeout_s=mv.execution_timeout_s,
+        )
+    mv.devices = [inst.device for inst in instances]
+    mv.providers = [inst.provider for inst in instances]
+    mv.load_duration_s = loaded - started
+    mv.warmup_duration_s = time.monotonic() - loaded
+    mv.state = State.READY
+    log.info(
+        "loaded model %s version %s (%s, %d instance%s on %s, max_batch_size %d, "
+        "batching %s) in %.2fs, warm-up %.2fs (%d sample%s)",
+        mv.name,
+        mv.version,
+        backend_name(mv.config),
+        count,
+        "" if count == 1 else "s",
+        ",".join(sorted(set(mv.devices))),
+        mv.config.max_batch_size,
+        _batching(mv),
+        mv.load_duration_s,
+        mv.warmup_duration_s,
+        warmed.samples,
+        "" if warmed.samples == 1 else "s",
+    )
+
+
+def _batching(mv: ModelVersion) -> str:
+    if mv.sequence is not None:
+        return f"sequence ({mv.sequence.strategy})"
+    return mv.spec.batching.policy if mv.config.max_batch_size else "off"
