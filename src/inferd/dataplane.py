@@ -25,6 +25,7 @@ from inferd.repository.loader import parse_config_override
 from inferd.repository.registry import ModelRegistry, ModelVersion
 from inferd.runtime_settings import RuntimeSettings
 from inferd.scheduling.admission import scheduling_parameters
+from inferd.scheduling.isolate import RequestFailedAloneError
 from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
@@ -351,7 +352,13 @@ class DataPlane(StreamingEntry):
             try:
                 response = await self._serve(model_name, version, request, ctx, record)
             except InferdError as exc:
-                circuit.record(False, counts=exc.kind in MODEL_FAILURES)
+                # A request the model failed on alone while its batch succeeded is the
+                # request's fault, not the model's (scheduling/isolate.py).
+                circuit.record(
+                    False,
+                    counts=exc.kind in MODEL_FAILURES
+                    and not isinstance(exc, RequestFailedAloneError),
+                )
                 raise
             except BaseException:
                 circuit.record(False, counts=False)

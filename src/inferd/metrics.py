@@ -147,6 +147,8 @@ class MetricsSink:
         self.stream_responses: dict[tuple[str, str], list[int]] = {}
         self.batch_closes: dict[tuple[str, str, str], int] = {}
         self.execution_timeouts: dict[tuple[str, str], int] = {}
+        # Failed batches executed again in parts: [batches, executions] (scheduling/isolate.py).
+        self.bisections: dict[tuple[str, str], list[int]] = {}
         # GC callbacks run on whichever thread collects: this one keeps its lock.
         self.gc_pause = Histogram(
             "inferd_gc_pause_seconds",
@@ -207,6 +209,10 @@ class MetricsSink:
         if record.timed_out:
             labels = (record.model, record.version)
             self.execution_timeouts[labels] = self.execution_timeouts.get(labels, 0) + 1
+        if record.bisect_executions:
+            counts = self.bisections.setdefault((record.model, record.version), [0, 0])
+            counts[0] += 1
+            counts[1] += record.bisect_executions
         if not record.failed:
             c = self._series(record.model, record.version)
             c.inferences += record.rows  # with its execution, like the statistics API
@@ -298,6 +304,19 @@ class _CountsCollector(Collector):
         )
         for (model, version), count in sorted(items(sink.execution_timeouts)):
             timeouts.add_metric([model, version], count)
+        bisections = CounterMetricFamily(
+            "inferd_batch_bisections",
+            "Failed batches executed again in halves to find the requests the model fails on.",
+            labels=MV,
+        )
+        bisect_runs = CounterMetricFamily(
+            "inferd_batch_bisection_executions",
+            "Executions those bisections took (at most 2N - 2 for a batch of N requests).",
+            labels=MV,
+        )
+        for (model, version), (batches, runs) in sorted(dict(sink.bisections).items()):
+            bisections.add_metric([model, version], batches)
+            bisect_runs.add_metric([model, version], runs)
         sent = CounterMetricFamily(
             "inferd_stream_responses",
             "Responses decoupled models sent to their clients (error responses included).",
@@ -311,7 +330,8 @@ class _CountsCollector(Collector):
         for (model, version), (count, lost) in sorted(dict(sink.stream_responses).items()):
             sent.add_metric([model, version], count)
             dropped.add_metric([model, version], lost)
-        yield from (success, failure, inferences, executions, close, timeouts, sent, dropped)
+        yield from (success, failure, inferences, executions, close, timeouts, bisections)
+        yield from (bisect_runs, sent, dropped)
         yield from histograms.values()
 
 

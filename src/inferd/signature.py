@@ -177,7 +177,8 @@ class ModelSignature:
             else None
         )
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
-        # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
+        # BYTES inputs the backend (ONNX Runtime string tensors) or the model (the config's
+        # `text_inputs`) decodes as UTF-8 text: other bytes are refused before batching.
         self.text_inputs: frozenset[str] = frozenset()
         # Request parameters reach the model (the Python backend): checked and handed over.
         self.model_parameters = False
@@ -195,6 +196,7 @@ class ModelSignature:
             )
             for i in config.input
         }
+        self.text_inputs = _declared_text_inputs(config, self.inputs)
         self.outputs = {
             o.name: TensorSpec(
                 o.name,
@@ -355,6 +357,27 @@ class ModelSignature:
                 raise invalid(f"output '{out.name}' is requested more than once")
             names.append(out.name)
         return names
+
+
+TEXT_INPUTS = "text_inputs"  # "a,b": BYTES inputs the model reads as UTF-8 text
+
+
+def _declared_text_inputs(config: mc.ModelConfig, inputs: dict[str, TensorSpec]) -> frozenset[str]:
+    """The config's `text_inputs` parameter: BYTES inputs a model (a Python one) decodes as
+    UTF-8, so a request whose bytes are not is the request's 400, found before it joins a
+    batch of others' requests, rather than an exception failing that batch."""
+    if TEXT_INPUTS not in config.parameters:
+        return frozenset()
+    raw = str(config.parameters[TEXT_INPUTS].string_value)
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    for name in sorted(names):
+        spec = inputs.get(name)
+        if spec is None or spec.datatype != "BYTES":
+            raise ConfigError(
+                f"{config.name}/config.pbtxt: parameters: {TEXT_INPUTS}: '{name}' is not a "
+                "TYPE_STRING (BYTES) input of the model"
+            )
+    return names
 
 
 def _all_utf8(flat: Array) -> bool:
