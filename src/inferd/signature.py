@@ -20,6 +20,7 @@ from inferd.errors import invalid
 from inferd.repository.config import ConfigError
 from inferd.repository.ragged_config import read_ragged_plan
 from inferd.request_parameters import model_parameters
+from inferd.text_inputs import check_utf8, declared_text_inputs
 from inferd.types import Array, InferRequest, Parameters, RequestedOutput
 
 if TYPE_CHECKING:
@@ -196,7 +197,8 @@ class ModelSignature:
             )
             for i in config.input
         }
-        self.text_inputs = _declared_text_inputs(config, self.inputs)
+        self.text_inputs = declared_text_inputs(config, self.inputs)
+        self._optional = tuple(n for n, spec in self.inputs.items() if spec.optional)
         self.outputs = {
             o.name: TensorSpec(
                 o.name,
@@ -279,12 +281,20 @@ class ModelSignature:
             elif not spec.optional:
                 raise invalid(f"missing input '{name}' for model '{model}'")
         keyed = self._keyed
+        shape_key = (
+            tuple(a.shape[1:] for a in inputs.values())
+            if keyed is None
+            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs)
+        )
+        if self._optional:
+            # Which optional inputs it sends keys the batch too: requests sending different
+            # ones cannot be merged (two sending one each, of the same shape, failed with
+            # KeyError in the merge, and 49 of 50 valid requests with it).
+            shape_key += (tuple(int(n in inputs) for n in self._optional),)
         bound = BoundRequest(
             inputs=inputs,
             rows=rows if self.is_batched else 1,
-            shape_key=tuple(a.shape[1:] for a in inputs.values())
-            if keyed is None
-            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs),
+            shape_key=shape_key,
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
         )
@@ -327,19 +337,10 @@ class ModelSignature:
                     f"the model's limit of {limits.max_bytes_element_size} "
                     "(max_bytes_element_size)"
                 )
-            if name in self.text_inputs and not _all_utf8(flat):
-                # The backend takes text: bytes that aren't UTF-8 are this request's error,
+            if name in self.text_inputs:
+                # The model takes text: bytes that aren't UTF-8 are this request's error,
                 # found here rather than failing the batch it would share with others.
-                for j, value in enumerate(flat):
-                    try:
-                        value.decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise invalid(
-                            f"input '{name}': BYTES element {j} is not UTF-8 text, which this "
-                            "model's backend requires"
-                        ) from None
-                    except AttributeError:
-                        continue
+                check_utf8(name, flat)
 
     def _output_names(self, requested: list[RequestedOutput] | None, model: str) -> list[str]:
         if requested is None or len(requested) == 0:
@@ -357,36 +358,3 @@ class ModelSignature:
                 raise invalid(f"output '{out.name}' is requested more than once")
             names.append(out.name)
         return names
-
-
-TEXT_INPUTS = "text_inputs"  # "a,b": BYTES inputs the model reads as UTF-8 text
-
-
-def _declared_text_inputs(config: mc.ModelConfig, inputs: dict[str, TensorSpec]) -> frozenset[str]:
-    """The config's `text_inputs` parameter: BYTES inputs a model (a Python one) decodes as
-    UTF-8, so a request whose bytes are not is the request's 400, found before it joins a
-    batch of others' requests, rather than an exception failing that batch."""
-    if TEXT_INPUTS not in config.parameters:
-        return frozenset()
-    raw = str(config.parameters[TEXT_INPUTS].string_value)
-    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
-    for name in sorted(names):
-        spec = inputs.get(name)
-        if spec is None or spec.datatype != "BYTES":
-            raise ConfigError(
-                f"{config.name}/config.pbtxt: parameters: {TEXT_INPUTS}: '{name}' is not a "
-                "TYPE_STRING (BYTES) input of the model"
-            )
-    return names
-
-
-def _all_utf8(flat: Array) -> bool:
-    """Whether every element is UTF-8, in two C calls rather than one per element (this runs
-    on the event loop): a NUL between elements cannot complete a sequence one of them cut
-    short, so the joined bytes are UTF-8 exactly when each element is. False also when an
-    element is not bytes: the caller's walk then tells them apart."""
-    try:
-        b"\0".join(flat).decode("utf-8")
-    except (UnicodeDecodeError, TypeError):
-        return False
-    return True
