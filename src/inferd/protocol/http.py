@@ -481,7 +481,7 @@ class InferEndpoint:
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
     """The whole request body from ASGI messages, refused (413) past `limit` bytes."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isdecimal() and int(declared) > limit:
         raise InferdError(
             ErrorKind.PAYLOAD_TOO_LARGE,
             f"request body of {declared} bytes exceeds the limit of {limit} bytes",
