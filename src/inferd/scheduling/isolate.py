@@ -6,7 +6,9 @@ failed 232 of 600 valid requests, issue #14). So a failed batch is bisected: eac
 executed again, a half that fails is split again, down to single requests. Only a failure
 that persists for a request executed alone is that request's error; the others get their
 answers. A batch of N requests costs at most 2N - 2 executions more, all in the same call
-(the execution timeout bounds them together).
+(for an in-process instance the execution timeout bounds them together; a worker process
+times each of its executions). A model sees the requests of a failed batch again: side
+effects of its own (a log it writes) happen again for them.
 
 Who is at fault: when some requests of the batch succeed, the model demonstrably serves,
 and the requests that fail alone fail with `RequestFailedAloneError` (500, the model raised), which
