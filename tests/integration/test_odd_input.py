@@ -309,6 +309,40 @@ def test_binary_flags_must_be_booleans(
     assert f"parameter '{key}' must be true or false" in error
 
 
+def _set_param(params: Any, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        params[key].bool_param = value
+    elif isinstance(value, int):
+        params[key].int64_param = value
+    elif isinstance(value, float):
+        params[key].double_param = value
+    else:
+        params[key].string_param = value
+
+
+def _request_param_grpc(server: RunningServer, key: str, value: Any) -> tuple[int, str]:
+    msg = _fp32_message()
+    _set_param(msg.parameters, key, value)
+    return _grpc_call(server, msg)
+
+
+@pytest.mark.parametrize(
+    "send",
+    [lambda s, k, v: _flagged_http(s, "request", k, v), _request_param_grpc],
+    ids=["http", "grpc"],
+)
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("timeout", "5"), ("timeout", -1), ("timeout", 1.5), ("timeout", True), ("priority", "1")],
+)
+def test_timeout_and_priority_parameters_are_integers(
+    server: RunningServer, send: Any, key: str, value: Any
+) -> None:
+    status, error = send(server, key, value)
+    assert status == 400, error
+    assert f"request parameter '{key}' must be an integer" in error
+
+
 # -- gRPC contents, strictly typed ------------------------------------------------------------
 
 
