@@ -154,7 +154,8 @@ def test_requests_with_the_same_optional_inputs_still_batch(
             cases[i] = _case(i, optional)
             threads.append(threading.Thread(target=send, args=(i, cases[i])))
             threads[-1].start()
-        wait_for(batcher, lambda b, n=(group + 1) * 10: b.queue_depth() == n, "the run queued")
+        queued = (group + 1) * 10
+        wait_for(batcher, lambda b: b.queue_depth() == queued, "the run queued")  # noqa: B023
     before = len(batcher.executions)
     gate.unlink()
     for t in [holder, *threads]:
