@@ -178,9 +178,6 @@ class ModelSignature:
             else None
         )
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
-        # BYTES inputs the backend (ONNX Runtime string tensors) or the model (the config's
-        # `text_inputs`) decodes as UTF-8 text: other bytes are refused before batching.
-        self.text_inputs: frozenset[str] = frozenset()
         # Request parameters reach the model (the Python backend): checked and handed over.
         self.model_parameters = False
         # Output name -> its classification labels (label_filename), set when it loads.
@@ -197,6 +194,9 @@ class ModelSignature:
             )
             for i in config.input
         }
+        # BYTES inputs the model (the config's `text_inputs`) or its backend (ONNX Runtime
+        # string tensors: the registry adds them) decodes as UTF-8: other bytes are refused
+        # before batching.
         self.text_inputs = declared_text_inputs(config, self.inputs)
         self._optional = tuple(n for n, spec in self.inputs.items() if spec.optional)
         self.outputs = {
