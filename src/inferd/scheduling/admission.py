@@ -22,7 +22,7 @@ def scheduling_parameters(request: InferRequest) -> tuple[int, int]:
         # Triton's are uint64: a JSON integer past that (10**400) cannot become a deadline.
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
             raise invalid(
-                f"request parameter '{key}' must be an integer within 0..2**64-1, got "
+                f"request parameter '{key}' must be an integer >= 0 and below 2**64, got "
                 f"{str(value)[:40]}"
             )
         values.append(value)
