@@ -23,7 +23,7 @@ def scheduling_parameters(request: InferRequest) -> tuple[int, int]:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
             raise invalid(
                 f"request parameter '{key}' must be an integer >= 0 and below 2**64, got "
-                f"{str(value)[:40]}"
+                f"{value!r:.40}"
             )
         values.append(value)
     return values[0], values[1]
