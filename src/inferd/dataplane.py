@@ -352,13 +352,9 @@ class DataPlane(StreamingEntry):
             try:
                 response = await self._serve(model_name, version, request, ctx, record)
             except InferdError as exc:
-                # A request the model failed on alone while its batch succeeded is the
-                # request's fault, not the model's (scheduling/isolate.py).
-                circuit.record(
-                    False,
-                    counts=exc.kind in MODEL_FAILURES
-                    and not isinstance(exc, RequestFailedAloneError),
-                )
+                # Failing alone in a batch that succeeded is the request's fault (isolate.py).
+                alone = isinstance(exc, RequestFailedAloneError)
+                circuit.record(False, counts=exc.kind in MODEL_FAILURES and not alone)
                 raise
             except BaseException:
                 circuit.record(False, counts=False)
