@@ -16,7 +16,7 @@ from inferd.errors import invalid
 
 TIMEOUT_MS = "inferd-timeout-ms"  # the client's deadline for this request
 MAX_TIMEOUT_MS = 2**31 - 1  # about 24.8 days: past any deadline worth keeping a request for
-_DECIMAL = re.compile(r"[0-9]{1,10}(\.[0-9]{1,6})?")  # ms, to the nanosecond
+_DECIMAL = re.compile(r"[0-9]{1,10}(\.[0-9]{1,20})?")  # what str(float) writes, bar exponents
 _DIGITS = re.compile(r"[0-9]{1,19}")
 
 # Triton's flags: on a requested output, and (HTTP) on the request for every output.
