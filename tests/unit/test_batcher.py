@@ -497,6 +497,27 @@ def test_only_the_requests_a_model_fails_on_alone_get_the_error() -> None:
     run(main)
 
 
+def test_a_batch_that_runs_out_of_memory_is_not_bisected() -> None:
+    """Smaller parts would succeed and hide that the batch is too large for the instance."""
+
+    async def main() -> None:
+        def too_large(inputs: dict[str, Array]) -> dict[str, Array]:
+            if len(inputs["IN"]) > 1:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return {"OUT": inputs["IN"] * 2}
+
+        inst = Instance(gate=threading.Event(), run=too_large)
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
+            assert all(isinstance(e, InferdError) and "out of memory" in e.message for e in results)
+            assert len(inst.batches) == 2  # the blocker, the batch: no part executed again
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
 def test_a_batch_every_request_fails_alone_is_the_models_failure() -> None:
     async def main() -> None:
         def always(inputs: dict[str, Array]) -> dict[str, Array]:

@@ -16,7 +16,9 @@ readiness (`unready_after_failures`) and the circuit breaker do not count. When 
 fails alone too, it is the model's failure, as in Triton, counted as before.
 
 Not bisected (failed as a whole, as before): a broken batch contract (outputs without the
-batch's rows: the model's bug whatever the inputs), sequence batches (re-running would advance
+batch's rows: the model's bug whatever the inputs), running out of memory (the batch is too
+large for the instance, which smaller parts would hide: `inferd tune` and the failure
+metrics must see it), sequence batches (re-running would advance
 their state twice) and decoupled models (re-running would send responses again).
 """
 
@@ -66,7 +68,7 @@ def run_isolating(
     try:
         results, timings = run_batch(instance, batch, batched, by_request, with_info, ragged)
     except Exception as exc:
-        if not isolate or isinstance(exc, ContractError):
+        if not isolate or isinstance(exc, ContractError) or _out_of_memory(exc):
             raise
         if isinstance(exc, InferdError) and exc.kind not in _MODEL_KINDS:
             raise
@@ -110,6 +112,29 @@ def run_isolating(
         extra={"model": name},
     )
     return [a for a in answers if a is not None], (total[0], total[1], total[2]), executions
+
+
+# What runtimes say when memory runs out, lowercased (as inferd_tools/tune/sweep.py reads
+# them: the message reaches here, its exception type not always).
+_OUT_OF_MEMORY = (
+    "out of memory",  # CUDA, ROCm, MPS
+    "outofmemory",
+    "failed to allocate memory",  # onnxruntime
+    "bad_alloc",
+    "memoryerror",
+    "unable to allocate",  # numpy
+    "can't allocate memory",  # torch's CPU allocator
+    "cannot allocate memory",  # ENOMEM
+    "alloc_failed",  # cuBLAS / cuDNN
+    "cudaerrormemoryallocation",
+)
+
+
+def _out_of_memory(exc: Exception) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    message = str(exc).lower()
+    return any(pattern in message for pattern in _OUT_OF_MEMORY)
 
 
 def _model_error(exc: Exception) -> InferdError:
