@@ -26,6 +26,7 @@ from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.runtime_settings import RuntimeSettings
 from inferd.scheduling.admission import scheduling_parameters
+from inferd.scheduling.isolate import RequestFailedAloneError
 from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
@@ -352,7 +353,9 @@ class DataPlane(StreamingEntry):
             try:
                 response = await self._serve(model_name, version, request, ctx, record)
             except InferdError as exc:
-                circuit.record(False, counts=exc.kind in MODEL_FAILURES)
+                # Failing alone in a batch that succeeded is the request's fault (isolate.py).
+                alone = isinstance(exc, RequestFailedAloneError)
+                circuit.record(False, counts=exc.kind in MODEL_FAILURES and not alone)
                 raise
             except BaseException:
                 circuit.record(False, counts=False)

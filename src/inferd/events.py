@@ -107,6 +107,7 @@ class BatchRecord:
     compute_output_ns: int
     failed: bool
     timed_out: bool = False  # failed by the execution timeout (execution_timeout_ms)
+    bisect_executions: int = 0  # it failed and was executed again in parts (isolate.py)
 
 
 def note_failure(record: RequestRecord, exc: BaseException) -> None:

@@ -59,6 +59,8 @@ class MetricsSink:
         self.stream_responses: dict[tuple[str, str], list[int]] = {}
         self.batch_closes: dict[tuple[str, str, str], int] = {}
         self.execution_timeouts: dict[tuple[str, str], int] = {}
+        # Failed batches executed again in parts: [batches, executions] (scheduling/isolate.py).
+        self.bisections: dict[tuple[str, str], list[int]] = {}
         # GC callbacks run on whichever thread collects: this one keeps its lock.
         self.gc_pause = Histogram(
             "inferd_gc_pause_seconds",
@@ -119,6 +121,10 @@ class MetricsSink:
         if record.timed_out:
             labels = (record.model, record.version)
             self.execution_timeouts[labels] = self.execution_timeouts.get(labels, 0) + 1
+        if record.bisect_executions:
+            counts = self.bisections.setdefault((record.model, record.version), [0, 0])
+            counts[0] += 1
+            counts[1] += record.bisect_executions
         if not record.failed:
             c = self._series(record.model, record.version)
             c.inferences += record.rows  # with its execution, like the statistics API

@@ -38,6 +38,7 @@ class RecordedMetrics(Protocol):
     stream_responses: dict[tuple[str, str], list[int]]
     batch_closes: dict[tuple[str, str, str], int]
     execution_timeouts: dict[tuple[str, str], int]
+    bisections: dict[tuple[str, str], list[int]]
 
     def health_score(self, model: str, version: str, baseline_s: float | None) -> float: ...
 
@@ -93,6 +94,19 @@ class CountsCollector(Collector):
         )
         for (model, version), count in sorted(items(sink.execution_timeouts)):
             timeouts.add_metric([model, version], count)
+        bisections = CounterMetricFamily(
+            "inferd_batch_bisections",
+            "Failed batches executed again in halves to find the requests the model fails on.",
+            labels=MV,
+        )
+        bisect_runs = CounterMetricFamily(
+            "inferd_batch_bisection_executions",
+            "Executions those bisections took (at most 2N - 2 for a batch of N requests).",
+            labels=MV,
+        )
+        for (model, version), (batches, runs) in sorted(dict(sink.bisections).items()):
+            bisections.add_metric([model, version], batches)
+            bisect_runs.add_metric([model, version], runs)
         sent = CounterMetricFamily(
             "inferd_stream_responses",
             "Responses decoupled models sent to their clients (error responses included).",
@@ -106,7 +120,8 @@ class CountsCollector(Collector):
         for (model, version), (count, lost) in sorted(dict(sink.stream_responses).items()):
             sent.add_metric([model, version], count)
             dropped.add_metric([model, version], lost)
-        yield from (success, failure, inferences, executions, close, timeouts, sent, dropped)
+        yield from (success, failure, inferences, executions, close, timeouts, bisections)
+        yield from (bisect_runs, sent, dropped)
         yield from histograms.values()
 
 

@@ -19,6 +19,7 @@ from inferd.errors import invalid
 from inferd.repository.ragged_config import read_ragged_plan
 from inferd.repository.spec_limits import InputLimits, read_limits
 from inferd.request_parameters import model_parameters
+from inferd.text_inputs import check_utf8
 from inferd.types import Array, InferRequest, Parameters, RequestedOutput
 
 if TYPE_CHECKING:
@@ -89,8 +90,6 @@ class ModelSignature:
             else None
         )
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
-        # BYTES inputs the backend decodes as UTF-8 text (ONNX Runtime string tensors).
-        self.text_inputs: frozenset[str] = frozenset()
         # Request parameters reach the model (the Python backend): checked and handed over.
         self.model_parameters = False
         # Output name -> its classification labels (label_filename), set when it loads.
@@ -107,6 +106,11 @@ class ModelSignature:
             )
             for i in config.input
         }
+        # BYTES inputs the model (the config's `text_inputs`, from its spec) or its backend
+        # (ONNX Runtime string tensors) decodes as UTF-8: the registry sets them at load;
+        # other bytes are refused before batching.
+        self.text_inputs: frozenset[str] = frozenset()
+        self._optional = tuple(n for n, spec in self.inputs.items() if spec.optional)
         self.outputs = {
             o.name: TensorSpec(
                 o.name,
@@ -189,12 +193,20 @@ class ModelSignature:
             elif not spec.optional:
                 raise invalid(f"missing input '{name}' for model '{model}'")
         keyed = self._keyed
+        shape_key = (
+            tuple(a.shape[1:] for a in inputs.values())
+            if keyed is None
+            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs)
+        )
+        if self._optional:
+            # Which optional inputs it sends keys the batch too: requests sending different
+            # ones cannot be merged (two sending one each, of the same shape, failed with
+            # KeyError in the merge, and 49 of 50 valid requests with it).
+            shape_key += (tuple(int(n in inputs) for n in self._optional),)
         bound = BoundRequest(
             inputs=inputs,
             rows=rows if self.is_batched else 1,
-            shape_key=tuple(a.shape[1:] for a in inputs.values())
-            if keyed is None
-            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs),
+            shape_key=shape_key,
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
         )
@@ -237,19 +249,10 @@ class ModelSignature:
                     f"the model's limit of {limits.max_bytes_element_size} "
                     "(max_bytes_element_size)"
                 )
-            if name in self.text_inputs and not _all_utf8(flat):
-                # The backend takes text: bytes that aren't UTF-8 are this request's error,
+            if name in self.text_inputs:
+                # The model takes text: bytes that aren't UTF-8 are this request's error,
                 # found here rather than failing the batch it would share with others.
-                for j, value in enumerate(flat):
-                    try:
-                        value.decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise invalid(
-                            f"input '{name}': BYTES element {j} is not UTF-8 text, which this "
-                            "model's backend requires"
-                        ) from None
-                    except AttributeError:
-                        continue
+                check_utf8(name, flat)
 
     def _output_names(self, requested: list[RequestedOutput] | None, model: str) -> list[str]:
         if requested is None or len(requested) == 0:
@@ -267,15 +270,3 @@ class ModelSignature:
                 raise invalid(f"output '{out.name}' is requested more than once")
             names.append(out.name)
         return names
-
-
-def _all_utf8(flat: Array) -> bool:
-    """Whether every element is UTF-8, in two C calls rather than one per element (this runs
-    on the event loop): a NUL between elements cannot complete a sequence one of them cut
-    short, so the joined bytes are UTF-8 exactly when each element is. False also when an
-    element is not bytes: the caller's walk then tells them apart."""
-    try:
-        b"\0".join(flat).decode("utf-8")
-    except (UnicodeDecodeError, TypeError):
-        return False
-    return True

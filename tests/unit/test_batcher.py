@@ -17,6 +17,7 @@ import pytest
 
 from inferd.errors import ErrorKind, InferdError
 from inferd.scheduling.batcher import BatchClose, BatchingOptions, DynamicBatcher, ExecutionRecord
+from inferd.scheduling.isolate import RequestFailedAloneError
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
@@ -441,7 +442,10 @@ def test_exception_in_execute_is_a_model_error() -> None:
     run(main)
 
 
-def test_exception_fails_every_request_of_a_merged_batch() -> None:
+def test_a_batch_failure_that_does_not_persist_fails_no_request() -> None:
+    """A failed batch is executed again in halves (isolate.py): a failure none of its
+    requests reproduces is nobody's, and every request gets its answer."""
+
     async def main() -> None:
         calls = 0
 
@@ -456,8 +460,80 @@ def test_exception_fails_every_request_of_a_merged_batch() -> None:
         batcher = DynamicBatcher("m", [inst], options())
         try:
             results = await queue_behind_busy(batcher, inst, [req(1), req(2)])
-            assert [e.kind for e in results] == [ErrorKind.MODEL_ERROR] * 2
-            assert all("bad batch" in e.message for e in results)
+            assert [r["OUT"].tolist() for r in results] == [[[2.0]], [[4.0]]]
+            assert calls == 4  # the blocker, the failed pair, each half
+            assert batcher.consecutive_failures == 0
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_only_the_requests_a_model_fails_on_alone_get_the_error() -> None:
+    async def main() -> None:
+        def negative_fails(inputs: dict[str, Array]) -> dict[str, Array]:
+            if (inputs["IN"] < 0).any() and (inputs["IN"] != -1).all():
+                raise ValueError("negative values are poison")
+            return {"OUT": inputs["IN"] * 2}
+
+        inst = Instance(gate=threading.Event(), run=negative_fails)
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            values = [1.0, -2.0, 3.0, 4.0, 5.0, -6.0, 7.0]
+            results = await queue_behind_busy(batcher, inst, [req(v) for v in values])
+            for v, r in zip(values, results, strict=True):
+                if v < 0:
+                    assert isinstance(r, RequestFailedAloneError)
+                    assert r.kind is ErrorKind.MODEL_ERROR
+                    assert "negative values are poison" in r.message
+                else:
+                    assert r["OUT"].tolist() == [[2 * v]]
+            executed = len(inst.batches) - 2  # not the blocker, not the failed batch
+            assert executed <= 2 * len(values) - 2
+            assert batcher.consecutive_failures == 0  # the model serves: not its failure
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_a_batch_that_runs_out_of_memory_is_not_bisected() -> None:
+    """Smaller parts would succeed and hide that the batch is too large for the instance."""
+
+    async def main() -> None:
+        def too_large(inputs: dict[str, Array]) -> dict[str, Array]:
+            if len(inputs["IN"]) > 1:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return {"OUT": inputs["IN"] * 2}
+
+        inst = Instance(gate=threading.Event(), run=too_large)
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
+            assert all(isinstance(e, InferdError) and "out of memory" in e.message for e in results)
+            assert len(inst.batches) == 2  # the blocker, the batch: no part executed again
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_a_batch_every_request_fails_alone_is_the_models_failure() -> None:
+    async def main() -> None:
+        def always(inputs: dict[str, Array]) -> dict[str, Array]:
+            if (inputs["IN"] != -1).all():
+                raise ValueError("broken")
+            return {"OUT": inputs["IN"]}
+
+        inst = Instance(gate=threading.Event(), run=always)
+        batcher = DynamicBatcher("m", [inst], options())
+        try:
+            results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
+            assert all(
+                isinstance(e, InferdError) and not isinstance(e, RequestFailedAloneError)
+                for e in results
+            )
+            assert batcher.consecutive_failures == 1
         finally:
             await batcher.stop()
 

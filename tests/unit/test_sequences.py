@@ -19,7 +19,7 @@ from inferd.backends.onnx import OnnxBackend
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START
 from inferd.repository.config import ConfigError
-from inferd.scheduling.execution import BatchClose, Pending
+from inferd.scheduling.pending import BatchClose, Pending
 from inferd.scheduling.sequence_batches import attach_controls, form_batch, keep_states
 from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
 from inferd.scheduling.sequences import END, IDLE, SequenceTable

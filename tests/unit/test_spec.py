@@ -137,7 +137,16 @@ PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     # A Python model's own keys are its own: inferd neither reads nor judges them.
     ({"execution_mode": "fast"}, "python", lambda s: s.backend.parallel_execution, False),
     ({"model_checksum": "abc"}, "onnxruntime", lambda s: s.batching.policy, "work_conserving"),
+    ({"text_inputs": " , "}, "python", lambda s: s.text_inputs, frozenset()),
 ]
+
+
+def test_text_inputs_name_the_models_string_inputs() -> None:
+    strings = 'input [ { name: "a", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
+    strings += 'input [ { name: "b", data_type: TYPE_STRING, dims: [ 1 ] } ]'
+    spec = spec_of({"text_inputs": "a, b"}, "python", strings)
+    assert spec.text_inputs == frozenset({"a", "b"})
+    assert spec_of(backend="python", extra=strings).text_inputs == frozenset()
 
 
 @pytest.mark.parametrize(("parameters", "backend", "read", "expected"), PARSED)
@@ -192,6 +201,8 @@ def test_a_sequence_model_has_its_sequence_options() -> None:
 # (parameters, backend, words the error names beside the file)
 BAD: list[tuple[dict[str, str], str, list[str]]] = [
     ({"batching_policy": "eager"}, "onnxruntime", ["parameters.batching_policy", "'eager'"]),
+    ({"text_inputs": "x"}, "python", ["text_inputs", "'x'", "TYPE_STRING"]),
+    ({"text_inputs": "nope"}, "python", ["text_inputs", "'nope'", "TYPE_STRING"]),
     ({"unready_after_failures": "-1"}, "onnxruntime", ["unready_after_failures", "'-1'"]),
     ({"unready_after_failures": "x"}, "onnxruntime", ["unready_after_failures", "'x'"]),
     ({"execution_timeout_ms": "soon"}, "onnxruntime", ["execution_timeout_ms", "'soon'"]),

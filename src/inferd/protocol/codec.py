@@ -10,13 +10,14 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import orjson
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
 from inferd.limits import DEFAULT_LIMITS, check_response_size
+from inferd.protocol.json_values import from_json
+from inferd.protocol.strict_values import check_flags
 from inferd.types import (
     Array,
     InferRequest,
@@ -133,6 +134,8 @@ def decode_request(
     if not isinstance(request_id, str):
         raise invalid("'id' must be a string")
     parameters = _parameters(doc.get("parameters"), "request")
+    if parameters:
+        check_flags(parameters, "request")
     outputs = None
     if "outputs" in doc:
         raw_outputs = doc["outputs"]
@@ -146,6 +149,8 @@ def decode_request(
             check_requested_once(raw["name"], seen)
             where = f"output '{raw['name']}'"
             params = _parameters(raw.get("parameters"), where)
+            if params:
+                check_flags(params, where)
             ref = shared_memory_ref(params, where) if params else None
             uses_shared_memory = uses_shared_memory or ref is not None
             outputs.append(RequestedOutput(raw["name"], params, ref))
@@ -226,7 +231,7 @@ def _decode_input(
         raise invalid(f"{where}: no 'data' and no binary_data_size")
     if datatype == "BYTES":
         check_bytes_count(count, max_bytes_elements, where)
-    data = _from_json(raw["data"], datatype, dtype, shape, count, where)
+    data = from_json(raw["data"], datatype, dtype, shape, count, where)
     return Tensor(name, datatype, shape, data, params), offset
 
 
@@ -298,101 +303,6 @@ def decode_bytes_elements(
     for i in range(0, count, _FILL_CHUNK):  # one C call of 16 M would hold the GIL 0.5 s
         out[i : i + _FILL_CHUNK] = items[i : i + _FILL_CHUNK]
     return out
-
-
-def _from_json(
-    data: Any, datatype: str, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
-) -> Array:
-    if not isinstance(data, list):
-        data = [data]
-    try:
-        if datatype == "BYTES":
-            flat = np.asarray(data, dtype=object).reshape(-1)
-            if flat.size != count:  # before the walk: the declared count is the bounded one
-                raise invalid(
-                    f"{where}: data holds {flat.size} elements but shape {list(shape)} needs "
-                    f"{count}"
-                )
-            array = np.empty(flat.size, dtype=object)
-            for k, item in enumerate(flat):  # variable-length elements: no vector form
-                if isinstance(item, str):
-                    array[k] = item.encode("utf-8")
-                else:
-                    raise invalid(f"{where}: BYTES data must be strings, got {type(item).__name__}")
-        else:
-            array = _typed_json_array(data, datatype, dtype, where)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise invalid(f"{where}: data does not fit datatype {datatype}: {exc}") from None
-    if array.size != count:
-        raise invalid(
-            f"{where}: data holds {array.size} elements but shape {list(shape)} needs {count}"
-        )
-    return array.reshape(shape)
-
-
-# JSON value kinds (as numpy infers them) that each datatype accepts: no silent truncation of
-# 1.5 to an integer, no parsing of numbers out of strings, no booleans as numbers.
-_ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
-
-
-def _overflow_limit(scalar: Any) -> float:
-    """The smallest magnitude that rounds to infinity when cast to `scalar`'s type: its
-    largest finite value plus half a unit in the last place (JSON's shortest text for
-    float32's largest value, 3.4028235e+38, reads back slightly above it and still casts
-    to it). ml_dtypes.finfo knows numpy's float types and bfloat16 alike."""
-    largest = float(ml_dtypes.finfo(scalar).max)  # type: ignore[no-untyped-call]
-    return largest + (largest - float(np.nextafter(scalar(largest), scalar(0)))) / 2
-
-
-# By datatype: FP16 and BF16 have the same size but not the same range.
-_OVERFLOW = {
-    "FP16": _overflow_limit(np.float16),
-    "BF16": _overflow_limit(ml_dtypes.bfloat16),
-    "FP32": _overflow_limit(np.float32),
-}
-
-
-def _typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], where: str) -> Array:
-    inferred = np.asarray(data)
-    if inferred.size == 0:
-        return inferred.astype(dtype)
-    kind = inferred.dtype.kind
-    if dtype.kind in "iu" and kind in "fO":
-        # numpy infers float (or object) for ints beyond int64 mixed with others: convert the
-        # original values exactly, but only if they are all whole numbers.
-        if kind == "f" and not np.array_equal(inferred, np.floor(inferred)):
-            raise invalid(f"{where}: {datatype} data must be integers, got floats")
-        return np.asarray(data, dtype=dtype)
-    # bfloat16 is an extension dtype (kind "V") that takes JSON numbers as floats do.
-    target_kind = "f" if datatype == "BF16" else dtype.kind
-    accepted = _ACCEPTED_KINDS[target_kind]
-    if kind not in accepted:
-        expected = {"b": "true/false", "iu": "integers", "iuf": "numbers"}[accepted]
-        raise invalid(f"{where}: {datatype} data must be {expected}, got {_kind_name(inferred)}")
-    if dtype.kind in "iu" and inferred.dtype != dtype:
-        info = np.iinfo(dtype)
-        low, high = inferred.min(), inferred.max()
-        if low < info.min or high > info.max:
-            raise invalid(f"{where}: values {low}..{high} are out of {datatype}'s range")
-    # JSON has no inf or nan: a value the cast would turn into inf is an error, found
-    # before the cast (which would warn), without errstate. The sum of squares (one BLAS
-    # call, no temporary) stays below the limit squared unless a value may reach it; only
-    # then the exact check runs.
-    limit = _OVERFLOW.get(datatype)
-    if (
-        limit is not None
-        and inferred.dtype.itemsize > dtype.itemsize
-        and float(np.vdot(inferred, inferred)) >= limit * limit
-        and float(np.abs(inferred).max()) >= limit
-    ):
-        raise invalid(f"{where}: values are out of {datatype}'s range")
-    return inferred.astype(dtype, copy=False)
-
-
-def _kind_name(array: Array) -> str:
-    return {"b": "booleans", "i": "integers", "u": "integers", "f": "floats", "U": "strings"}.get(
-        array.dtype.kind, "mixed or nested values"
-    )
 
 
 # -- response ---------------------------------------------------------------------------------

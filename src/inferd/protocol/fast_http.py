@@ -103,7 +103,7 @@ class InferdHttpProtocol(GuardedHttpProtocol):
                 call = _InferCall(*target, self.endpoint.pick_headers(self.headers), keep_alive)
                 self.cycle = call  # type: ignore[assignment]
                 declared = call.headers.get("length", "")
-                if declared.isdigit() and int(declared) > self.endpoint.max_request_bytes:
+                if declared.isdecimal() and int(declared) > self.endpoint.max_request_bytes:
                     # Refused before its body arrives (413 now, not after gigabytes); the
                     # unread body makes the connection unusable, so it closes after.
                     call.size, call.declared = int(declared), True

@@ -7,6 +7,7 @@ import base64
 import binascii
 import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +30,7 @@ from inferd.limits import DEFAULT_LIMITS
 from inferd.protocol.codec import decode_request, encode_response
 from inferd.protocol.generate import GenerateEndpoint
 from inferd.protocol.offload import Offload
+from inferd.protocol.strict_values import TIMEOUT_MS, deadline_ns, header_length
 from inferd.repository.config import to_json
 from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
@@ -51,7 +53,6 @@ STATUS: dict[ErrorKind, int] = {
 
 HEADER_LENGTH = "inference-header-content-length"
 ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
-TIMEOUT_MS = "inferd-timeout-ms"  # the client's deadline for this request
 RETRY_AFTER_S = "1"
 SYSTEM_SHM = "/v2/systemsharedmemory"
 CUDA_SHM = "/v2/cudasharedmemory"
@@ -159,7 +160,7 @@ class HttpAdapter:
         # check the inference group's credential themselves).
         for suffix, streaming in (("/generate", False), ("/generate_stream", True)):
             endpoint = GenerateEndpoint(
-                self.dp, self.max_request_bytes, streaming, read_body, _deadline_ns, STATUS
+                self.dp, self.max_request_bytes, streaming, read_body, deadline_ns, STATUS
             )
             routes += [Route(m + suffix, endpoint, methods=["POST"])]
             routes += [Route(mv + suffix, endpoint, methods=["POST"])]
@@ -404,11 +405,11 @@ class InferEndpoint:
         extra = [(b"traceparent", traceparent.encode())] if traceparent else []
 
         async def decode() -> InferRequest:
-            ctx.deadline_ns = _deadline_ns(headers.get("timeout_ms"), start_ns)
-            header_length = _header_length(headers.get("header_length"))
+            ctx.deadline_ns = deadline_ns(headers.get("timeout_ms"), start_ns)
+            json_length = header_length(headers.get("header_length"))
             body = await read()
-            args = (body, header_length, model, version, self.max_bytes_elements)
-            json_size = len(body) if header_length is None else header_length
+            args = (body, json_length, model, version, self.max_bytes_elements)
+            json_size = len(body) if json_length is None else json_length
             if self.offload.is_large(json_size):  # orjson would hold the loop: a process
                 request = await self.offload.run_gil_bound(json_size, decode_request, *args)
             else:  # large binary data, if any, on a codec thread
@@ -481,7 +482,7 @@ class InferEndpoint:
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
     """The whole request body from ASGI messages, refused (413) past `limit` bytes."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isdecimal() and int(declared) > limit:
         raise InferdError(
             ErrorKind.PAYLOAD_TOO_LARGE,
             f"request body of {declared} bytes exceeds the limit of {limit} bytes",
@@ -522,25 +523,7 @@ async def _on_disconnect(receive: Receive, handler: asyncio.Task[Any], flag: lis
             return
 
 
-def _deadline_ns(raw: str | None, start_ns: int) -> int | None:
-    if raw is None:
-        return None
-    try:
-        ms = float(raw)
-    except ValueError:
-        raise invalid(f"{TIMEOUT_MS} '{raw}' is not a number of milliseconds") from None
-    if not ms > 0:
-        raise invalid(f"{TIMEOUT_MS} must be > 0, got {raw}")
-    return start_ns + int(ms * 1e6)
-
-
-def _header_length(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise invalid(f"Inference-Header-Content-Length '{raw}' is not an integer") from None
+_ENCODED_SLASH = re.compile(rb"%2f", re.IGNORECASE)
 
 
 class InferdApp:
@@ -551,6 +534,16 @@ class InferdApp:
         self.infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw_path = scope.get("raw_path") or b""
+        # The server decodes %2F to "/" before routing: /v2/models/a%2Fversions%2F1/infer
+        # would reach model a, version 1. No model or version name holds a "/".
+        if b"%" in raw_path and _ENCODED_SLASH.search(raw_path):
+            response = error_response(
+                400,
+                "the path holds an encoded '/' (%2F): model and version names cannot contain "
+                f"'/' ({raw_path.decode('ascii', 'replace')[:200]})",
+            )
+            return await response(scope, receive, send)
         if scope["type"] == "http" and scope["method"] == "POST":
             target = InferEndpoint.match(scope["path"])
             if target is not None:

@@ -295,9 +295,24 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             path = httptools.parse_url(self.url).path
             if self.parser.get_method() != b"GET" or not path.startswith(HEALTH_PREFIX):
                 self._stop(429, self._busy_message())
+        if self.parser.should_upgrade() and not self._should_upgrade() and self._has_body():
+            # The parser hands everything after the head of an upgrade request to the new
+            # protocol: its body would be lost and the request served empty (curl --http2
+            # on an http:// URL offers h2c). Refused, naming the way that works.
+            self._stop(
+                400,
+                "HTTP upgrade requests with a body are not served (the body would be lost): "
+                "send it over HTTP/1.1 without 'Upgrade' (curl: --http1.1), or use gRPC",
+            )
         self.on_request_head()
         if self._reserve and self.cycle is not None:
             self.cycle.keep_alive = False  # a reserved connection serves one probe
+
+    def _has_body(self) -> bool:
+        for name, value in self.headers:
+            if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+                return True
+        return False
 
     def on_request_head(self) -> None:
         """A request's head is in and within its limits: route it (uvicorn's ASGI path)."""

@@ -27,6 +27,7 @@ from inferd.protocol.codec import (
     shared_memory_ref,
     to_binary,
 )
+from inferd.protocol.strict_values import check_flags
 from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
 
 # Which typed `contents` field carries each datatype (Triton's mapping; FP16 travels raw only).
@@ -101,6 +102,11 @@ def decode_infer_request(
                 raise invalid(f"{where}: give either contents or {REGION}, not both")
             data = NO_DATA  # the core reads it from the region
         elif raw:
+            if t.contents.ListFields():  # Triton refuses the mix too: which would count?
+                raise invalid(
+                    f"{where}: has contents while the request sends raw_input_contents; send "
+                    "every input's data in raw_input_contents, or every input's in contents"
+                )
             buf = raw[next_raw]
             data = _from_raw(buf, t.datatype, shape, count, where, max_bytes_elements)
             next_raw += 1
@@ -118,16 +124,21 @@ def decode_infer_request(
             check_requested_once(o.name, seen)
             where = f"output '{o.name}'"
             out_params = parameters_to_dict(o.parameters)
+            if out_params:
+                check_flags(out_params, where)
             out_ref = shared_memory_ref(out_params, where) if out_params else None
             uses_shared_memory = uses_shared_memory or out_ref is not None
             outputs.append(RequestedOutput(o.name, out_params, out_ref))
+    parameters = parameters_to_dict(msg.parameters)
+    if parameters:
+        check_flags(parameters, "request")
     return InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
         inputs=inputs,
         id=msg.id,
         outputs=outputs,
-        parameters=parameters_to_dict(msg.parameters),
+        parameters=parameters,
         uses_shared_memory=uses_shared_memory,
     )
 
@@ -152,6 +163,11 @@ def _from_contents(
     field = CONTENTS_FIELD.get(t.datatype)
     if field is None:
         raise invalid(f"{where}: {t.datatype} data must be sent in raw_input_contents")
+    for given, _ in t.contents.ListFields():  # gRPC would drop data in another field
+        if given.name != field:
+            raise invalid(
+                f"{where}: {t.datatype} data goes in contents.{field}, not contents.{given.name}"
+            )
     values = getattr(t.contents, field)
     if len(values) != count:
         raise invalid(

@@ -28,6 +28,10 @@ INFERD_PARAMETERS: dict[str, str] = {
     "max_input_shape": "per-input bound on the non-batch dims, JSON (docs/limits.md)",
     "max_input_elements": "elements per input tensor (docs/limits.md)",
     "max_bytes_element_size": "bytes per BYTES element (docs/limits.md)",
+    "text_inputs": (
+        "BYTES inputs the model decodes as UTF-8 (`a,b`): other bytes are refused with 400 "
+        "before batching (docs/limits.md)"
+    ),
     "canary_weights": 'traffic split, JSON `{"2": 10, "1": 90}` (docs/lifecycle.md)',
     "canary_auto_rollback": "`true`: a failing canary loses its traffic (docs/lifecycle.md)",
     "canary_window_s": "the canary guard's window (docs/lifecycle.md)",

@@ -227,6 +227,7 @@ class ModelRegistry:
             signature = ModelSignature(config, spec.limits)
             signature.model_parameters = getattr(backend, "passes_request_parameters", False)
             signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
+            signature.text_inputs = spec.text_inputs
             sequence = spec.sequence
             if sequence is not None:
                 signature.server_inputs.update(sequence.server_inputs())

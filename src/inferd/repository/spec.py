@@ -51,6 +51,7 @@ class ModelSpec:
     unready_after_failures: int = DEFAULT_UNREADY_AFTER_FAILURES  # 0: never
     execution_timeout_ms: int | None = None  # None: the server's --execution-timeout-ms
     health_p99_baseline_s: float | None = None  # None: the health score's own baseline
+    text_inputs: frozenset[str] = frozenset()  # BYTES inputs the model decodes as UTF-8
 
     def execution_timeout_s(self, default_ms: int) -> float:
         """The execution timeout in seconds (0: none); `default_ms` the server's. A decoupled
@@ -82,6 +83,7 @@ def parse_spec(config: mc.ModelConfig, model_dir: Path) -> ModelSpec:
         unready_after_failures=int(raw),
         execution_timeout_ms=_execution_timeout_ms(config),
         health_p99_baseline_s=_health_baseline_s(config),
+        text_inputs=_text_inputs(config),
     )
 
 
@@ -196,3 +198,17 @@ def _health_baseline_s(config: mc.ModelConfig) -> float | None:
             f"of milliseconds > 0, got '{raw}'"
         )
     return value / 1000
+
+
+def _text_inputs(config: mc.ModelConfig) -> frozenset[str]:
+    """`text_inputs: "a,b"`: BYTES inputs a model (a Python one) decodes as UTF-8, so a
+    request whose bytes are not is the request's 400, found before it joins a batch of
+    others' requests, rather than an exception failing that batch."""
+    names = frozenset(n.strip() for n in parameter(config, "text_inputs").split(",") if n.strip())
+    strings = {i.name for i in config.input if i.data_type == mc.TYPE_STRING}
+    for name in sorted(names - strings):
+        raise ConfigError(
+            f"{config.name}/{CONFIG_FILE}: parameters: text_inputs: '{name}' is not a "
+            "TYPE_STRING (BYTES) input of the model"
+        )
+    return names

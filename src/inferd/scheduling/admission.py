@@ -19,8 +19,12 @@ def scheduling_parameters(request: InferRequest) -> tuple[int, int]:
     values = []
     for key in ("priority", "timeout"):
         value = request.parameters.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise invalid(f"request parameter '{key}' must be an integer >= 0, got {value!r}")
+        # Triton's are uint64: a JSON integer past that (10**400) cannot become a deadline.
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+            raise invalid(
+                f"request parameter '{key}' must be an integer >= 0 and below 2**64, got "
+                f"{value!r:.40}"
+            )
         values.append(value)
     return values[0], values[1]
 

@@ -28,8 +28,9 @@ from inferd.errors import deadline_exceeded, invalid, shed, unavailable
 from inferd.events import ExecutionTimes, Telemetry
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.admission import refuse_unmeetable_deadline
-from inferd.scheduling.execution import BatchClose, BatchRunner, ExecutionRecord, Pending
+from inferd.scheduling.execution import BatchRunner
 from inferd.scheduling.load_signal import LoadSample
+from inferd.scheduling.pending import BatchClose, ExecutionRecord, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array

@@ -9,19 +9,17 @@ metrics and failure handling are the same for both.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 from inferd.backends.base import (
     AnyInstance,
-    Instance,
     ReplaceableInstance,
     RequestInfoInstance,
     RequestListInstance,
@@ -29,54 +27,14 @@ from inferd.backends.base import (
 )
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
-from inferd.python_model import RequestInfo
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.calls import Call, wake
+from inferd.scheduling.isolate import RequestFailedAloneError, can_isolate, run_isolating
 from inferd.scheduling.load_signal import LoadWindow
-from inferd.scheduling.merge import merged_inputs
-from inferd.signature import BoundRequest
-from inferd.types import Array
+from inferd.scheduling.pending import BatchClose, ExecutionRecord, Finish, Pending, Result
+from inferd.scheduling.run_batch import Timings, unloading
 
 log = logging.getLogger("inferd.scheduling")
-
-
-class BatchClose(enum.Enum):
-    """Why a batch left the queue: the answer to "why doesn't it batch?"."""
-
-    FULL = "full"
-    PREFERRED_SIZE = "preferred_size"
-    MAX_DELAY = "max_delay"
-    SHAPE_MISMATCH = "shape_mismatch"
-    QUEUE_EMPTY = "queue_empty"
-
-
-Outcome = tuple[dict[str, Array], ExecutionTimes]
-
-
-@dataclass(slots=True, eq=False)
-class Pending:
-    request: BoundRequest
-    future: asyncio.Future[Outcome]
-    enqueued_ns: int = field(default_factory=time.perf_counter_ns)
-    is_queued: bool = True  # its rows count in the batcher's queued_rows
-    # A row the sequence batcher adds to keep other sequences in their batch slots (Triton's
-    # null request): executed, never answered, never counted.
-    filler: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionRecord:
-    """What one execution did; kept for tests and statistics."""
-
-    batch_size: int  # rows
-    requests: int
-    reason: BatchClose
-
-
-Result = dict[str, Array] | InferdError
-# Called on the event loop with a batch's per-request results, before they are answered; it
-# returns the results to answer with (the sequence batcher keeps each sequence's state here).
-Finish = Callable[[list[Pending], list[Result]], list[Result]]
 
 
 @dataclass(slots=True)
@@ -201,13 +159,17 @@ class BatchRunner:
         self.load.started(slot, dequeued_ns)
         timings = (0, 0, 0)
         failed, timed_out = True, False
-        call: Call[tuple[list[Result], Timings]] = Call(
+        extra = 0  # executions more than one: a failed batch bisected (isolate.py)
+        call: Call[tuple[list[Result], Timings, int]] = Call(
             loop, (self.name, self.version, self._index[id(instance)])
         )
         try:
             self._executor.submit(
                 call.run,
-                run_batch,
+                run_isolating,
+                self.name,
+                self.version,
+                finish is None and can_isolate(batch),  # never a sequence batch
                 instance,
                 batch,
                 self.batched,
@@ -216,13 +178,13 @@ class BatchRunner:
                 self.ragged,
             )
         except RuntimeError:  # the executor is shut down: the version is unloading
-            call.run(_unloading, self.name)
+            call.run(unloading, self.name)
         try:
             if not await self._returns_in_time(instance, call):
                 timed_out = True
                 self._time_out(instance, call, batch)
                 return False
-            results, timings = call.result()
+            results, timings, extra = call.result()
         except InferdError as exc:
             self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
         except Exception as exc:
@@ -237,9 +199,8 @@ class BatchRunner:
                 if p.future.done():
                     continue
                 if isinstance(out, InferdError):  # one request of the batch failed alone
-                    p.future.set_exception(
-                        InferdError(out.kind, f"model '{self.name}': {out.message}")
-                    )
+                    kind = type(out) if isinstance(out, RequestFailedAloneError) else InferdError
+                    p.future.set_exception(kind(out.kind, f"model '{self.name}': {out.message}"))
                 else:
                     times = ExecutionTimes(dequeued_ns - p.enqueued_ns, *timings, rows, requests)
                     p.future.set_result((out, times))
@@ -258,6 +219,7 @@ class BatchRunner:
                     *timings,
                     failed,
                     timed_out,
+                    extra,
                 )
             )
         return not failed
@@ -371,66 +333,3 @@ class BatchRunner:
             instance.close()
         except Exception:
             log.exception("model %s: closing an instance failed", self.name)
-
-
-Timings = tuple[int, int, int]  # compute input (merge), infer, output (split), in ns
-
-
-def _unloading(name: str) -> tuple[list[Result], Timings]:
-    raise InferdError(ErrorKind.UNAVAILABLE, f"model '{name}' is unloading")
-
-
-def run_batch(
-    instance: AnyInstance,
-    batch: list[Pending],
-    batched: bool,
-    by_request: bool,
-    with_info: bool = False,
-    ragged: RaggedPlan = NO_RAGGED,
-) -> tuple[list[Result], Timings]:
-    """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
-    clock = time.perf_counter_ns
-    if by_request:
-        # Models written against Triton's execute(requests) contract see the requests
-        # separately, and answer each one (or fail it alone); ragged inputs keep each
-        # request's own shape, as in Triton's Python backend. A request's future is done once
-        # its client gave up (cancelled, deadline passed): request.is_cancelled() reads it.
-        for p in batch:
-            p.request.is_cancelled = p.future.done
-        started = clock()
-        results = cast(RequestListInstance, instance).execute_requests([p.request for p in batch])
-        if len(results) != len(batch):
-            raise InferdError(
-                ErrorKind.MODEL_ERROR,
-                f"execute() returned {len(results)} responses for {len(batch)} requests; "
-                "it must return one response per request",
-            )
-        return results, (0, clock() - started, 0)
-    t0 = clock()
-    inputs = merged_inputs([p.request for p in batch], ragged)
-    t1 = clock()
-    if with_info:
-        infos = [RequestInfo.of(p.request) for p in batch]
-        outputs = cast(RequestInfoInstance, instance).execute_with_info(inputs, infos)
-    else:
-        outputs = cast(Instance, instance).execute(inputs)
-    t2 = clock()
-    if not batched:
-        return [outputs], (t1 - t0, t2 - t1, clock() - t2)
-    total = sum(p.request.rows for p in batch)
-    for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != total:
-            raise InferdError(
-                ErrorKind.MODEL_ERROR,
-                f"output '{name}' has batch size {array.shape[0] if array.ndim else 0} "
-                f"for a batch of {total} rows; a model must keep the batch dimension",
-            )
-    if len(batch) == 1:
-        return [outputs], (t1 - t0, t2 - t1, clock() - t2)
-    split: list[Result] = []
-    offset = 0
-    for p in batch:
-        end = offset + p.request.rows
-        split.append({name: array[offset:end] for name, array in outputs.items()})
-        offset = end
-    return split, (t1 - t0, t2 - t1, clock() - t2)

@@ -1,6 +1,6 @@
 """The merge step: one batch's requests become the model's input tensors.
 
-Runs in the instance's worker thread (`execution.run_batch`) and in warm-up, so both feed a
+Runs in the instance's worker thread (`run_batch.run_batch`) and in warm-up, so both feed a
 model the same way. Inputs are concatenated along the batch dimension; a ragged input is
 flattened and concatenated in one dimension instead, and the config's batch inputs are
 computed from the requests' shapes (Triton's rules: docs/batching.md).

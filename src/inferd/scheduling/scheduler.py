@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from inferd.scheduling.execution import ExecutionRecord, Outcome
 from inferd.scheduling.load_signal import LoadSample
+from inferd.scheduling.pending import ExecutionRecord, Outcome
 from inferd.signature import BoundRequest
 
 

@@ -21,14 +21,9 @@ from dataclasses import dataclass, field
 from inferd.backends.base import AnyInstance
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, unavailable
 from inferd.events import Telemetry
-from inferd.scheduling.execution import (
-    BatchRunner,
-    ExecutionRecord,
-    Outcome,
-    Pending,
-    Result,
-)
+from inferd.scheduling.execution import BatchRunner
 from inferd.scheduling.load_signal import LoadSample
+from inferd.scheduling.pending import ExecutionRecord, Outcome, Pending, Result
 from inferd.scheduling.sequence_batches import (
     FormedBatch,
     attach_controls,

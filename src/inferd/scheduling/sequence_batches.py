@@ -23,7 +23,7 @@ import numpy as np
 from inferd.datatypes import V2_TO_NUMPY
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import SEQUENCE_START
-from inferd.scheduling.execution import BatchClose, Pending, Result
+from inferd.scheduling.pending import BatchClose, Pending, Result
 from inferd.scheduling.sequence_config import SequenceOptions, StateSpec
 from inferd.scheduling.sequences import SequenceEntry
 from inferd.signature import BoundRequest

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from inferd.errors import invalid
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START
-from inferd.scheduling.execution import Pending
+from inferd.scheduling.pending import Pending
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
