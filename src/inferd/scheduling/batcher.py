@@ -8,9 +8,9 @@ Policies (see docs/batching.md):
   or its oldest request has waited ``max_queue_delay_microseconds``.
 - ``none``: every request executes alone.
 
-Requests are only merged when their non-batch shapes are equal (ragged inputs aside: their
-shapes may differ, see merge.py); a batch closes at the first request that doesn't fit, so
-queue order is kept.
+Which requests leave together is `formation.form_batch`, a pure function of the queue;
+admission (queue limits, priorities, deadlines) is `admission.py`; executing a batch on an
+instance is `execution.BatchRunner`. This module ties them to the event loop.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from inferd.events import ExecutionTimes, Telemetry
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.admission import refuse_unmeetable_deadline
 from inferd.scheduling.execution import BatchRunner
+from inferd.scheduling.formation import Formation, FormationOptions, form_batch
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import BatchClose, ExecutionRecord, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
@@ -39,11 +40,7 @@ __all__ = ["BatchClose", "BatchingOptions", "DynamicBatcher", "ExecutionRecord",
 
 
 @dataclass(frozen=True, slots=True)
-class BatchingOptions:
-    max_batch_size: int  # 0: the model does not batch; each request runs alone
-    preferred_sizes: tuple[int, ...] = ()
-    max_delay_s: float = 0.0
-    policy: str = "work_conserving"
+class BatchingOptions(FormationOptions):
     # Admission (Triton's queue policy): one entry per priority level, level 1 first.
     queue_policies: tuple[QueuePolicy, ...] = (QueuePolicy(),)
     default_priority: int = 0  # the level (0-based) of a request that names none
@@ -94,7 +91,7 @@ class DynamicBatcher:
 
     @property
     def batches(self) -> bool:
-        return self._opts.max_batch_size > 0 and self._opts.policy != "none"
+        return self._opts.batches
 
     @property
     def consecutive_failures(self) -> int:
@@ -186,7 +183,7 @@ class DynamicBatcher:
         future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]] = (
             asyncio.get_running_loop().create_future()
         )
-        pending = Pending(request, future, now)
+        pending = Pending(request, future, now, deadline_ns=deadline_ns)
         self._queue.append(pending, level)
         self._queued_rows += request.rows
         self._arrived.set()
@@ -270,79 +267,39 @@ class DynamicBatcher:
                 await self._arrived.wait()
                 continue
             instance = await self._idle.get()
-            if self._opts.policy == "window" and self.batches:
-                await self._wait_window()
-            batch, reason = self._take_batch()
+            formed = form_batch(self._queue, self._opts, time.perf_counter_ns())
+            while formed.wait_until_ns is not None:  # a window is open (policy `window`)
+                await self._wait_arrival(formed.wait_until_ns)
+                formed = form_batch(self._queue, self._opts, time.perf_counter_ns())
+            batch = self._take(formed)
             if not batch:
                 self._idle.put_nowait(instance)
                 continue
-            task = asyncio.get_running_loop().create_task(self._execute(instance, batch, reason))
+            task = asyncio.get_running_loop().create_task(
+                self._execute(instance, batch, formed.reason)
+            )
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _wait_window(self) -> None:
-        """Triton's window: from the oldest queued request, wait until full or the delay."""
-        max_rows = self._opts.max_batch_size
-        while self._queue:
-            deadline_ns = self._queue.head().enqueued_ns + int(self._opts.max_delay_s * 1e9)
-            if self._queued_rows >= max_rows or self._queued_rows in self._opts.preferred_sizes:
-                return
-            remaining = (deadline_ns - time.perf_counter_ns()) / 1e9
-            if remaining <= 0:
-                return
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._arrived.wait()
+    async def _wait_arrival(self, until_ns: int) -> None:
+        """Until another request arrives, or `until_ns` (perf_counter_ns)."""
+        self._arrived.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, (until_ns - time.perf_counter_ns()) / 1e9)):
+                await self._arrived.wait()
 
-    def _take_batch(self) -> tuple[list[Pending], BatchClose]:
-        queue = self._queue
-        while queue and queue.head().future.done():  # cancelled or timed out while queued
-            self._unqueue(queue.popleft())
-        if not queue:
-            return [], BatchClose.QUEUE_EMPTY
-        if not self.batches:
-            first = queue.popleft()
-            self._unqueue(first)
-            return [first], BatchClose.FULL
-        # Scan the compatible head of the queue: requests with the first one's shapes whose
-        # rows fit in max_batch_size. `bounds` holds the row counts a batch could end at.
-        limit = self._opts.max_batch_size
-        key = queue.head().request.shape_key
-        bounds: list[int] = []
-        rows = 0
-        reason = BatchClose.QUEUE_EMPTY
-        for p in queue:
-            if p.future.done():
-                continue
-            if p.request.shape_key != key:
-                reason = BatchClose.SHAPE_MISMATCH
-                break
-            if rows + p.request.rows > limit:
-                reason = BatchClose.FULL
-                break
-            rows += p.request.rows
-            bounds.append(rows)
-        target = rows
-        if rows == limit:
-            reason = BatchClose.FULL
-        elif self._opts.preferred_sizes:
-            # The largest preferred size the queue can fill exactly (Triton's rule).
-            best = max((b for b in bounds if b in self._opts.preferred_sizes), default=0)
-            if best:
-                target, reason = best, BatchClose.PREFERRED_SIZE
-        if reason is BatchClose.QUEUE_EMPTY and self._opts.policy == "window":
-            reason = BatchClose.MAX_DELAY
-        batch: list[Pending] = []
-        taken = 0
-        while taken < target:
-            p = queue.popleft()
-            self._unqueue(p)
-            if p.future.done():
-                continue
-            batch.append(p)
-            taken += p.request.rows
-        return batch, reason
+    def _take(self, formed: Formation[Pending]) -> list[Pending]:
+        """Pop what `formed` took off the queue; fail its expired requests."""
+        for _ in range(formed.taken):
+            self._unqueue(self._queue.popleft())
+        for p in formed.expired:
+            if not p.future.done():
+                p.future.set_exception(
+                    deadline_exceeded(
+                        f"model '{self.name}': the request's deadline passed while it was queued"
+                    )
+                )
+        return formed.batch
 
     async def _execute(
         self, instance: AnyInstance, batch: list[Pending], reason: BatchClose
