@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,12 +30,12 @@ from inferd.scheduling.admission import refuse_unmeetable_deadline
 from inferd.scheduling.execution import BatchRunner
 from inferd.scheduling.formation import Formation, FormationOptions, form_batch
 from inferd.scheduling.load_signal import LoadSample
-from inferd.scheduling.pending import BatchClose, ExecutionRecord, Pending
+from inferd.scheduling.pending import BatchClose, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
-__all__ = ["BatchClose", "BatchingOptions", "DynamicBatcher", "ExecutionRecord", "Pending"]
+__all__ = ["BatchClose", "BatchingOptions", "DynamicBatcher", "Pending"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +96,6 @@ class DynamicBatcher:
     def consecutive_failures(self) -> int:
         """Executions in a row that failed (readiness)."""
         return self._runner.consecutive_failures
-
-    @property
-    def executions(self) -> deque[ExecutionRecord]:
-        return self._runner.executions
 
     def inflight(self) -> int:
         """Requests queued or executing."""

@@ -54,15 +54,6 @@ class Pending:
         return self.is_queued and not self.future.done()
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionRecord:
-    """What one execution did; kept for tests and statistics."""
-
-    batch_size: int  # rows
-    requests: int
-    reason: BatchClose
-
-
 Result = dict[str, Array] | InferdError
 # Called on the event loop with a batch's per-request results, before they are answered; it
 # returns the results to answer with (the sequence batcher keeps each sequence's state here).
