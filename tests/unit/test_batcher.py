@@ -21,6 +21,7 @@ from inferd.errors import ErrorKind, InferdError
 from inferd.events import BatchRecord, RequestRecord, Telemetry
 from inferd.scheduling.batcher import BatchClose, BatchingOptions, DynamicBatcher
 from inferd.scheduling.isolate import RequestFailedAloneError
+from inferd.scheduling.queues import QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
@@ -587,6 +588,35 @@ def test_cancelled_queued_request_is_never_executed() -> None:
             await blocker
             assert [rows_of(b) for b in inst.batches] == [[-1.0], [1, 3]]
             assert records(batcher)[1] == (2, 2, BatchClose.QUEUE_EMPTY)
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_a_cancelled_request_leaves_the_queue_depth_and_its_limit_at_once() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        bounded = options(queue_policies=(QueuePolicy(max_queue_size=1),))
+        batcher = dynamic("m", [inst], bounded)
+        try:
+            blocker = asyncio.create_task(outputs(batcher, req(-1)))
+            await until(inst.entered.is_set)
+            doomed = asyncio.create_task(outputs(batcher, req(1)))
+            await until(lambda: batcher.queue_depth() == 1)
+            assert batcher.refuses_all()
+            doomed.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            # Still in the FIFO until the batcher reaches it, but no longer waiting.
+            assert (batcher.queue_depth(), batcher.inflight()) == (0, 1)
+            assert not batcher.refuses_all()
+            kept = asyncio.create_task(outputs(batcher, req(2)))
+            await until(lambda: batcher.queue_depth() == 1)
+            inst.gate.set()  # type: ignore[union-attr]
+            assert (await kept)["OUT"].tolist() == [[4.0]]
+            await blocker
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [2]]
         finally:
             await batcher.stop()
 

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferd.backends.base import AnyInstance
-from inferd.errors import deadline_exceeded, invalid, shed, unavailable
+from inferd.errors import deadline_exceeded, unavailable
 from inferd.events import ExecutionTimes, Telemetry
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
-from inferd.scheduling.admission import refuse_unmeetable_deadline
+from inferd.scheduling.admission import admit, full, refuse_unmeetable_deadline
 from inferd.scheduling.execution import BatchRunner
 from inferd.scheduling.formation import Formation, FormationOptions, form_batch
 from inferd.scheduling.load_signal import LoadSample
@@ -99,16 +99,13 @@ class DynamicBatcher:
 
     def inflight(self) -> int:
         """Requests queued or executing."""
-        return len(self._queue) + self._runner.executing
+        return self._queue.waiting_total + self._runner.executing
 
     def refuses_all(self) -> bool:
         """Every priority level's queue is bounded and full: any request would be shed."""
         if not self._all_bounded:
             return False  # the default (unbounded queues), checked on every request
-        return all(
-            policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size
-            for level, policy in enumerate(self._opts.queue_policies)
-        )
+        return full(self._opts.queue_policies, self._queue.waiting)
 
     def instances_alive(self) -> bool:
         """False while an instance's worker process is dead (crash isolation)."""
@@ -122,8 +119,8 @@ class DynamicBatcher:
         return self._runner.unhealthy_instances()
 
     def queue_depth(self) -> int:
-        """Requests waiting for a batch."""
-        return len(self._queue)
+        """Requests waiting for a batch (not those cancelled or expired while queued)."""
+        return self._queue.waiting_total
 
     def load_sample(self) -> LoadSample:
         """Busy time and demand of the instances over the recent window (autoscaling)."""
@@ -151,35 +148,30 @@ class DynamicBatcher:
         self._runner.load.arrived(request.rows)  # demand, whether it is served or shed
         if not self._runner.serving:
             raise unavailable(self._all_stuck_message())
-        level = self._level(priority)
-        policy = self._opts.queue_policies[level]
-        if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
-            raise shed(
-                f"model '{self.name}' queue is full ({policy.max_queue_size} requests at "
-                f"priority {level + 1}); retry later"
-            )
         now = time.perf_counter_ns()
-        queue_timeout_us = (
-            timeout_us
-            if timeout_us and policy.allow_timeout_override
-            else policy.default_timeout_us
+        opts = self._opts
+        admitted = admit(
+            self.name,
+            opts.queue_policies,
+            opts.default_priority,
+            self._queue.waiting,
+            priority,
+            timeout_us,
+            deadline_ns,
+            now,
         )
-        if queue_timeout_us and policy.reject_on_timeout:
-            own = now + queue_timeout_us * 1000
-            deadline_ns = own if deadline_ns is None else min(deadline_ns, own)
-        remaining_s = None
-        if deadline_ns is not None:
-            remaining_s = (deadline_ns - now) / 1e9
-            if remaining_s <= 0:
-                raise deadline_exceeded(f"model '{self.name}': the request's deadline passed")
+        remaining_s = admitted.remaining_s
+        if remaining_s is not None:
             refuse_unmeetable_deadline(
                 self.name, self._runner.exec_s, self.estimated_wait_s(request.rows), remaining_s
             )
         future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]] = (
             asyncio.get_running_loop().create_future()
         )
-        pending = Pending(request, future, now, deadline_ns=deadline_ns)
-        self._queue.append(pending, level)
+        pending = Pending(
+            request, future, now, deadline_ns=admitted.deadline_ns, level=admitted.level
+        )
+        self._queue.append(pending, admitted.level)
         self._queued_rows += request.rows
         self._arrived.set()
         try:
@@ -194,21 +186,10 @@ class DynamicBatcher:
                 f"model '{self.name}': the request's deadline passed while it was {where}"
             ) from None
         except asyncio.CancelledError:
-            # The client went away: its rows stop counting now; the entry itself is skipped
-            # (never executed) when the batcher reaches it.
+            # The client went away: it stops counting now (queue depth, limits, rows); the
+            # entry itself is skipped (never executed) when the batcher reaches it.
             self._unqueue(pending)
             raise
-
-    def _level(self, priority: int) -> int:
-        if priority == 0:
-            return self._opts.default_priority
-        levels = len(self._opts.queue_policies)
-        if not 1 <= priority <= levels:
-            raise invalid(
-                f"priority {priority} is outside 1..{levels} (priority_levels of model "
-                f"'{self.name}')"
-            )
-        return priority - 1
 
     def estimated_wait_s(self, rows: int) -> float | None:
         """How long a request arriving now would take to be answered, from the queued work
@@ -226,6 +207,7 @@ class DynamicBatcher:
         if pending.is_queued:
             pending.is_queued = False
             self._queued_rows -= pending.request.rows
+            self._queue.left(pending.level)
 
     def _all_stuck_message(self) -> str:
         return (

@@ -36,6 +36,7 @@ class Pending:
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
     is_queued: bool = True  # its rows count in the batcher's queued_rows and queue depth
     deadline_ns: int | None = None  # perf_counter_ns past which it must not execute
+    level: int = 0  # its priority level (0-based) in the batcher's queue
     # A row the sequence batcher adds to keep other sequences in their batch slots (Triton's
     # null request): executed, never answered, never counted.
     filler: bool = False
