@@ -9,8 +9,8 @@ The rules (docs/batching.md): requests merge only when their shape keys are equa
 non-ragged, non-batch shapes and which optional inputs they send); a batch closes at the
 first request that doesn't fit, so queue order is kept; it ends at the largest preferred size
 the queue fills exactly, else at what is there (up to max_batch_size). Under the `window`
-policy a batch that is neither full nor at a preferred size waits until the oldest request
-has waited the delay.
+policy a batch that could still grow and is not at a preferred size waits until the oldest
+request has waited the delay.
 """
 
 from __future__ import annotations
@@ -114,9 +114,10 @@ def form_batch(queue: Iterable[Q], options: FormationOptions, now_ns: int) -> Fo
             break
     if not batch:  # everything scanned is dead or expired: pop it all
         return Formation([], BatchClose.QUEUE_EMPTY, scanned, [e for _, e in expired])
-    if options.policy == "window" and reason is not BatchClose.FULL:
-        # Triton's window: a batch that is neither full nor at a preferred size waits until
-        # its oldest request has waited the delay.
+    if options.policy == "window" and reason is BatchClose.QUEUE_EMPTY:
+        # Triton's window: a batch that could still grow (neither full, nor closed by a
+        # request of other shapes) and is not at a preferred size waits until its oldest
+        # request has waited the delay.
         window_ends_ns = batch[0].enqueued_ns + int(options.max_delay_s * 1e9)
         if total not in options.preferred_sizes and now_ns < window_ends_ns:
             return Formation([], reason, 0, [], window_ends_ns)

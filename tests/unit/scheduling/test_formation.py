@@ -147,6 +147,12 @@ def test_window_waits_for_the_oldest_requests_delay() -> None:
     assert (names(formed), formed.reason) == (["old", "new"], BatchClose.MAX_DELAY)
 
 
+def test_window_leaves_at_once_when_the_next_request_cannot_join() -> None:
+    entries = [Entry("a"), Entry("b", shape_key=((5,),))]
+    formed = form_batch(entries, opts(policy="window", max_delay_s=9), NOW)
+    assert (names(formed), formed.reason) == (["a"], BatchClose.SHAPE_MISMATCH)
+
+
 def test_window_leaves_at_once_when_full_or_at_a_preferred_size() -> None:
     full = form_batch(queue(1, 1), opts(max_batch_size=2, policy="window", max_delay_s=9), NOW)
     assert (full.reason, full.wait_until_ns) == (BatchClose.FULL, None)
