@@ -24,14 +24,22 @@ from inferd.scheduling.pending import BatchClose
 __all__ = ["Formation", "FormationOptions", "Queued", "form_batch"]
 
 
-class Queued(Protocol):
-    """What formation reads of a queued request (`pending.Pending`)."""
+class Shaped(Protocol):
+    """What formation reads of a request (`signature.BoundRequest`)."""
 
     @property
     def rows(self) -> int: ...
 
     @property
     def shape_key(self) -> tuple[tuple[int, ...], ...]: ...
+
+
+class Queued(Protocol):
+    """What formation reads of a queued request (`pending.Pending`). Plain attributes, no
+    properties: formation reads them for every queued request it scans."""
+
+    @property
+    def request(self) -> Shaped: ...
 
     @property
     def enqueued_ns(self) -> int: ...
@@ -40,8 +48,8 @@ class Queued(Protocol):
     def deadline_ns(self) -> int | None: ...
 
     @property
-    def live(self) -> bool:
-        """Still waiting for an answer: not cancelled, not timed out."""
+    def is_queued(self) -> bool:
+        """Still waiting: False once cancelled, timed out or taken."""
         ...
 
 
@@ -81,53 +89,54 @@ class Formation(Generic[Q]):
 
 def form_batch(queue: Iterable[Q], options: FormationOptions, now_ns: int) -> Formation[Q]:
     """The batch to execute now from `queue` (priority order), and why it closed."""
-    expired: list[tuple[int, Q]] = []  # with their place in the queue
+    expired: list[tuple[int, Q]] = []  # with how many entries popping them takes
     batch: list[Q] = []
-    ends: list[int] = []  # per batch entry: how many queue entries taking it pops
-    rows: list[int] = []  # per batch entry: the batch's rows up to and including it
     limit = options.max_batch_size
+    preferred = options.preferred_sizes
+    batches = options.batches
     key: tuple[tuple[int, ...], ...] | None = None
     reason = BatchClose.QUEUE_EMPTY
-    total = scanned = 0
+    total = scanned = end = 0
+    best = best_end = 0  # the batch cut at the largest preferred size it fills exactly
     for scanned, entry in enumerate(queue, 1):
-        if not entry.live:
+        if not entry.is_queued:
             continue
-        if entry.deadline_ns is not None and entry.deadline_ns <= now_ns:
+        deadline_ns = entry.deadline_ns
+        if deadline_ns is not None and deadline_ns <= now_ns:
             expired.append((scanned, entry))
             continue
-        if not options.batches:
+        request = entry.request
+        if not batches:
             return Formation([entry], BatchClose.FULL, scanned, [e for _, e in expired])
         if key is None:
-            key = entry.shape_key
-        elif entry.shape_key != key:
+            key = request.shape_key
+        elif request.shape_key != key:
             reason = BatchClose.SHAPE_MISMATCH
             break
-        if batch and total + entry.rows > limit:
+        rows = request.rows
+        if batch and total + rows > limit:
             reason = BatchClose.FULL
             break
-        total += entry.rows
+        total += rows
         batch.append(entry)
-        ends.append(scanned)
-        rows.append(total)
+        end = scanned
         if total >= limit:
             reason = BatchClose.FULL
             break
-    if not batch:  # everything scanned is dead or expired: pop it all
+        if preferred and total in preferred:
+            best, best_end = len(batch), scanned
+    if not batch:  # everything scanned was cancelled or expired: pop it all
         return Formation([], BatchClose.QUEUE_EMPTY, scanned, [e for _, e in expired])
     if options.policy == "window" and reason is BatchClose.QUEUE_EMPTY:
         # Triton's window: a batch that could still grow (neither full, nor closed by a
         # request of other shapes) and is not at a preferred size waits until its oldest
         # request has waited the delay.
         window_ends_ns = batch[0].enqueued_ns + int(options.max_delay_s * 1e9)
-        if total not in options.preferred_sizes and now_ns < window_ends_ns:
+        if total not in preferred and now_ns < window_ends_ns:
             return Formation([], reason, 0, [], window_ends_ns)
-    size = len(batch)
-    if reason is not BatchClose.FULL and options.preferred_sizes:
-        # The largest preferred size the queue fills exactly (Triton's rule).
-        best = max((i for i, r in enumerate(rows) if r in options.preferred_sizes), default=-1)
-        if best >= 0:
-            size, reason = best + 1, BatchClose.PREFERRED_SIZE
-    if options.policy == "window" and reason is BatchClose.QUEUE_EMPTY:
+    if best and total < limit:  # also when the next request would overflow
+        del batch[best:]
+        end, reason = best_end, BatchClose.PREFERRED_SIZE
+    elif options.policy == "window" and reason is BatchClose.QUEUE_EMPTY:
         reason = BatchClose.MAX_DELAY
-    end = ends[size - 1]
-    return Formation(batch[:size], reason, end, [e for i, e in expired if i <= end])
+    return Formation(batch, reason, end, [e for i, e in expired if i <= end] if expired else [])

@@ -34,25 +34,14 @@ class Pending:
     request: BoundRequest
     future: asyncio.Future[Outcome]
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
-    is_queued: bool = True  # its rows count in the batcher's queued_rows and queue depth
+    # Waiting in the batcher's queue: its rows count in queued_rows and queue depth; False
+    # once it is taken into a batch, cancelled or timed out (formation skips it then).
+    is_queued: bool = True
     deadline_ns: int | None = None  # perf_counter_ns past which it must not execute
     level: int = 0  # its priority level (0-based) in the batcher's queue
     # A row the sequence batcher adds to keep other sequences in their batch slots (Triton's
     # null request): executed, never answered, never counted.
     filler: bool = False
-
-    # What batch formation reads (formation.Queued).
-    @property
-    def rows(self) -> int:
-        return self.request.rows
-
-    @property
-    def shape_key(self) -> tuple[tuple[int, ...], ...]:
-        return self.request.shape_key
-
-    @property
-    def live(self) -> bool:
-        return self.is_queued and not self.future.done()
 
 
 Result = dict[str, Array] | InferdError

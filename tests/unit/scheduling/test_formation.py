@@ -14,6 +14,12 @@ NOW = 1_000 * MS
 
 
 @dataclass(slots=True)
+class Shape:
+    rows: int
+    shape_key: tuple[tuple[int, ...], ...]
+
+
+@dataclass(slots=True)
 class Entry:
     """A queued request as formation sees it."""
 
@@ -22,7 +28,11 @@ class Entry:
     shape_key: tuple[tuple[int, ...], ...] = ((4,),)
     enqueued_ns: int = NOW
     deadline_ns: int | None = None
-    live: bool = True
+    is_queued: bool = True  # False: cancelled, timed out
+
+    @property
+    def request(self) -> Shape:
+        return Shape(self.rows, self.shape_key)
 
 
 def opts(**kwargs: Any) -> FormationOptions:
@@ -67,6 +77,17 @@ def test_the_largest_preferred_size_the_queue_fills_exactly() -> None:
     assert (formed.reason, formed.taken) == (BatchClose.PREFERRED_SIZE, 4)
 
 
+def test_a_preferred_size_is_taken_when_the_next_request_would_overflow() -> None:
+    formed = form_batch(queue(1, 1, 1, 1, 1, 4), opts(preferred_sizes=(4,)), NOW)
+    assert names(formed) == ["r0", "r1", "r2", "r3"]  # not the 5 rows before the overflow
+    assert (formed.reason, formed.taken) == (BatchClose.PREFERRED_SIZE, 4)
+
+
+def test_max_batch_size_wins_over_a_preferred_size_it_equals() -> None:
+    formed = form_batch(queue(2, 2, 2), opts(max_batch_size=4, preferred_sizes=(4,)), NOW)
+    assert (names(formed), formed.reason) == (["r0", "r1"], BatchClose.FULL)
+
+
 def test_a_preferred_size_no_prefix_fills_is_not_used() -> None:
     formed = form_batch(queue(3, 3), opts(preferred_sizes=(4,)), NOW)
     assert names(formed) == ["r0", "r1"]
@@ -109,7 +130,7 @@ def test_higher_priority_levels_leave_first() -> None:
 
 def test_dead_entries_are_skipped_and_popped_with_the_batch() -> None:
     entries = queue(1, 1, 1)
-    entries[0].live = entries[1].live = False
+    entries[0].is_queued = entries[1].is_queued = False
     formed = form_batch(entries, opts(), NOW)
     assert (names(formed), formed.taken, formed.expired) == (["r2"], 3, [])
 
@@ -126,7 +147,7 @@ def test_expired_deadlines_never_execute() -> None:
 
 def test_a_queue_of_only_dead_or_expired_entries_is_popped_whole() -> None:
     entries = queue(1, 1)
-    entries[0].live = False
+    entries[0].is_queued = False
     entries[1].deadline_ns = NOW - MS
     formed = form_batch(entries, opts(), NOW)
     assert (formed.batch, formed.taken, [e.name for e in formed.expired]) == ([], 2, ["r1"])
