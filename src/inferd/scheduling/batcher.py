@@ -276,7 +276,9 @@ class DynamicBatcher:
                         f"model '{self.name}': the request's deadline passed while it was queued"
                     )
                 )
-        return formed.batch
+        # A request cancelled this very loop turn has its future cancelled before its
+        # submit() leaves the queue's counts: it is not executed either.
+        return [p for p in formed.batch if not p.future.done()]
 
     async def _execute(
         self, instance: AnyInstance, batch: list[Pending], reason: BatchClose
