@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.batch_statistics import batch_statistics
 from tests.fault_models import (
     GATED,
     RECORDING_PY,
@@ -139,7 +140,9 @@ def test_a_burst_beyond_capacity_reads_above_one(
         _send(client, loaded_server, SLOW, i + 1, answers)
     wait_for(
         batcher,
-        lambda b: len(b.executions) >= 3 and b.queue_depth() >= BURST // 3,
+        lambda b: (
+            batch_statistics(loaded_server, SLOW).executions >= 3 and b.queue_depth() >= BURST // 3
+        ),
         "three executions with a third of the burst still queued",
     )
     utilization, ratio = _signal(loaded_server, SLOW)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from inferd.scheduling.batcher import BatchClose
 from tests.fault_models import blocker_is_executing
+from tests.integration.test_metrics import scrape, value
 from tests.integration.test_protocols import PROTOCOLS, Client
 from tests.ragged_models import (
     RAGGED_ONNX,
@@ -41,6 +41,9 @@ def ragged_server(
     write_ragged_models(repo, ragged_gate)
     with run_server(repo) as running:
         yield running
+
+
+CLOSE = "inferd_batch_close_total"
 
 
 def _stats(client: Client, model: str) -> tuple[int, int, int]:
@@ -72,6 +75,9 @@ def test_four_ragged_requests_are_one_execution(
     batcher = batcher_of(ragged_server, model)
     stats_client = Client(protocol, ragged_server)
     before = _stats(stats_client, model)
+    closes_before = value(
+        scrape(ragged_server), CLOSE, model=model, version="1", reason="preferred_size"
+    )
 
     def infer(x: np.ndarray, request_id: str) -> Any:
         client = Client(protocol, ragged_server)  # one client per thread
@@ -106,7 +112,10 @@ def test_four_ragged_requests_are_one_execution(
     assert after[1] - before[1] - blockers == 4
     assert after[2] - before[2] == 1  # the one execution was a batch of 4 rows
     if model == RAGGED_ONNX_WINDOW:
-        assert batcher.executions[-1].reason is BatchClose.PREFERRED_SIZE
+        closes = value(
+            scrape(ragged_server), CLOSE, model=model, version="1", reason="preferred_size"
+        )
+        assert closes - closes_before == 1  # the window left at its preferred size
     else:
         assert len({int(r.as_numpy("EXEC")[0, 0]) for r in results}) == 1
         seen = [int(r.as_numpy("SEEN")[0, 0]) for r in results]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.batch_statistics import batch_statistics
 from tests.integration.test_protocols import PROTOCOLS, Client
 from tests.models import builders
 from tests.servers import RunningServer, run_server
@@ -68,9 +69,7 @@ def test_exported_program(client: Client, model: str) -> None:
 
 def test_concurrent_requests_are_batched_and_split_back(torch_server) -> None:  # type: ignore[no-untyped-def]
     running: RunningServer = torch_server[0]
-    batcher = running.server.registry.get("exported").batcher
-    assert batcher is not None
-    before = len(batcher.executions)
+    before = batch_statistics(running, "exported")
 
     def one(i: int) -> np.ndarray:
         c = Client("http", running)
@@ -84,9 +83,9 @@ def test_concurrent_requests_are_batched_and_split_back(torch_server) -> None:  
         results = list(pool.map(one, range(96)))
     for i, y in enumerate(results):
         np.testing.assert_array_equal(y, np.full((1, 5), 3.0 * i))
-    executions = list(batcher.executions)[before:]
-    assert sum(e.requests for e in executions) == 96
-    assert len(executions) < 96, "no two requests were ever merged"
+    batches = batch_statistics(running, "exported") - before
+    assert batches.inferences == 96  # one row each
+    assert batches.executions < 96, "no two requests were ever merged"
 
 
 def test_pickled_module_is_refused(torch_server) -> None:  # type: ignore[no-untyped-def]

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
+from inferd.backends.base import AnyInstance
 from inferd.errors import ErrorKind, InferdError
-from inferd.scheduling.batcher import BatchClose, BatchingOptions, DynamicBatcher, ExecutionRecord
+from inferd.events import BatchRecord, RequestRecord, Telemetry
+from inferd.scheduling.batcher import BatchClose, BatchingOptions, DynamicBatcher
 from inferd.scheduling.isolate import RequestFailedAloneError
+from inferd.scheduling.queues import QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
@@ -116,8 +120,34 @@ def rows_of(batch: Array) -> list[float]:
     return batch[:, 0].tolist()
 
 
+class Batches:
+    """A telemetry sink keeping each batch's record: what statistics and metrics read."""
+
+    def __init__(self) -> None:
+        self.records: list[BatchRecord] = []
+
+    def on_request(self, record: RequestRecord) -> None:
+        pass
+
+    def on_batch(self, record: BatchRecord) -> None:
+        self.records.append(record)
+
+
+_batches: weakref.WeakKeyDictionary[DynamicBatcher, Batches] = weakref.WeakKeyDictionary()
+
+
+def dynamic(name: str, instances: Sequence[Any], opts: BatchingOptions) -> DynamicBatcher:
+    """A batcher whose batches `records` reads from its telemetry."""
+    sink = Batches()
+    typed: Sequence[AnyInstance] = instances
+    batcher = DynamicBatcher(name, typed, opts, telemetry=Telemetry([sink]))
+    _batches[batcher] = sink
+    return batcher
+
+
 def records(batcher: DynamicBatcher) -> list[tuple[int, int, BatchClose]]:
-    return [(r.batch_size, r.requests, r.reason) for r in batcher.executions]
+    """(rows, requests, why it closed) of each batch executed, in order."""
+    return [(r.rows, r.requests, BatchClose(r.close_reason)) for r in _batches[batcher].records]
 
 
 # -- work-conserving (the default) ------------------------------------------------------------
@@ -127,12 +157,12 @@ def test_lone_request_executes_alone_at_once() -> None:
     async def main() -> None:
         inst = Instance()
         # A long delay that must not be waited for: work_conserving never holds a request.
-        batcher = DynamicBatcher("m", [inst], options(max_delay_s=3600))
+        batcher = dynamic("m", [inst], options(max_delay_s=3600))
         try:
             out = await outputs(batcher, req(1.5, 2.5))
             assert out["OUT"].tolist() == [[3.0], [5.0]]
             assert [rows_of(b) for b in inst.batches] == [[1.5, 2.5]]
-            assert list(batcher.executions) == [ExecutionRecord(2, 1, BatchClose.QUEUE_EMPTY)]
+            assert records(batcher) == [(2, 1, BatchClose.QUEUE_EMPTY)]
         finally:
             await batcher.stop()
 
@@ -142,7 +172,7 @@ def test_lone_request_executes_alone_at_once() -> None:
 def test_arrivals_while_busy_are_merged_into_the_next_batch() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options(max_delay_s=3600))
+        batcher = dynamic("m", [inst], options(max_delay_s=3600))
         try:
             results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
             assert [r["OUT"].tolist() for r in results] == [[[2.0]], [[4.0]], [[6.0]]]
@@ -160,7 +190,7 @@ def test_arrivals_while_busy_are_merged_into_the_next_batch() -> None:
 def test_max_batch_size_is_respected() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options(max_batch_size=4))
+        batcher = dynamic("m", [inst], options(max_batch_size=4))
         try:
             results = await queue_behind_busy(batcher, inst, [req(v) for v in range(6)])
             assert [r["OUT"].tolist() for r in results] == [[[2.0 * v]] for v in range(6)]
@@ -179,14 +209,14 @@ def test_max_batch_size_is_respected() -> None:
 def test_multi_row_request_that_would_overflow_waits_for_the_next_batch() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options(max_batch_size=4))
+        batcher = dynamic("m", [inst], options(max_batch_size=4))
         try:
             results = await queue_behind_busy(batcher, inst, [req(1, 2, 3), req(4, 5)])
             assert results[0]["OUT"].tolist() == [[2.0], [4.0], [6.0]]
             assert results[1]["OUT"].tolist() == [[8.0], [10.0]]
             assert [rows_of(b) for b in inst.batches] == [[-1.0], [1, 2, 3], [4, 5]]
             assert records(batcher)[1] == (3, 1, BatchClose.FULL)
-            assert max(r.batch_size for r in batcher.executions) <= 4
+            assert max(rows for rows, _, _ in records(batcher)) <= 4
         finally:
             await batcher.stop()
 
@@ -196,7 +226,7 @@ def test_multi_row_request_that_would_overflow_waits_for_the_next_batch() -> Non
 def test_preferred_size_is_taken_from_a_longer_queue() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options(max_batch_size=8, preferred_sizes=(4,)))
+        batcher = dynamic("m", [inst], options(max_batch_size=8, preferred_sizes=(4,)))
         try:
             results = await queue_behind_busy(batcher, inst, [req(v) for v in range(6)])
             assert [r["OUT"].tolist() for r in results] == [[[2.0 * v]] for v in range(6)]
@@ -216,7 +246,7 @@ def test_largest_fillable_preferred_size_wins() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
         opts = options(max_batch_size=8, preferred_sizes=(2, 4, 6))
-        batcher = DynamicBatcher("m", [inst], opts)
+        batcher = dynamic("m", [inst], opts)
         try:
             await queue_behind_busy(batcher, inst, [req(v) for v in range(5)])
             assert records(batcher)[1:] == [
@@ -232,7 +262,7 @@ def test_largest_fillable_preferred_size_wins() -> None:
 def test_shape_mismatch_splits_batches_in_queue_order() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             requests = [req(1), req(2), req(3, width=2), req(4), req(5)]
             results = await queue_behind_busy(batcher, inst, requests)
@@ -260,7 +290,7 @@ def test_shape_mismatch_splits_batches_in_queue_order() -> None:
 def test_multi_row_requests_are_merged_and_split_back() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options(max_batch_size=8))
+        batcher = dynamic("m", [inst], options(max_batch_size=8))
         try:
             requests = [req(1, 2), req(3, 4, 5), req(6), req(7, 8)]
             results = await queue_behind_busy(batcher, inst, requests)
@@ -281,11 +311,11 @@ def test_multi_row_requests_are_merged_and_split_back() -> None:
 def test_window_waits_for_the_delay_when_nothing_else_comes() -> None:
     async def main() -> None:
         inst = Instance()
-        batcher = DynamicBatcher("m", [inst], options(max_delay_s=0.02, policy="window"))
+        batcher = dynamic("m", [inst], options(max_delay_s=0.02, policy="window"))
         try:
             out = await outputs(batcher, req(7))
             assert out["OUT"].tolist() == [[14.0]]
-            assert list(batcher.executions) == [ExecutionRecord(1, 1, BatchClose.MAX_DELAY)]
+            assert records(batcher) == [(1, 1, BatchClose.MAX_DELAY)]
         finally:
             await batcher.stop()
 
@@ -296,14 +326,12 @@ def test_window_leaves_at_once_when_full() -> None:
     async def main() -> None:
         inst = Instance()
         # A delay the test would never survive: the batch must leave because it is full.
-        batcher = DynamicBatcher(
-            "m", [inst], options(max_batch_size=4, max_delay_s=3600, policy="window")
-        )
+        batcher = dynamic("m", [inst], options(max_batch_size=4, max_delay_s=3600, policy="window"))
         try:
             results = await asyncio.gather(*(outputs(batcher, req(v)) for v in range(4)))
             assert [r["OUT"].tolist() for r in results] == [[[2.0 * v]] for v in range(4)]
             assert [rows_of(b) for b in inst.batches] == [[0, 1, 2, 3]]
-            assert list(batcher.executions) == [ExecutionRecord(4, 4, BatchClose.FULL)]
+            assert records(batcher) == [(4, 4, BatchClose.FULL)]
         finally:
             await batcher.stop()
 
@@ -314,10 +342,10 @@ def test_window_leaves_at_once_at_a_preferred_size() -> None:
     async def main() -> None:
         inst = Instance()
         opts = options(max_batch_size=8, preferred_sizes=(2,), max_delay_s=3600, policy="window")
-        batcher = DynamicBatcher("m", [inst], opts)
+        batcher = dynamic("m", [inst], opts)
         try:
             await asyncio.gather(outputs(batcher, req(1)), outputs(batcher, req(2)))
-            assert list(batcher.executions) == [ExecutionRecord(2, 2, BatchClose.PREFERRED_SIZE)]
+            assert records(batcher) == [(2, 2, BatchClose.PREFERRED_SIZE)]
         finally:
             await batcher.stop()
 
@@ -327,12 +355,12 @@ def test_window_leaves_at_once_at_a_preferred_size() -> None:
 def test_policy_none_runs_each_request_alone() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options(policy="none"))
+        batcher = dynamic("m", [inst], options(policy="none"))
         try:
             results = await queue_behind_busy(batcher, inst, [req(1), req(2, 3), req(4)])
             assert results[1]["OUT"].tolist() == [[4.0], [6.0]]
             assert [rows_of(b) for b in inst.batches] == [[-1.0], [1], [2, 3], [4]]
-            assert [r.requests for r in batcher.executions] == [1, 1, 1, 1]
+            assert [requests for _, requests, _ in records(batcher)] == [1, 1, 1, 1]
         finally:
             await batcher.stop()
 
@@ -342,7 +370,7 @@ def test_policy_none_runs_each_request_alone() -> None:
 def test_unbatched_model_runs_each_request_alone() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options(max_batch_size=0))
+        batcher = dynamic("m", [inst], options(max_batch_size=0))
         try:
             await queue_behind_busy(batcher, inst, [req(1), req(2)])
             assert [rows_of(b) for b in inst.batches] == [[-1.0], [1], [2]]
@@ -361,7 +389,7 @@ def test_wrong_output_batch_size_fails_every_request_in_the_batch() -> None:
             return {"OUT": inputs["IN"][:1] * 2}
 
         inst = Instance(gate=threading.Event(), run=drop_rows)
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
             for exc in results:
@@ -379,7 +407,7 @@ def test_wrong_output_batch_size_fails_every_request_in_the_batch() -> None:
 def test_wrong_output_batch_size_fails_a_lone_request() -> None:
     async def main() -> None:
         inst = Instance(run=lambda inputs: {"OUT": inputs["IN"][:1]})
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             with pytest.raises(InferdError) as info:
                 await outputs(batcher, req(1, 2))
@@ -395,7 +423,7 @@ def test_wrong_output_batch_size_fails_a_lone_request() -> None:
 def test_scalar_output_of_a_batching_model_is_a_model_error() -> None:
     async def main() -> None:
         inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})  # type: ignore[dict-item]
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             with pytest.raises(InferdError) as info:
                 await outputs(batcher, req(1))
@@ -410,7 +438,7 @@ def test_scalar_output_of_a_batching_model_is_a_model_error() -> None:
 def test_unbatched_model_outputs_are_passed_through() -> None:
     async def main() -> None:
         inst = Instance(run=lambda _: {"OUT": np.float32(1.0)})  # type: ignore[dict-item]
-        batcher = DynamicBatcher("m", [inst], options(max_batch_size=0))
+        batcher = dynamic("m", [inst], options(max_batch_size=0))
         try:
             out = await outputs(batcher, req(1, 2))
             assert out["OUT"].tolist() == 1.0
@@ -426,7 +454,7 @@ def test_exception_in_execute_is_a_model_error() -> None:
             raise RuntimeError("boom: kernel exploded")
 
         inst = Instance(run=boom)
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             with pytest.raises(InferdError) as info:
                 await outputs(batcher, req(1))
@@ -457,7 +485,7 @@ def test_a_batch_failure_that_does_not_persist_fails_no_request() -> None:
             return {"OUT": inputs["IN"] * 2}
 
         inst = Instance(gate=threading.Event(), run=second_call_fails)
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             results = await queue_behind_busy(batcher, inst, [req(1), req(2)])
             assert [r["OUT"].tolist() for r in results] == [[[2.0]], [[4.0]]]
@@ -477,7 +505,7 @@ def test_only_the_requests_a_model_fails_on_alone_get_the_error() -> None:
             return {"OUT": inputs["IN"] * 2}
 
         inst = Instance(gate=threading.Event(), run=negative_fails)
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             values = [1.0, -2.0, 3.0, 4.0, 5.0, -6.0, 7.0]
             results = await queue_behind_busy(batcher, inst, [req(v) for v in values])
@@ -507,7 +535,7 @@ def test_a_batch_that_runs_out_of_memory_is_not_bisected() -> None:
             return {"OUT": inputs["IN"] * 2}
 
         inst = Instance(gate=threading.Event(), run=too_large)
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
             assert all(isinstance(e, InferdError) and "out of memory" in e.message for e in results)
@@ -526,7 +554,7 @@ def test_a_batch_every_request_fails_alone_is_the_models_failure() -> None:
             return {"OUT": inputs["IN"]}
 
         inst = Instance(gate=threading.Event(), run=always)
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             results = await queue_behind_busy(batcher, inst, [req(1), req(2), req(3)])
             assert all(
@@ -543,7 +571,7 @@ def test_a_batch_every_request_fails_alone_is_the_models_failure() -> None:
 def test_cancelled_queued_request_is_never_executed() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             blocker = asyncio.create_task(outputs(batcher, req(-1)))
             await until(inst.entered.is_set)
@@ -566,10 +594,39 @@ def test_cancelled_queued_request_is_never_executed() -> None:
     run(main)
 
 
+def test_a_cancelled_request_leaves_the_queue_depth_and_its_limit_at_once() -> None:
+    async def main() -> None:
+        inst = Instance(gate=threading.Event())
+        bounded = options(queue_policies=(QueuePolicy(max_queue_size=1),))
+        batcher = dynamic("m", [inst], bounded)
+        try:
+            blocker = asyncio.create_task(outputs(batcher, req(-1)))
+            await until(inst.entered.is_set)
+            doomed = asyncio.create_task(outputs(batcher, req(1)))
+            await until(lambda: batcher.queue_depth() == 1)
+            assert batcher.refuses_all()
+            doomed.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            # Still in the FIFO until the batcher reaches it, but no longer waiting.
+            assert (batcher.queue_depth(), batcher.inflight()) == (0, 1)
+            assert not batcher.refuses_all()
+            kept = asyncio.create_task(outputs(batcher, req(2)))
+            await until(lambda: batcher.queue_depth() == 1)
+            inst.gate.set()  # type: ignore[union-attr]
+            assert (await kept)["OUT"].tolist() == [[4.0]]
+            await blocker
+            assert [rows_of(b) for b in inst.batches] == [[-1.0], [2]]
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
 def test_cancelled_head_of_queue_is_skipped() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             blocker = asyncio.create_task(outputs(batcher, req(-1)))
             await until(inst.entered.is_set)
@@ -596,7 +653,7 @@ def test_stop_drains_the_queue_then_closes() -> None:
     async def main() -> None:
         log: list[str] = []
         inst = Instance(gate=threading.Event(), log=log)
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         blocker = asyncio.create_task(outputs(batcher, req(-1)))
         await until(inst.entered.is_set)
         queued = [asyncio.create_task(outputs(batcher, req(v))) for v in (1, 2, 3)]
@@ -620,7 +677,7 @@ def test_stop_drains_the_queue_then_closes() -> None:
 def test_stop_closes_every_instance() -> None:
     async def main() -> None:
         instances = [Instance(), Instance(), Instance()]
-        batcher = DynamicBatcher("m", instances, options())
+        batcher = dynamic("m", instances, options())
         await outputs(batcher, req(1))
         await batcher.stop()
         assert all(inst.closed for inst in instances)
@@ -634,7 +691,7 @@ def test_instances_execute_batches_in_parallel() -> None:
         # that ran the instances one at a time would break it.
         barrier = threading.Barrier(2)
         a, b = Instance(barrier=barrier), Instance(barrier=barrier)
-        batcher = DynamicBatcher("m", [a, b], options())
+        batcher = dynamic("m", [a, b], options())
         try:
             first = asyncio.create_task(outputs(batcher, req(1)))
             await until(lambda: a.entered.is_set() or b.entered.is_set())
@@ -654,7 +711,7 @@ def test_instances_execute_batches_in_parallel() -> None:
 def test_inflight_counts_queued_and_executing() -> None:
     async def main() -> None:
         inst = Instance(gate=threading.Event())
-        batcher = DynamicBatcher("m", [inst], options())
+        batcher = dynamic("m", [inst], options())
         try:
             assert batcher.inflight() == 0
             await queue_behind_busy(batcher, inst, [req(1), req(2)])

@@ -1,6 +1,8 @@
-"""Deadline-aware admission: refuse at once a request that cannot be answered in time.
+"""Admission: which priority level a request queues at, its deadline, and the refusals that
+come before it queues (a full level, a deadline passed or that cannot be met). Pure
+functions of the request and the queue's counts; the batcher (`batcher.py`) applies them.
 
-Two different answers, so that a client knows what to do: a deadline shorter than one
+Deadlines: two different answers, so that a client knows what to do: a deadline shorter than one
 execution can never be met, however idle the model, so a retry would fail the same way and
 it is the request's own error (400 / INVALID_ARGUMENT); a deadline that only the work queued
 ahead of it makes too short is load to shed (429 / RESOURCE_EXHAUSTED, retry later).
@@ -8,8 +10,80 @@ ahead of it makes too short is load to shed (429 / RESOURCE_EXHAUSTED, retry lat
 
 from __future__ import annotations
 
-from inferd.errors import invalid, shed
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inferd.errors import deadline_exceeded, invalid, shed
+from inferd.scheduling.queues import QueuePolicy
 from inferd.types import InferRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Where an admitted request waits, and until when."""
+
+    level: int  # 0-based priority level (0 = Triton's priority 1, the highest)
+    deadline_ns: int | None  # perf_counter_ns; None: it may wait as long as it takes
+    remaining_s: float | None  # from now to the deadline
+
+
+def admit(
+    model: str,
+    policies: Sequence[QueuePolicy],
+    default_level: int,
+    waiting: Sequence[int],
+    priority: int,
+    timeout_us: int,
+    deadline_ns: int | None,
+    now_ns: int,
+) -> Admission:
+    """Admit a request or raise why not.
+
+    `waiting` is how many live requests wait at each level (cancelled ones do not count);
+    `priority` Triton's level (1 = highest, 0 = the model's default); `timeout_us` the
+    request's own queue timeout (used if the level's policy allows an override);
+    `deadline_ns` the client's own deadline. A full level sheds (RESOURCE_EXHAUSTED); a
+    deadline already passed is DEADLINE_EXCEEDED; a queue timeout with action REJECT
+    shortens the deadline.
+    """
+    level = priority_level(model, len(policies), default_level, priority)
+    policy = policies[level]
+    if policy.max_queue_size and waiting[level] >= policy.max_queue_size:
+        raise shed(
+            f"model '{model}' queue is full ({policy.max_queue_size} requests at "
+            f"priority {level + 1}); retry later"
+        )
+    queue_timeout_us = (
+        timeout_us if timeout_us and policy.allow_timeout_override else policy.default_timeout_us
+    )
+    if queue_timeout_us and policy.reject_on_timeout:
+        own = now_ns + queue_timeout_us * 1000
+        deadline_ns = own if deadline_ns is None else min(deadline_ns, own)
+    if deadline_ns is None:
+        return Admission(level, None, None)
+    remaining_s = (deadline_ns - now_ns) / 1e9
+    if remaining_s <= 0:
+        raise deadline_exceeded(f"model '{model}': the request's deadline passed")
+    return Admission(level, deadline_ns, remaining_s)
+
+
+def priority_level(model: str, levels: int, default_level: int, priority: int) -> int:
+    """The 0-based level of Triton's `priority` (1..levels; 0: the model's default)."""
+    if priority == 0:
+        return default_level
+    if not 1 <= priority <= levels:
+        raise invalid(
+            f"priority {priority} is outside 1..{levels} (priority_levels of model '{model}')"
+        )
+    return priority - 1
+
+
+def full(policies: Sequence[QueuePolicy], waiting: Sequence[int]) -> bool:
+    """Every level is bounded and full: any request would be shed."""
+    return all(
+        policy.max_queue_size and count >= policy.max_queue_size
+        for policy, count in zip(policies, waiting, strict=True)
+    )
 
 
 def scheduling_parameters(request: InferRequest) -> tuple[int, int]:

@@ -8,9 +8,9 @@ Policies (see docs/batching.md):
   or its oldest request has waited ``max_queue_delay_microseconds``.
 - ``none``: every request executes alone.
 
-Requests are only merged when their non-batch shapes are equal (ragged inputs aside: their
-shapes may differ, see merge.py); a batch closes at the first request that doesn't fit, so
-queue order is kept.
+Which requests leave together is `formation.form_batch`, a pure function of the queue;
+admission (queue limits, priorities, deadlines) is `admission.py`; executing a batch on an
+instance is `execution.BatchRunner`. This module ties them to the event loop.
 """
 
 from __future__ import annotations
@@ -19,31 +19,27 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferd.backends.base import AnyInstance
-from inferd.errors import deadline_exceeded, invalid, shed, unavailable
+from inferd.errors import deadline_exceeded, unavailable
 from inferd.events import ExecutionTimes, Telemetry
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
-from inferd.scheduling.admission import refuse_unmeetable_deadline
+from inferd.scheduling.admission import admit, full, refuse_unmeetable_deadline
 from inferd.scheduling.execution import BatchRunner
+from inferd.scheduling.formation import Formation, FormationOptions, form_batch
 from inferd.scheduling.load_signal import LoadSample
-from inferd.scheduling.pending import BatchClose, ExecutionRecord, Pending
+from inferd.scheduling.pending import BatchClose, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
-__all__ = ["BatchClose", "BatchingOptions", "DynamicBatcher", "ExecutionRecord", "Pending"]
+__all__ = ["BatchClose", "BatchingOptions", "DynamicBatcher", "Pending"]
 
 
 @dataclass(frozen=True, slots=True)
-class BatchingOptions:
-    max_batch_size: int  # 0: the model does not batch; each request runs alone
-    preferred_sizes: tuple[int, ...] = ()
-    max_delay_s: float = 0.0
-    policy: str = "work_conserving"
+class BatchingOptions(FormationOptions):
     # Admission (Triton's queue policy): one entry per priority level, level 1 first.
     queue_policies: tuple[QueuePolicy, ...] = (QueuePolicy(),)
     default_priority: int = 0  # the level (0-based) of a request that names none
@@ -94,29 +90,22 @@ class DynamicBatcher:
 
     @property
     def batches(self) -> bool:
-        return self._opts.max_batch_size > 0 and self._opts.policy != "none"
+        return self._opts.batches
 
     @property
     def consecutive_failures(self) -> int:
         """Executions in a row that failed (readiness)."""
         return self._runner.consecutive_failures
 
-    @property
-    def executions(self) -> deque[ExecutionRecord]:
-        return self._runner.executions
-
     def inflight(self) -> int:
         """Requests queued or executing."""
-        return len(self._queue) + self._runner.executing
+        return self._queue.waiting_total + self._runner.executing
 
     def refuses_all(self) -> bool:
         """Every priority level's queue is bounded and full: any request would be shed."""
         if not self._all_bounded:
             return False  # the default (unbounded queues), checked on every request
-        return all(
-            policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size
-            for level, policy in enumerate(self._opts.queue_policies)
-        )
+        return full(self._opts.queue_policies, self._queue.waiting)
 
     def instances_alive(self) -> bool:
         """False while an instance's worker process is dead (crash isolation)."""
@@ -130,8 +119,8 @@ class DynamicBatcher:
         return self._runner.unhealthy_instances()
 
     def queue_depth(self) -> int:
-        """Requests waiting for a batch."""
-        return len(self._queue)
+        """Requests waiting for a batch (not those cancelled or expired while queued)."""
+        return self._queue.waiting_total
 
     def load_sample(self) -> LoadSample:
         """Busy time and demand of the instances over the recent window (autoscaling)."""
@@ -159,35 +148,30 @@ class DynamicBatcher:
         self._runner.load.arrived(request.rows)  # demand, whether it is served or shed
         if not self._runner.serving:
             raise unavailable(self._all_stuck_message())
-        level = self._level(priority)
-        policy = self._opts.queue_policies[level]
-        if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
-            raise shed(
-                f"model '{self.name}' queue is full ({policy.max_queue_size} requests at "
-                f"priority {level + 1}); retry later"
-            )
         now = time.perf_counter_ns()
-        queue_timeout_us = (
-            timeout_us
-            if timeout_us and policy.allow_timeout_override
-            else policy.default_timeout_us
+        opts = self._opts
+        admitted = admit(
+            self.name,
+            opts.queue_policies,
+            opts.default_priority,
+            self._queue.waiting,
+            priority,
+            timeout_us,
+            deadline_ns,
+            now,
         )
-        if queue_timeout_us and policy.reject_on_timeout:
-            own = now + queue_timeout_us * 1000
-            deadline_ns = own if deadline_ns is None else min(deadline_ns, own)
-        remaining_s = None
-        if deadline_ns is not None:
-            remaining_s = (deadline_ns - now) / 1e9
-            if remaining_s <= 0:
-                raise deadline_exceeded(f"model '{self.name}': the request's deadline passed")
+        remaining_s = admitted.remaining_s
+        if remaining_s is not None:
             refuse_unmeetable_deadline(
                 self.name, self._runner.exec_s, self.estimated_wait_s(request.rows), remaining_s
             )
         future: asyncio.Future[tuple[dict[str, Array], ExecutionTimes]] = (
             asyncio.get_running_loop().create_future()
         )
-        pending = Pending(request, future, now)
-        self._queue.append(pending, level)
+        pending = Pending(
+            request, future, now, deadline_ns=admitted.deadline_ns, level=admitted.level
+        )
+        self._queue.append(pending, admitted.level)
         self._queued_rows += request.rows
         self._arrived.set()
         try:
@@ -202,21 +186,10 @@ class DynamicBatcher:
                 f"model '{self.name}': the request's deadline passed while it was {where}"
             ) from None
         except asyncio.CancelledError:
-            # The client went away: its rows stop counting now; the entry itself is skipped
-            # (never executed) when the batcher reaches it.
+            # The client went away: it stops counting now (queue depth, limits, rows); the
+            # entry itself is skipped (never executed) when the batcher reaches it.
             self._unqueue(pending)
             raise
-
-    def _level(self, priority: int) -> int:
-        if priority == 0:
-            return self._opts.default_priority
-        levels = len(self._opts.queue_policies)
-        if not 1 <= priority <= levels:
-            raise invalid(
-                f"priority {priority} is outside 1..{levels} (priority_levels of model "
-                f"'{self.name}')"
-            )
-        return priority - 1
 
     def estimated_wait_s(self, rows: int) -> float | None:
         """How long a request arriving now would take to be answered, from the queued work
@@ -234,6 +207,7 @@ class DynamicBatcher:
         if pending.is_queued:
             pending.is_queued = False
             self._queued_rows -= pending.request.rows
+            self._queue.left(pending.level)
 
     def _all_stuck_message(self) -> str:
         return (
@@ -270,79 +244,41 @@ class DynamicBatcher:
                 await self._arrived.wait()
                 continue
             instance = await self._idle.get()
-            if self._opts.policy == "window" and self.batches:
-                await self._wait_window()
-            batch, reason = self._take_batch()
+            formed = form_batch(self._queue, self._opts, time.perf_counter_ns())
+            while formed.wait_until_ns is not None:  # a window is open (policy `window`)
+                await self._wait_arrival(formed.wait_until_ns)
+                formed = form_batch(self._queue, self._opts, time.perf_counter_ns())
+            batch = self._take(formed)
             if not batch:
                 self._idle.put_nowait(instance)
                 continue
-            task = asyncio.get_running_loop().create_task(self._execute(instance, batch, reason))
+            task = asyncio.get_running_loop().create_task(
+                self._execute(instance, batch, formed.reason)
+            )
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _wait_window(self) -> None:
-        """Triton's window: from the oldest queued request, wait until full or the delay."""
-        max_rows = self._opts.max_batch_size
-        while self._queue:
-            deadline_ns = self._queue.head().enqueued_ns + int(self._opts.max_delay_s * 1e9)
-            if self._queued_rows >= max_rows or self._queued_rows in self._opts.preferred_sizes:
-                return
-            remaining = (deadline_ns - time.perf_counter_ns()) / 1e9
-            if remaining <= 0:
-                return
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._arrived.wait()
+    async def _wait_arrival(self, until_ns: int) -> None:
+        """Until another request arrives, or `until_ns` (perf_counter_ns)."""
+        self._arrived.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, (until_ns - time.perf_counter_ns()) / 1e9)):
+                await self._arrived.wait()
 
-    def _take_batch(self) -> tuple[list[Pending], BatchClose]:
-        queue = self._queue
-        while queue and queue.head().future.done():  # cancelled or timed out while queued
-            self._unqueue(queue.popleft())
-        if not queue:
-            return [], BatchClose.QUEUE_EMPTY
-        if not self.batches:
-            first = queue.popleft()
-            self._unqueue(first)
-            return [first], BatchClose.FULL
-        # Scan the compatible head of the queue: requests with the first one's shapes whose
-        # rows fit in max_batch_size. `bounds` holds the row counts a batch could end at.
-        limit = self._opts.max_batch_size
-        key = queue.head().request.shape_key
-        bounds: list[int] = []
-        rows = 0
-        reason = BatchClose.QUEUE_EMPTY
-        for p in queue:
-            if p.future.done():
-                continue
-            if p.request.shape_key != key:
-                reason = BatchClose.SHAPE_MISMATCH
-                break
-            if rows + p.request.rows > limit:
-                reason = BatchClose.FULL
-                break
-            rows += p.request.rows
-            bounds.append(rows)
-        target = rows
-        if rows == limit:
-            reason = BatchClose.FULL
-        elif self._opts.preferred_sizes:
-            # The largest preferred size the queue can fill exactly (Triton's rule).
-            best = max((b for b in bounds if b in self._opts.preferred_sizes), default=0)
-            if best:
-                target, reason = best, BatchClose.PREFERRED_SIZE
-        if reason is BatchClose.QUEUE_EMPTY and self._opts.policy == "window":
-            reason = BatchClose.MAX_DELAY
-        batch: list[Pending] = []
-        taken = 0
-        while taken < target:
-            p = queue.popleft()
-            self._unqueue(p)
-            if p.future.done():
-                continue
-            batch.append(p)
-            taken += p.request.rows
-        return batch, reason
+    def _take(self, formed: Formation[Pending]) -> list[Pending]:
+        """Pop what `formed` took off the queue; fail its expired requests."""
+        for _ in range(formed.taken):
+            self._unqueue(self._queue.popleft())
+        for p in formed.expired:
+            if not p.future.done():
+                p.future.set_exception(
+                    deadline_exceeded(
+                        f"model '{self.name}': the request's deadline passed while it was queued"
+                    )
+                )
+        # A request cancelled this very loop turn has its future cancelled before its
+        # submit() leaves the queue's counts: it is not executed either.
+        return [p for p in formed.batch if not p.future.done()]
 
     async def _execute(
         self, instance: AnyInstance, batch: list[Pending], reason: BatchClose

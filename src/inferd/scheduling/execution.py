@@ -12,7 +12,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.calls import Call, wake
 from inferd.scheduling.isolate import RequestFailedAloneError, can_isolate, run_isolating
 from inferd.scheduling.load_signal import LoadWindow
-from inferd.scheduling.pending import BatchClose, ExecutionRecord, Finish, Pending, Result
+from inferd.scheduling.pending import BatchClose, Finish, Pending, Result
 from inferd.scheduling.run_batch import Timings, unloading
 
 log = logging.getLogger("inferd.scheduling")
@@ -79,7 +78,6 @@ class BatchRunner:
         self.exec_s: float | None = None  # moving average of a batch's execution time
         self.consecutive_failures = 0  # executions in a row that failed (readiness)
         self.executing = 0  # requests in batches that are executing now
-        self.executions: deque[ExecutionRecord] = deque(maxlen=10_000)
         # Busy time and demand over a recent window: the autoscaling signal (load_signal.py).
         self.load = LoadWindow(len(self.instances))
         self._slot_of = {id(inst): i for i, inst in enumerate(self.instances)}
@@ -208,7 +206,6 @@ class BatchRunner:
             self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
             self.executing -= requests
             self.load.finished(slot, dequeued_ns, time.perf_counter_ns(), rows)
-            self.executions.append(ExecutionRecord(rows, requests, reason))
             self._telemetry.batch(
                 BatchRecord(
                     self.name,

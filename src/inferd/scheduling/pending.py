@@ -34,19 +34,14 @@ class Pending:
     request: BoundRequest
     future: asyncio.Future[Outcome]
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
-    is_queued: bool = True  # its rows count in the batcher's queued_rows
+    # Waiting in the batcher's queue: its rows count in queued_rows and queue depth; False
+    # once it is taken into a batch, cancelled or timed out (formation skips it then).
+    is_queued: bool = True
+    deadline_ns: int | None = None  # perf_counter_ns past which it must not execute
+    level: int = 0  # its priority level (0-based) in the batcher's queue
     # A row the sequence batcher adds to keep other sequences in their batch slots (Triton's
     # null request): executed, never answered, never counted.
     filler: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionRecord:
-    """What one execution did; kept for tests and statistics."""
-
-    batch_size: int  # rows
-    requests: int
-    reason: BatchClose
 
 
 Result = dict[str, Array] | InferdError

@@ -2,6 +2,10 @@
 
 Triton's priority levels: 1 is the highest; a request without a priority gets the model's
 default level. Each level has its own queue policy (size limit, timeout, action).
+
+An entry that stops waiting (its client went away, its deadline passed) stays in its FIFO
+until the batcher reaches it, so that leaving costs O(1); `left` takes it out of the counts
+at once: `waiting` is what queue depth, limits and readiness read.
 """
 
 from __future__ import annotations
@@ -29,13 +33,20 @@ class PriorityQueues(Generic[T]):
     def __init__(self, levels: int) -> None:
         self._levels: list[deque[T]] = [deque() for _ in range(max(1, levels))]
         self._size = 0
+        self.waiting = [0] * len(self._levels)  # live entries per level
+        self.waiting_total = 0
 
     def append(self, item: T, level: int) -> None:
         self._levels[level].append(item)
         self._size += 1
+        self.waiting[level] += 1
+        self.waiting_total += 1
 
-    def level_size(self, level: int) -> int:
-        return len(self._levels[level])
+    def left(self, level: int) -> None:
+        """An entry of `level` stopped waiting (taken into a batch, cancelled, expired);
+        called once per entry."""
+        self.waiting[level] -= 1
+        self.waiting_total -= 1
 
     def head(self) -> T:
         for queue in self._levels:

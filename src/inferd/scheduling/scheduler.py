@@ -3,11 +3,10 @@ the dynamic batcher (`batcher.py`) and the sequence batcher (`sequence_batcher.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
 from inferd.scheduling.load_signal import LoadSample
-from inferd.scheduling.pending import ExecutionRecord, Outcome
+from inferd.scheduling.pending import Outcome
 from inferd.signature import BoundRequest
 
 
@@ -17,9 +16,6 @@ class Scheduler(Protocol):
 
     @property
     def consecutive_failures(self) -> int: ...
-
-    @property
-    def executions(self) -> Sequence[ExecutionRecord]: ...
 
     async def submit(
         self,

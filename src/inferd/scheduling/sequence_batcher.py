@@ -23,7 +23,7 @@ from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, un
 from inferd.events import Telemetry
 from inferd.scheduling.execution import BatchRunner
 from inferd.scheduling.load_signal import LoadSample
-from inferd.scheduling.pending import ExecutionRecord, Outcome, Pending, Result
+from inferd.scheduling.pending import Outcome, Pending, Result
 from inferd.scheduling.sequence_batches import (
     FormedBatch,
     attach_controls,
@@ -86,10 +86,6 @@ class SequenceBatcher:
     @property
     def consecutive_failures(self) -> int:
         return self._runner.consecutive_failures
-
-    @property
-    def executions(self) -> Sequence[ExecutionRecord]:
-        return self._runner.executions
 
     def load_sample(self) -> LoadSample:
         """Busy time and demand of the instances over the recent window (autoscaling)."""
