@@ -1,7 +1,7 @@
 """The gRPC adapter: Triton's `inference.GRPCInferenceService` over the DataPlane.
 
 Messages and the servicer base come generated in `tritonclient.grpc`. Like the HTTP adapter,
-it only translates; every method's failures go through one ErrorKind -> StatusCode table.
+it only translates; every method's failures go through one rule (protocol/grpc_errors.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from tritonclient.grpc import service_pb2_grpc
 from inferd import tracing
 from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
-from inferd.error_text import client_message
-from inferd.errors import ErrorKind, InferdError, invalid
+from inferd.errors import InferdError, invalid
 from inferd.events import CallContext
 from inferd.limits import DEFAULT_LIMITS, Limits
 from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
+from inferd.protocol.grpc_errors import INTERNAL_DETAILS, abort, abort_internal, grpc_error
 from inferd.protocol.grpc_handlers import add_inference_servicer
 from inferd.protocol.offload import Offload
 from inferd.protocol.pb_codec import (
@@ -43,21 +43,6 @@ from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
 log = logging.getLogger("inferd.grpc")
 
-STATUS: dict[ErrorKind, grpc.StatusCode] = {
-    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,  # Triton's mapping of UNSUPPORTED
-    ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.MODEL_ERROR: grpc.StatusCode.INTERNAL,
-    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Method = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
@@ -69,11 +54,10 @@ def errors_mapped(method: Method[Req, Resp]) -> Method[Req, Resp]:
         try:
             return await method(self, request, context)
         except InferdError as exc:
-            await context.abort(STATUS[exc.kind], client_message(exc))
+            await abort(context, exc)
         except Exception:
             log.exception("unhandled error in %s", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
-        raise AssertionError("unreachable: abort raises")
+            await abort_internal(context)
 
     return wrapper
 
@@ -200,10 +184,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                         if message is not None:
                             await done.put(message)
             except InferdError as exc:
-                await done.put(_stream_error(request, client_message(exc)))
+                await done.put(_stream_error(request, grpc_error(exc).details))
             except Exception:
                 log.exception("unhandled error in ModelStreamInfer")
-                await done.put(_stream_error(request, "internal error; see the server log"))
+                await done.put(_stream_error(request, INTERNAL_DETAILS))
             finally:
                 room.release()
 
@@ -254,7 +238,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 {FINAL: item.final},
             )
         if item.error is not None:
-            return _stream_error(request, client_message(item.error), item.final)
+            return _stream_error(request, grpc_error(item.error).details, item.final)
         if empty_final:  # the final flag alone
             return _stream_error(request, "", True)
         return None
@@ -428,8 +412,7 @@ class AdminService:
                     raise invalid("the request must be a JSON object")
                 return fn(doc)
             except InferdError as exc:
-                await context.abort(STATUS[exc.kind], client_message(exc))
-            raise AssertionError("unreachable: abort raises")
+                await abort(context, exc)
 
         return call
 
@@ -482,9 +465,7 @@ def build_server(
     guarded = any(dataplane.access.guards("grpc", g) for g in set(METHOD_GROUPS.values()))
     server = grpc.aio.server(
         # No interceptor when nothing is restricted: unrestricted calls pay nothing.
-        interceptors=[AccessInterceptor(dataplane.access, METHOD_GROUPS, STATUS)]
-        if guarded
-        else None,
+        interceptors=[AccessInterceptor(dataplane.access, METHOD_GROUPS)] if guarded else None,
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", max_send_bytes),

@@ -23,12 +23,12 @@ from starlette.types import Receive, Scope, Send
 from inferd import tracing
 from inferd.access import AccessPolicy, ApiGroup
 from inferd.dataplane import DataPlane
-from inferd.error_text import client_message
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.limits import DEFAULT_LIMITS
 from inferd.protocol.codec import decode_request, encode_response
 from inferd.protocol.generate import GenerateEndpoint
+from inferd.protocol.http_errors import http_error
 from inferd.protocol.offload import Offload
 from inferd.protocol.strict_values import TIMEOUT_MS, deadline_ns, header_length
 from inferd.repository.config import to_json
@@ -36,24 +36,8 @@ from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
 log = logging.getLogger("inferd.http")
 
-STATUS: dict[ErrorKind, int] = {
-    ErrorKind.INVALID_ARGUMENT: 400,
-    ErrorKind.UNAUTHENTICATED: 401,
-    ErrorKind.PERMISSION_DENIED: 403,
-    ErrorKind.UNSUPPORTED: 400,  # Triton's mapping of UNSUPPORTED
-    ErrorKind.NOT_FOUND: 404,
-    ErrorKind.ALREADY_EXISTS: 400,  # as Triton's HTTP server answers ALREADY_EXISTS
-    ErrorKind.PAYLOAD_TOO_LARGE: 413,
-    ErrorKind.RESOURCE_EXHAUSTED: 429,
-    ErrorKind.MODEL_ERROR: 500,
-    ErrorKind.INTERNAL: 500,
-    ErrorKind.UNAVAILABLE: 503,
-    ErrorKind.DEADLINE_EXCEEDED: 504,
-}
-
 HEADER_LENGTH = "inference-header-content-length"
 ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
-RETRY_AFTER_S = "1"
 SYSTEM_SHM = "/v2/systemsharedmemory"
 CUDA_SHM = "/v2/cudasharedmemory"
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -69,17 +53,11 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return json_response({"error": message}, status, headers)
 
 
-def inferd_error_response(exc: InferdError, headers: dict[str, str] | None = None) -> Response:
-    if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
-        # Shed load: "retry later", which load balancers and clients act on.
-        headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
-    elif exc.kind is ErrorKind.UNAUTHENTICATED:
-        headers = {**(headers or {}), **_CHALLENGE}
-    return error_response(STATUS[exc.kind], client_message(exc), headers)
-
-
-# A 401 names the scheme that would be accepted (RFC 9110); the message says which header.
-_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="inferd"'}
+def inferd_error_response(exc: InferdError) -> Response:
+    error = http_error(exc)
+    response = Response(error.body, status_code=error.status, media_type="application/json")
+    response.raw_headers += error.headers
+    return response
 
 
 def errors_mapped(endpoint: Endpoint, access: AccessPolicy, group: ApiGroup) -> Endpoint:
@@ -160,7 +138,7 @@ class HttpAdapter:
         # check the inference group's credential themselves).
         for suffix, streaming in (("/generate", False), ("/generate_stream", True)):
             endpoint = GenerateEndpoint(
-                self.dp, self.max_request_bytes, streaming, read_body, deadline_ns, STATUS
+                self.dp, self.max_request_bytes, streaming, read_body, deadline_ns
             )
             routes += [Route(m + suffix, endpoint, methods=["POST"])]
             routes += [Route(mv + suffix, endpoint, methods=["POST"])]
@@ -438,11 +416,8 @@ class InferEndpoint:
                 )
             payload, json_length = await self.dp.infer(model, version, decode, ctx, encode)
         except InferdError as exc:
-            if exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
-                extra.append((b"retry-after", RETRY_AFTER_S.encode()))
-            elif exc.kind is ErrorKind.UNAUTHENTICATED:
-                extra += [(k.lower().encode(), v.encode()) for k, v in _CHALLENGE.items()]
-            return STATUS[exc.kind], _JSON, orjson.dumps({"error": client_message(exc)}), extra
+            error = http_error(exc)
+            return error.status, _JSON, error.body, extra + error.headers
         if json_length is None:
             return 200, _JSON, payload, extra
         extra.append((b"inference-header-content-length", str(json_length).encode()))
