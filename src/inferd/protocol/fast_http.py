@@ -30,9 +30,9 @@ import httptools
 
 from inferd.errors import ErrorKind, InferdError
 from inferd.limits import Limits
-from inferd.protocol.http import _JSON, InferEndpoint, Reply
 from inferd.protocol.http_errors import INTERNAL_BODY
 from inferd.protocol.http_guard import ConnectionBook, GuardedHttpProtocol
+from inferd.protocol.http_infer import _JSON, InferEndpoint, Reply
 
 log = logging.getLogger("inferd.http")
 

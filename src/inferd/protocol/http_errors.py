@@ -2,8 +2,8 @@
 
 Status from one ErrorKind table (Triton's mapping), headers a client or load balancer acts
 on (`Retry-After` when shed, `WWW-Authenticate` when a credential is missing), and the body
-`{"error": <client_message>}`. The routes (protocol/http.py), the infer route under any HTTP
-server (http.py, fast_http.py) and the generate extension (generate.py) all call `http_error`.
+`{"error": <client_message>}`. The routes (protocol/http_routes.py), the infer route under any
+HTTP server (http_infer.py) and the generate extension (generate.py) all call `http_error`.
 """
 
 from __future__ import annotations
