@@ -36,7 +36,7 @@ from inferd.protocol.pb_codec import (
 )
 from inferd.settings import TlsFiles
 from inferd.tls import grpc_credentials
-from inferd.types import InferRequest, InferResponse, min_wire_bytes
+from inferd.types import min_wire_bytes
 
 log = logging.getLogger("inferd.grpc")
 
@@ -129,20 +129,17 @@ class InferenceServicer(StreamInferMethod, service_pb2_grpc.GRPCInferenceService
         return await self._infer(msg, len(request), ctx)
 
     async def _infer(self, msg: Any, size: int, ctx: CallContext) -> bytes:
-        async def decode() -> InferRequest:
-            return await self.offload.run(
-                size, decode_infer_request, msg, self.limits.max_bytes_elements
-            )
-
-        async def encode(_: InferRequest, response: InferResponse) -> bytes:
+        with self.dp.start(msg.model_name, msg.model_version, ctx) as call:
+            self.dp.admit(call)
+            max_elements = self.limits.max_bytes_elements
+            request = await self.offload.run(size, decode_infer_request, msg, max_elements)
+            response = self.dp.respond(call, await self.dp.infer(call, request))
             return await self.offload.run(
                 min_wire_bytes(response.outputs),
                 serialize_infer_response,
                 response,
                 self.max_response_bytes,
             )
-
-        return await self.dp.infer(msg.model_name, msg.model_version, decode, ctx, encode)
 
     @errors_mapped
     async def RepositoryModelLoad(

@@ -124,39 +124,20 @@ class InferEndpoint:
         traceparent = tracing.echo(ctx)  # "" unless the request carried a valid traceparent
         extra = [(b"traceparent", traceparent.encode())] if traceparent else []
 
-        async def decode() -> InferRequest:
-            ctx.deadline_ns = deadline_ns(headers.get("timeout_ms"), start_ns)
-            json_length = header_length(headers.get("header_length"))
-            body = await read()
-            args = (body, json_length, model, version, self.max_bytes_elements)
-            json_size = len(body) if json_length is None else json_length
-            if self.offload.is_large(json_size):  # orjson would hold the loop: a process
-                request = await self.offload.run_gil_bound(json_size, decode_request, *args)
-            else:  # large binary data, if any, on a codec thread
-                request = await self.offload.run(len(body), decode_request, *args)
-            if on_decoded is not None:
-                on_decoded()
-            return request
-
-        async def encode(
-            request: InferRequest, response: InferResponse
-        ) -> tuple[bytes, int | None]:
-            binary_default = bool(request.parameters.get("binary_data_output", False))
-            return await self.offload.run(
-                min_wire_bytes(response.outputs),
-                encode_response,
-                response,
-                request.outputs,
-                binary_default,
-                self.max_response_bytes,
-            )
-
         try:
             if self.guarded:
                 self.dp.access.check(
                     "http", ApiGroup.INFERENCE, lambda name: headers.get(_CREDENTIAL + name)
                 )
-            payload, json_length = await self.dp.infer(model, version, decode, ctx, encode)
+            with self.dp.start(model, version, ctx) as call:
+                self.dp.admit(call)
+                ctx.deadline_ns = deadline_ns(headers.get("timeout_ms"), start_ns)
+                json_length = header_length(headers.get("header_length"))  # before the body
+                request = await self._decode(await read(), json_length, model, version)
+                if on_decoded is not None:
+                    on_decoded()
+                response = self.dp.respond(call, await self.dp.infer(call, request))
+                payload, json_length = await self._encode(request, response)
         except InferdError as exc:
             error = http_error(exc)
             return error.status, _JSON, error.body, extra + error.headers
@@ -164,6 +145,28 @@ class InferEndpoint:
             return 200, _JSON, payload, extra
         extra.append((b"inference-header-content-length", str(json_length).encode()))
         return 200, _BINARY, payload, extra
+
+    async def _decode(
+        self, body: bytes, json_length: int | None, model: str, version: str
+    ) -> InferRequest:
+        args = (body, json_length, model, version, self.max_bytes_elements)
+        json_size = len(body) if json_length is None else json_length
+        if self.offload.is_large(json_size):  # orjson would hold the loop: a process
+            return await self.offload.run_gil_bound(json_size, decode_request, *args)
+        return await self.offload.run(len(body), decode_request, *args)  # binary: a thread
+
+    async def _encode(
+        self, request: InferRequest, response: InferResponse
+    ) -> tuple[bytes, int | None]:
+        binary_default = bool(request.parameters.get("binary_data_output", False))
+        return await self.offload.run(
+            min_wire_bytes(response.outputs),
+            encode_response,
+            response,
+            request.outputs,
+            binary_default,
+            self.max_response_bytes,
+        )
 
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str
