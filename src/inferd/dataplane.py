@@ -6,7 +6,6 @@ checks, scheduling, output conformance) happens here, once.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -27,6 +26,7 @@ from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
 from inferd.streaming import StreamingEntry
 from inferd.workers import peers
+from inferd.workers.statistics import provider_for
 
 EXTENSIONS = [
     "classification",
@@ -65,8 +65,7 @@ class DataPlane(InferenceSteps, StreamingEntry):
         self.is_shutting_down = False
         self.max_inflight = 0  # server-wide limit of requests in flight (0: none)
         self.max_response_bytes = 0  # responses past it fail with PAYLOAD_TOO_LARGE (0: none)
-        self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
-        self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+        self.workers = None  # a WorkerSlot, set in a worker of `--workers N`
         self._inflight = 0
         self.shared_memory = SharedMemoryRegistry()
         # The trace and log settings APIs, changed through the same gate as the repository.
@@ -163,26 +162,19 @@ class DataPlane(InferenceSteps, StreamingEntry):
             rows.sort(key=lambda r: (r["name"], int(r.get("version", 0))))
         return rows
 
+    @property
+    def workers(self) -> peers.WorkerSlot | None:
+        """This process's place among `--workers N` (None: the only server process)."""
+        return self._workers
+
+    @workers.setter
+    def workers(self, slot: peers.WorkerSlot | None) -> None:
+        self._workers = slot
+        self.statistics_provider = provider_for(self.model_statistics, slot)
+
     async def server_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """`model_statistics` of the whole server: with `--workers N`, every worker's summed
-        (a statistics call lands on one worker; clients read deltas of these numbers)."""
-        local = self.model_statistics(name, version)
-        if self.workers is None:  # one process: nothing to add
-            return local
-        question = {"op": "stats", "model": name, "version": version}
-        siblings = self.workers.siblings()
-        answers = await asyncio.gather(
-            *(peers.ask(self.workers.socket_path(i), question) for i in siblings)
-        )
-        lists = [local["model_stats"]]
-        for i, answer in zip(siblings, answers, strict=True):
-            key = (i, name, version)
-            if answer is not None and "stats" in answer:
-                self._sibling_stats[key] = answer["stats"]
-            # A sibling that cannot answer now (busy, restarting) counts with its last
-            # answer: clients read deltas, and a total that drops would read as negative.
-            lists.append(self._sibling_stats.get(key, []))
-        return {"model_stats": peers.merge_model_stats(lists)}
+        """`model_statistics` of the whole server (workers/statistics.py)."""
+        return await self.statistics_provider.model_statistics(name, version)
 
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics of this process: every model when `name` is empty, else its
