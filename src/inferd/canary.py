@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inferd.events import BatchRecord, RequestRecord
 from inferd.routing import Router
+from inferd.sliding_window import SlidingWindow
 
 if TYPE_CHECKING:
     from inferd.repository.registry import ModelRegistry
@@ -22,21 +21,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("inferd.routing")
 
 
-@dataclass(slots=True)
-class _Outcomes:
-    samples: deque[tuple[float, float, bool]] = field(default_factory=lambda: deque(maxlen=50_000))
-
-    def window(self, since: float) -> tuple[int, float, float]:
-        """(requests, error rate, p99 seconds) since a monotonic time."""
-        while self.samples and self.samples[0][0] < since:
-            self.samples.popleft()
-        n = len(self.samples)
-        if n == 0:
-            return 0, 0.0, 0.0
-        ok = sorted(lat for _, lat, success in self.samples if success)
-        errors = n - len(ok)
-        p99 = ok[min(len(ok) - 1, int(0.99 * len(ok)))] if ok else 0.0
-        return n, errors / n, p99
+OUTCOMES_KEPT = 50_000  # per version: past it the window holds the latest requests
 
 
 class CanaryGuard:
@@ -46,7 +31,7 @@ class CanaryGuard:
 
     def __init__(self, registry: ModelRegistry) -> None:
         self._registry = registry
-        self._outcomes: dict[tuple[str, str], _Outcomes] = {}
+        self._outcomes: dict[tuple[str, str], SlidingWindow] = {}
         self._last_check: dict[str, float] = {}
         self._unchecked: dict[str, int] = {}
 
@@ -61,9 +46,9 @@ class CanaryGuard:
         key = (record.model, record.version)
         outcomes = self._outcomes.get(key)
         if outcomes is None:
-            outcomes = self._outcomes[key] = _Outcomes()
+            outcomes = self._outcomes[key] = SlidingWindow(OUTCOMES_KEPT)
         now = time.monotonic()
-        outcomes.samples.append((now, record.duration_ns / 1e9, record.is_success))
+        outcomes.record(record.duration_ns / 1e9, record.is_success, now)
         if not router.policy.enabled:
             return
         # Check every CHECK_EVERY_S, or sooner after min_requests new outcomes: a failing
@@ -84,16 +69,21 @@ class CanaryGuard:
         if stable is None:
             return
         policy = router.policy
-        since = now - policy.window_s
         base = self._outcomes.get((name, stable))
-        base_n, base_err, base_p99 = base.window(since) if base else (0, 0.0, 0.0)
+        base_window = base.summary(policy.window_s, now) if base else None
+        base_n, base_err, base_p99 = (
+            (base_window.requests, base_window.error_rate, base_window.p99_s)
+            if base_window
+            else (0, 0.0, 0.0)
+        )
         for version, weight in list(router.weights.items()):
             if version == stable or weight == 0:
                 continue
             canary = self._outcomes.get((name, version))
             if canary is None:
                 continue
-            n, err, p99 = canary.window(since)
+            window = canary.summary(policy.window_s, now)
+            n, err, p99 = window.requests, window.error_rate, window.p99_s
             if n < policy.min_requests:
                 continue
             too_many_errors = err > base_err + policy.error_rate_margin

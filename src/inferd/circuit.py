@@ -19,10 +19,13 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
+from inferd.sliding_window import SlidingWindow
+
 log = logging.getLogger("inferd.circuit")
+
+OUTCOMES_KEPT = 10_000  # past it the window holds the latest requests
 
 
 class CircuitState(enum.Enum):
@@ -54,7 +57,7 @@ class CircuitBreaker:
     consecutive_failures: int = 0
     opens: int = 0  # times it opened, for metrics
     _probing: bool = False
-    _outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=10_000))
+    _outcomes: SlidingWindow = field(default_factory=lambda: SlidingWindow(OUTCOMES_KEPT))
 
     @property
     def is_open(self) -> bool:
@@ -96,7 +99,7 @@ class CircuitBreaker:
         now = time.monotonic()
         if not counts:
             return
-        self._outcomes.append((now, success))
+        self._outcomes.record(0.0, success, now)  # only the error rate is read
         if success:
             self.consecutive_failures = 0
             return
@@ -106,12 +109,10 @@ class CircuitBreaker:
             self._open(f"{self.consecutive_failures} failures in a row")
             return
         if p.error_rate:
-            while self._outcomes and self._outcomes[0][0] < now - p.window_s:
-                self._outcomes.popleft()
-            n = len(self._outcomes)
-            errors = sum(1 for _, ok in self._outcomes if not ok)
-            if n >= p.min_requests and errors / n > p.error_rate:
-                self._open(f"error rate {errors / n:.0%} over {n} requests in {p.window_s:g} s")
+            window = self._outcomes.summary(p.window_s, now)
+            n, rate = window.requests, window.error_rate
+            if n >= p.min_requests and rate > p.error_rate:
+                self._open(f"error rate {rate:.0%} over {n} requests in {p.window_s:g} s")
 
     def _open(self, why: str) -> None:
         self.state = CircuitState.OPEN

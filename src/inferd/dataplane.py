@@ -6,36 +6,27 @@ checks, scheduling, output conformance) happens here, once.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd import __version__, classification
+from inferd import __version__
 from inferd.access import AccessPolicy
-from inferd.conformance import OutputMismatchError, conform_output
-from inferd.errors import ErrorKind, InferdError, invalid, not_found, shed, unavailable
-from inferd.events import CallContext, RequestRecord, Telemetry, note_failure
-from inferd.limits import check_response_size
+from inferd.errors import ErrorKind, InferdError, invalid, not_found
+from inferd.events import Telemetry
+from inferd.inference import InferenceSteps
 from inferd.repository import uploads
 from inferd.repository.config import ConfigError, with_kinds_used
 from inferd.repository.loader import parse_config_override
 from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.runtime_settings import RuntimeSettings
-from inferd.scheduling.admission import scheduling_parameters
-from inferd.scheduling.isolate import RequestFailedAloneError
-from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
-from inferd.streaming import MODEL_FAILURES, StreamingEntry, unary_to_decoupled
-from inferd.types import InferRequest, InferResponse, min_wire_bytes
+from inferd.streaming import StreamingEntry
 from inferd.workers import peers
-
-Encoded = TypeVar("Encoded")
+from inferd.workers.statistics import provider_for
 
 EXTENSIONS = [
     "classification",
@@ -51,7 +42,10 @@ EXTENSIONS = [
 ]
 
 
-class DataPlane(StreamingEntry):
+class DataPlane(InferenceSteps, StreamingEntry):
+    """Inference (`start`, `admit`, `infer`, `respond`: inference.py, and `stream_infer`:
+    streaming.py) and every other API, protocol-neutral."""
+
     def __init__(
         self,
         registry: ModelRegistry,
@@ -71,8 +65,7 @@ class DataPlane(StreamingEntry):
         self.is_shutting_down = False
         self.max_inflight = 0  # server-wide limit of requests in flight (0: none)
         self.max_response_bytes = 0  # responses past it fail with PAYLOAD_TOO_LARGE (0: none)
-        self.workers: peers.WorkerSlot | None = None  # set in a worker of `--workers N`
-        self._sibling_stats: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+        self.workers = None  # a WorkerSlot, set in a worker of `--workers N`
         self._inflight = 0
         self.shared_memory = SharedMemoryRegistry()
         # The trace and log settings APIs, changed through the same gate as the repository.
@@ -169,26 +162,19 @@ class DataPlane(StreamingEntry):
             rows.sort(key=lambda r: (r["name"], int(r.get("version", 0))))
         return rows
 
+    @property
+    def workers(self) -> peers.WorkerSlot | None:
+        """This process's place among `--workers N` (None: the only server process)."""
+        return self._workers
+
+    @workers.setter
+    def workers(self, slot: peers.WorkerSlot | None) -> None:
+        self._workers = slot
+        self.statistics_provider = provider_for(self.model_statistics, slot)
+
     async def server_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """`model_statistics` of the whole server: with `--workers N`, every worker's summed
-        (a statistics call lands on one worker; clients read deltas of these numbers)."""
-        local = self.model_statistics(name, version)
-        if self.workers is None:  # one process: nothing to add
-            return local
-        question = {"op": "stats", "model": name, "version": version}
-        siblings = self.workers.siblings()
-        answers = await asyncio.gather(
-            *(peers.ask(self.workers.socket_path(i), question) for i in siblings)
-        )
-        lists = [local["model_stats"]]
-        for i, answer in zip(siblings, answers, strict=True):
-            key = (i, name, version)
-            if answer is not None and "stats" in answer:
-                self._sibling_stats[key] = answer["stats"]
-            # A sibling that cannot answer now (busy, restarting) counts with its last
-            # answer: clients read deltas, and a total that drops would read as negative.
-            lists.append(self._sibling_stats.get(key, []))
-        return {"model_stats": peers.merge_model_stats(lists)}
+        """`model_statistics` of the whole server (workers/statistics.py)."""
+        return await self.statistics_provider.model_statistics(name, version)
 
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics of this process: every model when `name` is empty, else its
@@ -313,160 +299,6 @@ class DataPlane(StreamingEntry):
     def register_cuda_shared_memory(self) -> None:
         raise invalid(CUDA_UNSUPPORTED)
 
-    # -- inference (and `stream_infer`, from StreamingEntry) ------------------------------
-
-    async def infer(
-        self,
-        model_name: str,
-        version: str,
-        decode: Callable[[], Awaitable[InferRequest]],
-        ctx: CallContext,
-        encode: Callable[[InferRequest, InferResponse], Awaitable[Encoded]],
-    ) -> Encoded:
-        """Admit, decode, check, schedule, answer and encode one request; tell telemetry how
-        it went.
-
-        `decode` reads and decodes the adapter's wire message, `encode` makes the answer's:
-        their failures (a malformed body, a response past --max-response-mib) are counted
-        like every other failure, under the model they were sent to.
-        """
-        # Labels stay "" until resolved: a name or version no model has must not become a
-        # label value (clients could otherwise grow the metrics without bound).
-        record = RequestRecord(model="", version="", ctx=ctx, duration_ns=0)
-        self._inflight += 1
-        try:
-            if self._admit(model_name, version, ctx, record).decoupled:
-                raise unary_to_decoupled(model_name, ctx)
-            request = await decode()
-            record.request = request
-            record.request_id = request.id
-            circuit = self.registry.models[model_name].circuit
-            if not circuit.allow():
-                fallback = circuit.policy.fallback_model
-                if fallback:
-                    response = await self._serve(fallback, "", request, ctx, record, model_name)
-                    return await self._encode(encode, request, response)
-                raise unavailable(
-                    f"model '{model_name}' is failing: its circuit is open, retry in "
-                    f"{circuit.retry_in_s():.0f} s"
-                )
-            try:
-                response = await self._serve(model_name, version, request, ctx, record)
-            except InferdError as exc:
-                # Failing alone in a batch that succeeded is the request's fault (isolate.py).
-                alone = isinstance(exc, RequestFailedAloneError)
-                circuit.record(False, counts=exc.kind in MODEL_FAILURES and not alone)
-                raise
-            except BaseException:
-                circuit.record(False, counts=False)
-                raise
-            circuit.record(True)
-            return await self._encode(encode, request, response)
-        except BaseException as exc:
-            note_failure(record, exc)
-            raise
-        finally:
-            self._inflight -= 1
-            record.duration_ns = time.perf_counter_ns() - ctx.start_ns
-            self.telemetry.request(record)
-
-    async def _encode(
-        self,
-        encode: Callable[[InferRequest, InferResponse], Awaitable[Encoded]],
-        request: InferRequest,
-        response: InferResponse,
-    ) -> Encoded:
-        """The answer in the adapter's wire form, refused before it is built when its
-        tensors alone pass the response limit (the adapter checks the exact size too)."""
-        if self.max_response_bytes:
-            size = min_wire_bytes(response.outputs)
-            check_response_size(size, self.max_response_bytes, at_least=True)
-        return await encode(request, response)
-
-    def _request_over(self) -> None:
-        self._inflight -= 1
-
-    def _admit(
-        self, model_name: str, version: str, ctx: CallContext, record: RequestRecord
-    ) -> ModelVersion:
-        """The checks before a request's body is read; the version it would go to."""
-        if self.is_shutting_down:
-            raise unavailable("the server is shutting down; retry on another replica")
-        if self.max_inflight and self._inflight > self.max_inflight:
-            raise shed(
-                f"the server has {self.max_inflight} requests in flight "
-                "(--max-inflight-requests); retry later"
-            )
-        if model_name in self.registry.models:
-            record.model = model_name
-        early = self.registry.get(model_name, version, ctx.routing_key)
-        record.version = early.version
-        if early.batcher is not None and early.batcher.refuses_all():
-            # Shed before reading and decoding the body: overload answers cost little.
-            raise shed(f"model '{model_name}' queue is full; retry later")
-        return early
-
-    async def _serve(
-        self,
-        model_name: str,
-        version: str,
-        request: InferRequest,
-        ctx: CallContext,
-        record: RequestRecord,
-        fallback_from: str = "",
-    ) -> InferResponse:
-        # Resolve again now that the body is in: a version swapped in while it was read
-        # takes the request (the old one may be draining), and the request id is known for
-        # sticky canary routing.
-        mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
-        record.model, record.version = mv.name, mv.version
-        if mv.decoupled:  # a canary version (or the fallback) may be one
-            raise unary_to_decoupled(mv.name, ctx)
-        # Inputs in shared memory become views of their regions before anything reads them;
-        # the lease keeps those regions mapped until the answer is built.
-        lease = self.shared_memory.lease(request) if request.uses_shared_memory else None
-        try:
-            bound = mv.signature.bind(request)
-            bound.classes = classification.requested_classes(request, mv.signature)
-            record.rows = bound.rows
-            priority, timeout_us = scheduling_parameters(request)
-            if request.parameters or mv.sequence is not None:
-                bound.correlation_id, bound.flags = sequence_parameters(
-                    request, mv.name, mv.sequence is not None
-                )
-            assert mv.batcher is not None  # a READY version always has one
-            outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
-            record.times = times
-            t0 = time.perf_counter_ns()
-            signature = mv.signature
-            try:
-                tensors = [
-                    conform_output(signature, signature.outputs[name], outputs, bound.rows)
-                    for name in bound.output_names
-                ]
-            except OutputMismatchError as exc:
-                raise _model_error(mv, exc.message) from None
-            if bound.classes:
-                tensors = classification.apply(tensors, bound.classes, signature)
-            if lease is not None:
-                tensors = lease.write_outputs(tensors)
-            times.compute_output_ns += time.perf_counter_ns() - t0
-        finally:
-            if lease is not None:
-                lease.release()
-        response = InferResponse(
-            model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
-        )
-        if bound.response_parameters:  # a Triton Python model's InferenceResponse(parameters=)
-            response.parameters.update(bound.response_parameters)
-        if fallback_from:
-            response.parameters["fallback_from"] = fallback_from
-        return response
-
 
 def _tensor_meta(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:
     return {"name": spec.name, "datatype": spec.datatype, "shape": shape}
-
-
-def _model_error(mv: ModelVersion, message: str) -> InferdError:
-    return InferdError(ErrorKind.MODEL_ERROR, f"model '{mv.name}' version {mv.version}: {message}")

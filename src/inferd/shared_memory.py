@@ -31,13 +31,13 @@ import numpy as np
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE
 from inferd.errors import ErrorKind, InferdError, invalid, not_found
-from inferd.protocol.codec import (
+from inferd.protocol.codec import to_binary
+from inferd.protocol.tensor_wire import (
     BYTE_SIZE,
     MAX_BYTES_ELEMENTS,
     NO_DATA,
     OFFSET,
     decode_bytes_elements,
-    to_binary,
 )
 from inferd.types import Array, InferRequest, SharedMemoryRef, Tensor, element_count
 

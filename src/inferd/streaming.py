@@ -36,6 +36,7 @@ from inferd.events import (
     Telemetry,
     note_failure,
 )
+from inferd.infer_call import InferCall
 from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.admission import scheduling_parameters
@@ -63,11 +64,6 @@ def unary_to_decoupled(model: str, ctx: CallContext) -> InferdError:
     return InferdError(ErrorKind.UNSUPPORTED, message)
 
 
-async def _as_is(request: InferRequest, response: InferResponse) -> InferResponse:
-    """`infer`'s encoder for a stream: the adapter encodes each stream message itself."""
-    return response
-
-
 class _Core(Protocol):
     """What `stream_infer` uses of the DataPlane."""
 
@@ -75,14 +71,13 @@ class _Core(Protocol):
     telemetry: Telemetry
     _inflight: int
 
-    async def infer(
-        self,
-        model_name: str,
-        version: str,
-        decode: Callable[[], Awaitable[InferRequest]],
-        ctx: CallContext,
-        encode: Callable[[InferRequest, InferResponse], Awaitable[InferResponse]],
-    ) -> InferResponse: ...
+    def start(self, model_name: str, version: str, ctx: CallContext) -> InferCall: ...
+
+    def admit(self, call: InferCall) -> None: ...
+
+    async def infer(self, call: InferCall, request: InferRequest) -> InferResponse: ...
+
+    def respond(self, call: InferCall, response: InferResponse) -> InferResponse: ...
 
     def stream_infer(
         self,
@@ -120,7 +115,10 @@ class StreamingEntry:
         except InferdError:
             decoupled = False  # `infer` answers (and counts) the lookup's error
         if not decoupled:
-            response = await self.infer(model_name, version, decode, ctx, _as_is)
+            with self.start(model_name, version, ctx) as unary:  # as the unary APIs
+                self.admit(unary)
+                request = await decode()
+                response = self.respond(unary, await self.infer(unary, request))
             if fallback_from:
                 response.parameters["fallback_from"] = fallback_from
             yield StreamResponse(response, None, True)

@@ -14,8 +14,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.protocol.codec import decode_bytes_elements, decode_request
+from inferd.protocol.codec import decode_request
 from inferd.protocol.pb_codec import decode_infer_request
+from inferd.protocol.tensor_wire import decode_bytes_elements
 from inferd.repository.config import ConfigError
 from inferd.repository.spec_limits import (
     DEFAULT_MAX_BYTES_ELEMENT_SIZE,

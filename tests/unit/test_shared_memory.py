@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.protocol.codec import NO_DATA, shared_memory_ref
+from inferd.protocol.tensor_wire import NO_DATA, shared_memory_ref
 from inferd.shared_memory import SharedMemoryRegistry, shm_path
 from inferd.types import InferRequest, RequestedOutput, SharedMemoryRef, Tensor
 

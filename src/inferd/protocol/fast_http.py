@@ -30,8 +30,9 @@ import httptools
 
 from inferd.errors import ErrorKind, InferdError
 from inferd.limits import Limits
-from inferd.protocol.http import _JSON, InferEndpoint, Reply
+from inferd.protocol.http_errors import INTERNAL_BODY
 from inferd.protocol.http_guard import ConnectionBook, GuardedHttpProtocol
+from inferd.protocol.http_infer import _JSON, InferEndpoint, Reply
 
 log = logging.getLogger("inferd.http")
 
@@ -177,7 +178,7 @@ class InferdHttpProtocol(GuardedHttpProtocol):
         except Exception:
             log.exception("unhandled error on POST /v2/models/%s/infer", call.model)
             call.keep_alive = False
-            reply = (500, _JSON, b'{"error":"internal error; see the server log"}', [])
+            reply = (500, _JSON, INTERNAL_BODY, [])
         if call.disconnected:
             return
         if self.flow.write_paused:

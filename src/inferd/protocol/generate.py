@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -30,10 +30,10 @@ from starlette.types import Receive, Scope, Send
 
 from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
-from inferd.error_text import client_message
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.events import CallContext
 from inferd.protocol.codec import decode_json_input, tensor_json
+from inferd.protocol.http_errors import http_error
 from inferd.streams import StreamResponse
 from inferd.types import InferRequest, InferResponse, Tensor
 
@@ -44,7 +44,7 @@ ReadBody = Callable[[Receive, str | None, int], Awaitable[bytes]]
 
 class GenerateEndpoint:
     """An ASGI app for one of the two routes (`streaming`: generate_stream). The HTTP
-    adapter hands it its body reader, deadline header parser and status table."""
+    adapter hands it its body reader and deadline header parser."""
 
     def __init__(
         self,
@@ -53,14 +53,12 @@ class GenerateEndpoint:
         streaming: bool,
         read_body: ReadBody,
         deadline_ns: Callable[[str | None, int], int | None],
-        status: Mapping[ErrorKind, int],
     ) -> None:
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
         self.streaming = streaming
         self._read_body = read_body
         self._deadline_ns = deadline_ns
-        self._status = status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = scope["path_params"]
@@ -101,8 +99,8 @@ class GenerateEndpoint:
                 else:
                     await self._answer_once(items, send)
         except InferdError as exc:
-            body = orjson.dumps({"error": client_message(exc)})
-            await _reply(send, self._status[exc.kind], _JSON, body, exc)
+            error = http_error(exc)
+            await _reply(send, error.status, _JSON, error.body, error.headers)
         except asyncio.CancelledError:
             if handler is None or not watcher or not watcher[0].done():
                 raise
@@ -238,9 +236,9 @@ def _event(item: StreamResponse) -> bytes:
         try:
             return b"data: " + response_json(item.response) + b"\n\n"
         except InferdError as exc:
-            return b"data: " + orjson.dumps({"error": client_message(exc)}) + b"\n\n"
+            return b"data: " + http_error(exc).body + b"\n\n"
     if item.error is not None:
-        return b"data: " + orjson.dumps({"error": client_message(item.error)}) + b"\n\n"
+        return b"data: " + http_error(item.error).body + b"\n\n"
     return b""
 
 
@@ -252,11 +250,14 @@ def _not_one_response(model: str, got: str) -> InferdError:
 
 
 async def _reply(
-    send: Send, status: int, content_type: bytes, body: bytes, exc: InferdError | None = None
+    send: Send,
+    status: int,
+    content_type: bytes,
+    body: bytes,
+    extra: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    if exc is not None and exc.kind is ErrorKind.RESOURCE_EXHAUSTED:
-        headers.append((b"retry-after", b"1"))  # shed: retry later, as /infer says
+    headers += extra
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -1,21 +1,17 @@
 """The gRPC adapter: Triton's `inference.GRPCInferenceService` over the DataPlane.
 
 Messages and the servicer base come generated in `tritonclient.grpc`. Like the HTTP adapter,
-it only translates; every method's failures go through one ErrorKind -> StatusCode table.
+it only translates; every method's failures go through one rule (protocol/grpc_errors.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-import orjson
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
@@ -23,12 +19,14 @@ from tritonclient.grpc import service_pb2_grpc
 from inferd import tracing
 from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
-from inferd.error_text import client_message
-from inferd.errors import ErrorKind, InferdError, invalid
+from inferd.errors import InferdError
 from inferd.events import CallContext
 from inferd.limits import DEFAULT_LIMITS, Limits
 from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
+from inferd.protocol.grpc_admin import ADMIN_SERVICE, AdminService
+from inferd.protocol.grpc_errors import abort, abort_internal
 from inferd.protocol.grpc_handlers import add_inference_servicer
+from inferd.protocol.grpc_stream import StreamInferMethod, call_context
 from inferd.protocol.offload import Offload
 from inferd.protocol.pb_codec import (
     decode_infer_request,
@@ -37,26 +35,10 @@ from inferd.protocol.pb_codec import (
     serialize_infer_response,
 )
 from inferd.settings import TlsFiles
-from inferd.streams import STREAM_QUEUE_LIMIT, StreamResponse
 from inferd.tls import grpc_credentials
-from inferd.types import InferRequest, InferResponse, min_wire_bytes
+from inferd.types import min_wire_bytes
 
 log = logging.getLogger("inferd.grpc")
-
-STATUS: dict[ErrorKind, grpc.StatusCode] = {
-    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorKind.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,  # Triton's mapping of UNSUPPORTED
-    ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.MODEL_ERROR: grpc.StatusCode.INTERNAL,
-    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -69,16 +51,15 @@ def errors_mapped(method: Method[Req, Resp]) -> Method[Req, Resp]:
         try:
             return await method(self, request, context)
         except InferdError as exc:
-            await context.abort(STATUS[exc.kind], client_message(exc))
+            await abort(context, exc)
         except Exception:
             log.exception("unhandled error in %s", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
-        raise AssertionError("unreachable: abort raises")
+            await abort_internal(context)
 
     return wrapper
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceServicer(StreamInferMethod, service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(
         self,
         dataplane: DataPlane,
@@ -140,7 +121,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @errors_mapped
     async def ModelInfer(self, request: bytes, context: Any) -> bytes:
-        ctx = _call_context(context)
+        ctx = call_context(context)
         # Trailing metadata: sent with the response and with an error status alike.
         if traceparent := tracing.echo(ctx):  # "" unless a valid traceparent came in
             context.set_trailing_metadata((("traceparent", traceparent),))
@@ -148,116 +129,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._infer(msg, len(request), ctx)
 
     async def _infer(self, msg: Any, size: int, ctx: CallContext) -> bytes:
-        async def decode() -> InferRequest:
-            return await self.offload.run(
-                size, decode_infer_request, msg, self.limits.max_bytes_elements
-            )
-
-        async def encode(_: InferRequest, response: InferResponse) -> bytes:
-            return await self.offload.run(
-                min_wire_bytes(response.outputs),
-                serialize_infer_response,
-                response,
-                self.max_response_bytes,
-            )
-
-        return await self.dp.infer(msg.model_name, msg.model_version, decode, ctx, encode)
-
-    async def ModelStreamInfer(
-        self, requests: AsyncIterator[bytes], context: Any
-    ) -> AsyncIterator[bytes]:
-        """Each request of the stream runs as soon as it arrives; its responses (a decoupled
-        model's any number, or errors, which don't end the stream) come back as they are
-        ready, each carrying the request's id and, as Triton's, `triton_final_response`.
-
-        Bounded twice, so that a client that never reads costs the server a fixed amount:
-        at most `max_stream_pending` requests are in progress (read, with responses still to
-        come); past that the stream is not read, and gRPC's flow control stops the client's
-        sends. And at most STREAM_QUEUE_LIMIT messages wait to be written, which holds back
-        the requests' responses, down to the models' senders."""
-        done: asyncio.Queue[bytes | None] = asyncio.Queue(STREAM_QUEUE_LIMIT)
-        tasks: set[asyncio.Task[None]] = set()
-        room = asyncio.Semaphore(self.limits.max_stream_pending)
-
-        async def one(raw: bytes) -> None:
-            request: Any = None  # the parsed message, once it parses
-            try:
-                request = await self.offload.run(len(raw), parse_infer_request, raw)
-                ctx = _call_context(context)
-                empty_final: list[bool] = []  # the request's triton_enable_empty_final_response
-
-                async def decode() -> InferRequest:
-                    decoded = await self.offload.run(
-                        len(raw), decode_infer_request, request, self.limits.max_bytes_elements
-                    )
-                    empty_final.append(_empty_final_wanted(decoded))
-                    return decoded
-
-                items = self.dp.stream_infer(request.model_name, request.model_version, decode, ctx)
-                async with contextlib.aclosing(items):
-                    async for item in items:
-                        message = await self._stream_message(request, item, bool(empty_final[0]))
-                        if message is not None:
-                            await done.put(message)
-            except InferdError as exc:
-                await done.put(_stream_error(request, client_message(exc)))
-            except Exception:
-                log.exception("unhandled error in ModelStreamInfer")
-                await done.put(_stream_error(request, "internal error; see the server log"))
-            finally:
-                room.release()
-
-        async def read() -> None:
-            incoming = aiter(requests)
-            while True:
-                if room.locked():  # max_stream_pending in progress: wait for the client
-                    self.streams_held += 1
-                    try:
-                        await room.acquire()
-                    finally:
-                        self.streams_held -= 1
-                else:
-                    await room.acquire()
-                try:
-                    raw = await anext(incoming)
-                except StopAsyncIteration:
-                    break
-                task = asyncio.create_task(one(raw))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            while tasks:
-                await asyncio.gather(*tasks)
-            await done.put(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while (item := await done.get()) is not None:
-                yield item  # resumed once gRPC has sent it (or queued it within its window)
-        finally:
-            reader.cancel()
-            for task in list(tasks):
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-
-    async def _stream_message(
-        self, request: Any, item: StreamResponse, empty_final: bool
-    ) -> bytes | None:
-        """One stream message's wire bytes (a large response serialised off the loop)."""
-        if item.response is not None:
-            response = item.response
+        with self.dp.start(msg.model_name, msg.model_version, ctx) as call:
+            self.dp.admit(call)
+            max_elements = self.limits.max_bytes_elements
+            request = await self.offload.run(size, decode_infer_request, msg, max_elements)
+            response = self.dp.respond(call, await self.dp.infer(call, request))
             return await self.offload.run(
                 min_wire_bytes(response.outputs),
                 serialize_infer_response,
                 response,
                 self.max_response_bytes,
-                {FINAL: item.final},
             )
-        if item.error is not None:
-            return _stream_error(request, client_message(item.error), item.final)
-        if empty_final:  # the final flag alone
-            return _stream_error(request, "", True)
-        return None
 
     @errors_mapped
     async def RepositoryModelLoad(
@@ -346,108 +228,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return response
 
 
-def _call_context(context: Any) -> CallContext:
-    metadata = dict(context.invocation_metadata() or ())
-    start_ns = time.perf_counter_ns()
-    remaining_s = context.time_remaining()  # the client's gRPC deadline, if it set one
-    return CallContext(
-        "grpc",
-        context.peer() or "",
-        metadata.get("traceparent", ""),
-        time.time(),
-        start_ns,
-        metadata.get("inferd-routing-key", ""),
-        None if remaining_s is None else start_ns + int(remaining_s * 1e9),
-    )
-
-
-EMPTY_FINAL = "triton_enable_empty_final_response"
-FINAL = "triton_final_response"
-
-
-def _empty_final_wanted(request: InferRequest) -> bool:
-    """Triton's stream parameter: send the final flag as an empty response when it comes
-    without one. Taken out of the request's parameters: it is for the server, not the model."""
-    wanted = request.parameters.pop(EMPTY_FINAL, False)
-    if not isinstance(wanted, bool):
-        raise invalid(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param")
-    return wanted
-
-
-def _stream_error(request: Any, message: str, final: bool = True) -> bytes:
-    """An error on the stream, naming the request (when it could be parsed at all)."""
-    answer = pb.ModelStreamInferResponse(error_message=message)
-    if request is not None:
-        answer.infer_response.model_name = request.model_name
-        answer.infer_response.model_version = request.model_version
-        answer.infer_response.id = request.id
-    answer.infer_response.parameters[FINAL].bool_param = final
-    return bytes(answer.SerializeToString())
-
-
-ADMIN_SERVICE = "inferd.admin.v1.Admin"
-
-
-class AdminService:
-    """Routing administration over gRPC: `/inferd.admin.v1.Admin/<Method>` with JSON
-    messages (no .proto to compile; any gRPC client can call it with a bytes codec).
-
-    GetRouting {"model"} · SetRouting {"model", "weights"} · Promote {"model", "version"} ·
-    Rollback {"model", "version"?} -> the model's routing as JSON.
-    """
-
-    def __init__(self, dataplane: DataPlane) -> None:
-        self.dp = dataplane
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        methods = {
-            "GetRouting": lambda doc: self.dp.routing(_str(doc, "model")),
-            "SetRouting": lambda doc: self.dp.set_routing(_str(doc, "model"), doc.get("weights")),
-            "Promote": lambda doc: self.dp.promote(_str(doc, "model"), _str(doc, "version")),
-            "Rollback": lambda doc: self.dp.rollback(
-                _str(doc, "model"), str(doc.get("version", ""))
-            ),
-        }
-        return grpc.method_handlers_generic_handler(
-            ADMIN_SERVICE,
-            {
-                name: grpc.unary_unary_rpc_method_handler(
-                    self._wrap(fn), request_deserializer=_json_in, response_serializer=orjson.dumps
-                )
-                for name, fn in methods.items()
-            },
-        )
-
-    @staticmethod
-    def _wrap(
-        fn: Callable[[dict[str, Any]], dict[str, Any]],
-    ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[dict[str, Any]]]:
-        async def call(doc: Any, context: grpc.aio.ServicerContext) -> dict[str, Any]:
-            try:
-                if not isinstance(doc, dict):
-                    raise invalid("the request must be a JSON object")
-                return fn(doc)
-            except InferdError as exc:
-                await context.abort(STATUS[exc.kind], client_message(exc))
-            raise AssertionError("unreachable: abort raises")
-
-        return call
-
-
-def _json_in(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError:
-        return None
-
-
-def _str(doc: dict[str, Any], key: str) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str | int) or value == "":
-        raise invalid(f"'{key}' is required")
-    return str(value)
-
-
 # Triton's API group of each method (what --grpc-restricted-protocol names); the routing
 # service counts as model-repository.
 METHOD_GROUPS: dict[str, ApiGroup] = {
@@ -482,9 +262,7 @@ def build_server(
     guarded = any(dataplane.access.guards("grpc", g) for g in set(METHOD_GROUPS.values()))
     server = grpc.aio.server(
         # No interceptor when nothing is restricted: unrestricted calls pay nothing.
-        interceptors=[AccessInterceptor(dataplane.access, METHOD_GROUPS, STATUS)]
-        if guarded
-        else None,
+        interceptors=[AccessInterceptor(dataplane.access, METHOD_GROUPS)] if guarded else None,
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", max_send_bytes),

@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 
 from inferd.access import AccessPolicy, ApiGroup
-from inferd.error_text import client_message
-from inferd.errors import ErrorKind, InferdError
+from inferd.errors import InferdError
+from inferd.protocol.grpc_errors import abort
 
 _SERVICE = "/inference.GRPCInferenceService/"
 TRITON_METHOD_GROUPS: dict[str, ApiGroup] = {
@@ -41,11 +41,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self,
         access: AccessPolicy,
         groups: dict[str, ApiGroup],
-        status: dict[ErrorKind, grpc.StatusCode],
     ) -> None:
         self.access = access
         self.groups = groups
-        self.status = status
 
     async def intercept_service(
         self,
@@ -60,15 +58,15 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         try:
             self.access.check("grpc", group, metadata.get)
         except InferdError as exc:
-            return _refusal(handler, self.status[exc.kind], client_message(exc))
+            return _refusal(handler, exc)
         return handler
 
 
-def _refusal(handler: Any, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    """A handler of `handler`'s kind that answers `code` without running the method."""
+def _refusal(handler: Any, exc: InferdError) -> grpc.RpcMethodHandler:
+    """A handler of `handler`'s kind that answers `exc` without running the method."""
 
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
+        await abort(context, exc)
 
     make = {
         (False, False): grpc.unary_unary_rpc_method_handler,

@@ -18,6 +18,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
+from inferd.errors import invalid
+from inferd.protocol.grpc_errors import abort
+
 SERVICE = "inference.GRPCInferenceService"
 RAW_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})  # bytes in, bytes out
 
@@ -52,7 +55,7 @@ def _parsing(
         try:
             request = message.FromString(raw)
         except DecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {name}: {exc}")
+            await abort(context, invalid(f"malformed {name}: {exc}"))
         return await behaviour(request, context)
 
     return parsed

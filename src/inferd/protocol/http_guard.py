@@ -36,6 +36,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from inferd.limits import DEFAULT_LIMITS, HEALTH_RESERVE, KIB, Limits
+from inferd.protocol.http_errors import RETRY_AFTER
 
 log = logging.getLogger("inferd.http")
 
@@ -368,8 +369,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         for name, value in self.server_state.default_headers:
             lines += (name, b": ", value, b"\r\n")
         lines.append(b"content-type: application/json\r\n")
-        if status == 429:
-            lines.append(b"retry-after: 1\r\n")
+        if status == 429:  # as every shed answer (http_errors.py)
+            lines += (RETRY_AFTER[0], b": ", RETRY_AFTER[1], b"\r\n")
         lines += (b"content-length: ", str(len(body)).encode(), b"\r\nconnection: close\r\n\r\n")
         lines.append(body)
         return b"".join(lines)

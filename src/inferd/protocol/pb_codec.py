@@ -16,7 +16,9 @@ from tritonclient.grpc import service_pb2 as pb
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
 from inferd.limits import check_response_size
-from inferd.protocol.codec import (
+from inferd.protocol.codec import to_binary
+from inferd.protocol.strict_values import check_flags
+from inferd.protocol.tensor_wire import (
     MAX_BYTES_ELEMENTS,
     NO_DATA,
     REGION,
@@ -25,9 +27,7 @@ from inferd.protocol.codec import (
     declared_count,
     decode_bytes_elements,
     shared_memory_ref,
-    to_binary,
 )
-from inferd.protocol.strict_values import check_flags
 from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
 
 # Which typed `contents` field carries each datatype (Triton's mapping; FP16 travels raw only).

@@ -22,7 +22,7 @@ from inferd.backends.base import AnyInstance, RequestInfoInstance, RequestListIn
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.errors import InferdError
-from inferd.protocol.codec import decode_bytes_elements
+from inferd.protocol.tensor_wire import decode_bytes_elements
 from inferd.python_model import SEQUENCE_END, SEQUENCE_START, RequestInfo
 from inferd.repository.config import ConfigError
 from inferd.repository.paths import confined

@@ -1,0 +1,173 @@
+"""The DataPlane's unary inference, in explicit steps the adapters call in order:
+
+    with dataplane.start(model, version, ctx) as call:   # counted in flight; told to telemetry
+        dataplane.admit(call)                              # before the body is read
+        request = <the adapter decodes its wire message>
+        response = dataplane.respond(call, await dataplane.infer(call, request))
+        <the adapter encodes `response`>
+
+Everything between `start` and the end of the `with` (the adapter's decoding and encoding
+too: a malformed body, a response past --max-response-mib) is counted as one request under
+the model it was sent to, failures included.
+"""
+
+from __future__ import annotations
+
+import time
+
+from inferd import classification
+from inferd.conformance import OutputMismatchError, conform_output
+from inferd.errors import ErrorKind, InferdError, shed, unavailable
+from inferd.events import CallContext, RequestRecord, Telemetry
+from inferd.infer_call import InferCall
+from inferd.limits import check_response_size
+from inferd.repository.model_state import ModelVersion
+from inferd.repository.registry import ModelRegistry
+from inferd.scheduling.admission import scheduling_parameters
+from inferd.scheduling.isolate import RequestFailedAloneError
+from inferd.scheduling.sequence_parameters import sequence_parameters
+from inferd.shared_memory import SharedMemoryRegistry
+from inferd.streaming import MODEL_FAILURES, unary_to_decoupled
+from inferd.types import InferRequest, InferResponse, min_wire_bytes
+
+
+class InferenceSteps:
+    """The steps (a mixin of the DataPlane: it holds the methods, the DataPlane the state)."""
+
+    registry: ModelRegistry
+    telemetry: Telemetry
+    shared_memory: SharedMemoryRegistry
+    is_shutting_down: bool
+    max_inflight: int
+    max_response_bytes: int
+    _inflight: int
+
+    def start(self, model_name: str, version: str, ctx: CallContext) -> InferCall:
+        """A request begins: counted in flight (and against --max-inflight-requests) until
+        the end of its `with`, which tells telemetry how it went."""
+        return InferCall(self, model_name, version, ctx)
+
+    def admit(self, call: InferCall) -> None:
+        """The checks before a request's body is read (a shed request is refused unread)."""
+        if self._admit(call.model_name, call.version, call.ctx, call.record).decoupled:
+            raise unary_to_decoupled(call.model_name, call.ctx)
+
+    async def infer(self, call: InferCall, request: InferRequest) -> InferResponse:
+        """Check, schedule and answer an admitted request: its circuit decides whether it
+        runs, fails fast or goes to the fallback model."""
+        record, ctx, model_name = call.record, call.ctx, call.model_name
+        record.request = request
+        record.request_id = request.id
+        circuit = self.registry.models[model_name].circuit
+        if not circuit.allow():
+            fallback = circuit.policy.fallback_model
+            if fallback:
+                return await self._serve(fallback, "", request, ctx, record, model_name)
+            raise unavailable(
+                f"model '{model_name}' is failing: its circuit is open, retry in "
+                f"{circuit.retry_in_s():.0f} s"
+            )
+        try:
+            response = await self._serve(model_name, call.version, request, ctx, record)
+        except InferdError as exc:
+            # Failing alone in a batch that succeeded is the request's fault (isolate.py).
+            alone = isinstance(exc, RequestFailedAloneError)
+            circuit.record(False, counts=exc.kind in MODEL_FAILURES and not alone)
+            raise
+        except BaseException:
+            circuit.record(False, counts=False)
+            raise
+        circuit.record(True)
+        return response
+
+    def respond(self, call: InferCall, response: InferResponse) -> InferResponse:
+        """The answer, to encode: refused before it is built when its tensors alone pass the
+        response limit (the adapter checks the exact size too)."""
+        if self.max_response_bytes:
+            size = min_wire_bytes(response.outputs)
+            check_response_size(size, self.max_response_bytes, at_least=True)
+        return response
+
+    def _request_over(self) -> None:
+        self._inflight -= 1
+
+    def _admit(
+        self, model_name: str, version: str, ctx: CallContext, record: RequestRecord
+    ) -> ModelVersion:
+        """The checks before a request's body is read; the version it would go to."""
+        if self.is_shutting_down:
+            raise unavailable("the server is shutting down; retry on another replica")
+        if self.max_inflight and self._inflight > self.max_inflight:
+            raise shed(
+                f"the server has {self.max_inflight} requests in flight "
+                "(--max-inflight-requests); retry later"
+            )
+        if model_name in self.registry.models:
+            record.model = model_name
+        early = self.registry.get(model_name, version, ctx.routing_key)
+        record.version = early.version
+        if early.batcher is not None and early.batcher.refuses_all():
+            # Shed before reading and decoding the body: overload answers cost little.
+            raise shed(f"model '{model_name}' queue is full; retry later")
+        return early
+
+    async def _serve(
+        self,
+        model_name: str,
+        version: str,
+        request: InferRequest,
+        ctx: CallContext,
+        record: RequestRecord,
+        fallback_from: str = "",
+    ) -> InferResponse:
+        # Resolve again now that the body is in: a version swapped in while it was read
+        # takes the request (the old one may be draining), and the request id is known for
+        # sticky canary routing.
+        mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
+        record.model, record.version = mv.name, mv.version
+        if mv.decoupled:  # a canary version (or the fallback) may be one
+            raise unary_to_decoupled(mv.name, ctx)
+        # Inputs in shared memory become views of their regions before anything reads them;
+        # the lease keeps those regions mapped until the answer is built.
+        lease = self.shared_memory.lease(request) if request.uses_shared_memory else None
+        try:
+            bound = mv.signature.bind(request)
+            bound.classes = classification.requested_classes(request, mv.signature)
+            record.rows = bound.rows
+            priority, timeout_us = scheduling_parameters(request)
+            if request.parameters or mv.sequence is not None:
+                bound.correlation_id, bound.flags = sequence_parameters(
+                    request, mv.name, mv.sequence is not None
+                )
+            assert mv.batcher is not None  # a READY version always has one
+            outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+            record.times = times
+            t0 = time.perf_counter_ns()
+            signature = mv.signature
+            try:
+                tensors = [
+                    conform_output(signature, signature.outputs[name], outputs, bound.rows)
+                    for name in bound.output_names
+                ]
+            except OutputMismatchError as exc:
+                raise _model_error(mv, exc.message) from None
+            if bound.classes:
+                tensors = classification.apply(tensors, bound.classes, signature)
+            if lease is not None:
+                tensors = lease.write_outputs(tensors)
+            times.compute_output_ns += time.perf_counter_ns() - t0
+        finally:
+            if lease is not None:
+                lease.release()
+        response = InferResponse(
+            model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
+        )
+        if bound.response_parameters:  # a Triton Python model's InferenceResponse(parameters=)
+            response.parameters.update(bound.response_parameters)
+        if fallback_from:
+            response.parameters["fallback_from"] = fallback_from
+        return response
+
+
+def _model_error(mv: ModelVersion, message: str) -> InferdError:
+    return InferdError(ErrorKind.MODEL_ERROR, f"model '{mv.name}' version {mv.version}: {message}")

@@ -1,0 +1,57 @@
+"""Where Triton's statistics of the whole server come from, behind one interface: this
+process's own (one server process), or with `--workers N` every worker's summed (a
+statistics call lands on one worker; clients read deltas of these numbers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from inferd.workers import peers
+
+LocalStatistics = Callable[[str, str], dict[str, Any]]  # this process's, by (model, version)
+
+
+class StatisticsProvider(Protocol):
+    async def model_statistics(self, name: str, version: str) -> dict[str, Any]: ...
+
+
+class ProcessStatistics:
+    """One process: its own statistics are the server's."""
+
+    def __init__(self, local: LocalStatistics) -> None:
+        self.local = local
+
+    async def model_statistics(self, name: str, version: str) -> dict[str, Any]:
+        return self.local(name, version)
+
+
+class WorkersStatistics:
+    """One of `--workers N`: its own statistics and its siblings', asked over their sockets."""
+
+    def __init__(self, local: LocalStatistics, slot: peers.WorkerSlot) -> None:
+        self.local = local
+        self.slot = slot
+        self._last: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+
+    async def model_statistics(self, name: str, version: str) -> dict[str, Any]:
+        local = self.local(name, version)
+        question = {"op": "stats", "model": name, "version": version}
+        siblings = self.slot.siblings()
+        answers = await asyncio.gather(
+            *(peers.ask(self.slot.socket_path(i), question) for i in siblings)
+        )
+        lists = [local["model_stats"]]
+        for i, answer in zip(siblings, answers, strict=True):
+            key = (i, name, version)
+            if answer is not None and "stats" in answer:
+                self._last[key] = answer["stats"]
+            # A sibling that cannot answer now (busy, restarting) counts with its last
+            # answer: clients read deltas, and a total that drops would read as negative.
+            lists.append(self._last.get(key, []))
+        return {"model_stats": peers.merge_model_stats(lists)}
+
+
+def provider_for(local: LocalStatistics, slot: peers.WorkerSlot | None) -> StatisticsProvider:
+    return ProcessStatistics(local) if slot is None else WorkersStatistics(local, slot)

@@ -1,0 +1,56 @@
+"""An InferCall (infer_call.py): in flight within its `with`, and its record told to
+telemetry at the end whether the adapter's steps inside succeeded or failed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from inferd.errors import invalid
+from inferd.events import BatchRecord, CallContext, RequestRecord, Telemetry
+from inferd.infer_call import InferCall
+
+
+class Records:
+    """A telemetry sink that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.requests: list[RequestRecord] = []
+
+    def on_request(self, record: RequestRecord) -> None:
+        self.requests.append(record)
+
+    def on_batch(self, record: BatchRecord) -> None:
+        pass
+
+
+class Owner:
+    def __init__(self) -> None:
+        self._inflight = 0
+        self.sink = Records()
+        self.telemetry = Telemetry([self.sink])
+
+
+def _ctx() -> CallContext:
+    return CallContext("http", "127.0.0.1:1", "", time.time(), time.perf_counter_ns())
+
+
+def test_in_flight_within_the_with_and_recorded_once_after() -> None:
+    owner = Owner()
+    with InferCall(owner, "m", "", _ctx()) as call:
+        assert owner._inflight == 1
+        assert owner.sink.requests == []
+        call.record.model = "m"
+    assert owner._inflight == 0
+    assert [(r.model, r.failure) for r in owner.sink.requests] == [("m", None)]
+    assert owner.sink.requests[0].duration_ns > 0
+
+
+def test_a_failure_inside_is_recorded_and_raised() -> None:
+    owner = Owner()
+    with pytest.raises(Exception, match="malformed"), InferCall(owner, "m", "", _ctx()):
+        raise invalid("malformed JSON request")  # an adapter's decode, between the steps
+    assert owner._inflight == 0
+    (record,) = owner.sink.requests
+    assert (record.failure, record.message) == ("invalid_input", "malformed JSON request")
