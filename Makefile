@@ -48,13 +48,24 @@ test-tools:
 	@bash benchmarks/perf_analyzer.sh --install || echo "make test: perf_analyzer not" \
 	  "installed (see above); the tests that need it will be skipped" >&2
 
+# The suite runs under coverage (servers and worker processes the tests start included:
+# pyproject.toml's [tool.coverage.run]); `make check` then holds the line count it reached.
 test: $(VENV)/.test-deps test-tools
-	$(BIN)/python -m pytest $(ARGS)
+	@rm -f .coverage .coverage.*
+	@status=0; $(BIN)/coverage run -m pytest $(ARGS) || status=$$?; \
+	  $(BIN)/coverage combine -q >/dev/null 2>&1 || true; exit $$status
 
+# The coverage gate reads what the last `make test` measured: run the whole suite first.
 check: $(VENV)/.test-deps
 	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/mypy
+	@test -f .coverage || { echo "make check: no coverage data; run the whole suite first" \
+	  "(make test), then make check" >&2; exit 1; }
+	@total=$$($(BIN)/coverage report --format=total 2>&1) || { echo "make check: $$total" \
+	  "(src/inferd's lines; a partial run, make test ARGS=..., measures less: run the whole" \
+	  "suite)" | tr '\n' ' ' >&2; echo >&2; exit 1; }; \
+	  echo "coverage of src/inferd: $$total% (gate: $$(sed -n 's/^fail_under = //p' pyproject.toml)%)"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
