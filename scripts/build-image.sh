@@ -66,11 +66,11 @@ if [ -n "$DEBOOTSTRAP" ]; then
     echo "build-image: making a Debian bookworm root with Python 3.11 (debootstrap)" >&2
     # Debian's own mirror, as debootstrap chooses it; python3 is 3.11 in bookworm.
     debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-        bookworm "$ROOTFS/root" >"$ROOTFS/debootstrap.log" 2>&1 \
+        bookworm "$ROOTFS/tree" >"$ROOTFS/debootstrap.log" 2>&1 \
         || { tail -n 20 "$ROOTFS/debootstrap.log" >&2; fail "debootstrap failed"; }
-    rm -rf "$ROOTFS/root/var/cache/apt/archives"/*.deb "$ROOTFS/root/var/lib/apt/lists"/*
+    rm -rf "$ROOTFS/tree/var/cache/apt/archives"/*.deb "$ROOTFS/tree/var/lib/apt/lists"/*
     BASE=localhost/inferd-base:bookworm
-    tar -C "$ROOTFS/root" -cf "$ROOTFS/root.tar" .
+    tar -C "$ROOTFS/tree" -cf "$ROOTFS/root.tar" .
     if [ "$ENGINE" = podman ]; then
         podman import "$ROOTFS/root.tar" "$BASE" >/dev/null
     else
