@@ -15,7 +15,8 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.repository.config_fields import FIELDS, Status
+from inferd.repository.config_field_rules import Status
+from inferd.repository.config_fields import FIELDS
 from inferd.repository.config_parameters import (
     BACKEND_PARAMETERS,
     INFERD_PARAMETERS,

@@ -13,183 +13,104 @@ is not set, so it is accepted even where the field is refused: its default is wh
 does. A message is set when present, even empty; group messages whose presence changes
 nothing (`response_cache { }`) are honoured and their fields decide.
 
-Work in flight elsewhere flips an entry from `_refused(...)` to `_honoured(...)`: the reason
+Work in flight elsewhere flips an entry from `refused(...)` to `honoured(...)`: the reason
 strings below name what is missing.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
-
-class Status(enum.Enum):
-    HONOURED = "honoured"
-    REFUSED = "refused"  # fails the load, naming file and field
-    HINT = "hint"  # taken as a wish: where it cannot be met, a warning and what was done
-
-
-# A check of one set value, given the message holding it: "" when fine, else why not.
-ValueCheck = Callable[[Any, Any], str]
-
-
-@dataclass(frozen=True, slots=True)
-class FieldRule:
-    status: Status
-    note: str  # honoured/hint: what inferd does with it; refused: why, and what to do
-    backends: tuple[str, ...] = ()  # honoured only for these backends (others refuse it)
-    check: ValueCheck | None = None  # refuses some values of an honoured field
-
-
-def _honoured(
-    note: str, backends: tuple[str, ...] = (), check: ValueCheck | None = None
-) -> FieldRule:
-    return FieldRule(Status.HONOURED, note, backends, check)
-
-
-def _refused(reason: str) -> FieldRule:
-    return FieldRule(Status.REFUSED, reason)
-
-
-def _hint(note: str, check: ValueCheck | None = None) -> FieldRule:
-    return FieldRule(Status.HINT, note, (), check)
-
-
-def _each(rule: FieldRule, *paths: str) -> dict[str, FieldRule]:
-    return dict.fromkeys(paths, rule)
-
-
-GROUP = "a group: its fields are classified one by one"
-TENSORRT = "a TensorRT setting; inferd has no TensorRT backend"
-CUDA_TUNING = "CUDA tuning inferd does not do (no CUDA graphs, streams or pinned buffers)"
-# Backends that take inputs by name, so the server's control and state tensors reach them.
-SEQUENCE_INPUT_BACKENDS = ("onnxruntime", "python")
-# Backends whose models take the merged batch by input name (the batch inputs are extra
-# inputs); TritonPythonModel models get each request's own tensors instead.
-RAGGED_BACKENDS = ("onnxruntime", "python")
-BATCH_INPUT = "computed by the server for each batch from the source input's shapes"
-ENSEMBLE = "ensembles are not implemented; chain the models in the client"
-RATE_LIMIT = "inferd has no rate limiter; bound the load with instance counts and queue policy"
-DELAY_NOT_IMPLEMENTED = (
-    "DELAY is not implemented (Triton moves a timed-out request behind the others; inferd "
-    "would keep it in place, as if it had no timeout); use REJECT, or no timeout"
+from inferd.repository.config_field_rules import (
+    CUDA_TUNING,
+    ENSEMBLE,
+    GROUP,
+    QUEUE_POLICY,
+    RAGGED_BACKENDS,
+    RATE_LIMIT,
+    SEQUENCE_INPUT_BACKENDS,
+    TENSORRT,
+    FieldRule,
+    Status,
+    each,
+    format_check,
+    gpus_check,
+    hint,
+    honoured,
+    kind_check,
+    refused,
 )
 
-
-def _kind_check(_group: Any, kind: int) -> str:
-    if kind == mc.ModelInstanceGroup.KIND_MODEL:
-        return (
-            "KIND_MODEL is not supported: inferd places instances itself; use KIND_CPU, "
-            "KIND_GPU or KIND_AUTO"
-        )
-    return ""
-
-
-def _gpus_check(group: Any, _gpus: Any) -> str:
-    if group.kind == mc.ModelInstanceGroup.KIND_CPU:
-        return "GPUs are listed but kind is KIND_CPU (Triton's rule: gpus need KIND_GPU)"
-    return ""
-
-
-def _timeout_action_check(policy: Any, action: int) -> str:
-    delays = action == mc.ModelQueuePolicy.DELAY
-    if delays and (policy.default_timeout_microseconds or policy.allow_timeout_override):
-        return DELAY_NOT_IMPLEMENTED
-    return ""
-
-
-def _format_check(tensor: Any, _format: int) -> str:
-    # Triton's rule: an image format describes three dimensions (CHW or HWC).
-    if len(tensor.dims) != 3:
-        return f"format {mc.ModelInput.Format.Name(_format)} needs 3 dims, got {list(tensor.dims)}"
-    return ""
-
-
-_QUEUE_POLICY = {
-    "timeout_action": _honoured(
-        "REJECT (the default) answers a timed-out request 504; DELAY is accepted only where "
-        "no timeout applies",
-        check=_timeout_action_check,
-    ),
-    "default_timeout_microseconds": _honoured(
-        "a queued request waits at most this long (docs/reliability.md)"
-    ),
-    "allow_timeout_override": _honoured("a request's `timeout` parameter may shorten it"),
-    "max_queue_size": _honoured("past it, a request is shed at once: 429 / RESOURCE_EXHAUSTED"),
-}
-
 FIELDS: dict[str, FieldRule] = {
-    "name": _honoured("must match the model's directory"),
-    "platform": _honoured("onnxruntime_onnx or pytorch_libtorch; others fail the load"),
-    "backend": _honoured("onnxruntime, pytorch or python; others fail the load"),
-    "runtime": _refused("inferd picks the runtime from platform/backend; leave it unset"),
-    "version_policy": _honoured("which versions are served (default: the latest one)"),
-    "version_policy.latest": _honoured("the newest num_versions versions"),
-    "version_policy.latest.num_versions": _honoured("how many of the newest versions"),
-    "version_policy.all": _honoured("every version on disk"),
-    "version_policy.specific": _honoured("exactly the versions listed"),
-    "version_policy.specific.versions": _honoured("the versions to serve"),
-    "max_batch_size": _honoured(
+    "name": honoured("must match the model's directory"),
+    "platform": honoured("onnxruntime_onnx or pytorch_libtorch; others fail the load"),
+    "backend": honoured("onnxruntime, pytorch or python; others fail the load"),
+    "runtime": refused("inferd picks the runtime from platform/backend; leave it unset"),
+    "version_policy": honoured("which versions are served (default: the latest one)"),
+    "version_policy.latest": honoured("the newest num_versions versions"),
+    "version_policy.latest.num_versions": honoured("how many of the newest versions"),
+    "version_policy.all": honoured("every version on disk"),
+    "version_policy.specific": honoured("exactly the versions listed"),
+    "version_policy.specific.versions": honoured("the versions to serve"),
+    "max_batch_size": honoured(
         "0: requests run alone; N > 0: requests carry a batch dimension and are merged up "
         "to N rows (even without dynamic_batching: field lesson 4)"
     ),
-    "input": _honoured("the model's inputs, checked on every request"),
-    "input.name": _honoured("the input's name"),
-    "input.data_type": _honoured("checked against each request (and the ONNX file)"),
-    "input.format": _honoured(
+    "input": honoured("the model's inputs, checked on every request"),
+    "input.name": honoured("the input's name"),
+    "input.data_type": honoured("checked against each request (and the ONNX file)"),
+    "input.format": honoured(
         "reported in the config API for clients (Triton's image client reads it); needs 3 dims",
-        check=_format_check,
+        check=format_check,
     ),
-    "input.dims": _honoured("checked on every request; -1 is any size"),
-    "input.reshape": _honoured("the shape the model sees"),
-    "input.reshape.shape": _honoured("the shape the model sees"),
-    "input.is_shape_tensor": _refused(TENSORRT),
-    "input.allow_ragged_batch": _honoured(
+    "input.dims": honoured("checked on every request; -1 is any size"),
+    "input.reshape": honoured("the shape the model sees"),
+    "input.reshape.shape": honoured("the shape the model sees"),
+    "input.is_shape_tensor": refused(TENSORRT),
+    "input.allow_ragged_batch": honoured(
         "requests whose shapes of this input differ are batched together: the model gets "
         "their values concatenated in one dimension (docs/batching.md)",
         backends=RAGGED_BACKENDS,
     ),
-    "input.optional": _honoured("a request may leave the input out"),
-    "input.is_non_linear_format_io": _refused(TENSORRT),
-    "output": _honoured("the model's outputs, checked on every response"),
-    "output.name": _honoured("the output's name"),
-    "output.data_type": _honoured(
+    "input.optional": honoured("a request may leave the input out"),
+    "input.is_non_linear_format_io": refused(TENSORRT),
+    "output": honoured("the model's outputs, checked on every response"),
+    "output.name": honoured("the output's name"),
+    "output.data_type": honoured(
         "the model's output is converted to it within the same kind (float64 to FP32), else "
         "the request fails naming the output"
     ),
-    "output.dims": _honoured("checked on every response"),
-    "output.reshape": _honoured("the shape clients receive"),
-    "output.reshape.shape": _honoured("the shape clients receive"),
-    "output.label_filename": _honoured(
+    "output.dims": honoured("checked on every response"),
+    "output.reshape": honoured("the shape clients receive"),
+    "output.reshape.shape": honoured("the shape clients receive"),
+    "output.label_filename": honoured(
         "the labels of the classification extension: a file in the model directory (never "
         "outside it), one label per line (docs/classification.md)"
     ),
-    "output.is_shape_tensor": _refused(TENSORRT),
-    "output.is_non_linear_format_io": _refused(TENSORRT),
-    "batch_input": _honoured(
+    "output.is_shape_tensor": refused(TENSORRT),
+    "output.is_non_linear_format_io": refused(TENSORRT),
+    "batch_input": honoured(
         "extra model inputs the server computes per batch (element counts, their running "
         "sums, item shapes), mostly to find the requests in a ragged input; a "
         "TritonPythonModel, which gets the requests unmerged, refuses it",
         backends=RAGGED_BACKENDS,
     ),
-    "batch_input.kind": _honoured(
+    "batch_input.kind": honoured(
         "all six of Triton's kinds (BATCH_ELEMENT_COUNT ... BATCH_ITEM_SHAPE_FLATTEN)",
         backends=RAGGED_BACKENDS,
     ),
-    "batch_input.target_name": _honoured(
+    "batch_input.target_name": honoured(
         "the model input(s) that receive it; not declared in input", backends=RAGGED_BACKENDS
     ),
-    "batch_input.data_type": _honoured("TYPE_INT32 or TYPE_FP32", backends=RAGGED_BACKENDS),
-    "batch_input.source_input": _honoured(
+    "batch_input.data_type": honoured("TYPE_INT32 or TYPE_FP32", backends=RAGGED_BACKENDS),
+    "batch_input.source_input": honoured(
         "the one input whose shapes it describes", backends=RAGGED_BACKENDS
     ),
-    **_each(
-        _refused(
+    **each(
+        refused(
             "batch outputs are not implemented: every output is split back by rows, each "
             "request getting as many rows as it sent"
         ),
@@ -198,16 +119,16 @@ FIELDS: dict[str, FieldRule] = {
         "batch_output.kind",
         "batch_output.source_input",
     ),
-    "optimization": _honoured(GROUP),
-    "optimization.graph": _honoured(GROUP),
-    "optimization.graph.level": _honoured(
+    "optimization": honoured(GROUP),
+    "optimization.graph": honoured(GROUP),
+    "optimization.graph.level": honoured(
         "ONNX Runtime's graph optimisation level: -1 basic, 1 extended, 2 none, else all",
         backends=("onnxruntime",),
     ),
-    "optimization.priority": _refused(TENSORRT),
-    "optimization.cuda": _honoured(GROUP),
-    **_each(
-        _refused(CUDA_TUNING),
+    "optimization.priority": refused(TENSORRT),
+    "optimization.cuda": honoured(GROUP),
+    **each(
+        refused(CUDA_TUNING),
         "optimization.cuda.graphs",
         "optimization.cuda.busy_wait_events",
         "optimization.cuda.graph_spec",
@@ -222,9 +143,9 @@ FIELDS: dict[str, FieldRule] = {
         "optimization.input_pinned_memory.enable",
         "optimization.output_pinned_memory.enable",
     ),
-    "optimization.execution_accelerators": _honoured(GROUP),
-    **_each(
-        _refused(
+    "optimization.execution_accelerators": honoured(GROUP),
+    **each(
+        refused(
             "execution accelerators (TensorRT, OpenVINO) are not implemented; the ONNX "
             "backend uses the CUDA provider for KIND_GPU and the CPU provider otherwise"
         ),
@@ -235,63 +156,63 @@ FIELDS: dict[str, FieldRule] = {
         "optimization.execution_accelerators.cpu_execution_accelerator.name",
         "optimization.execution_accelerators.cpu_execution_accelerator.parameters",
     ),
-    "optimization.input_pinned_memory": _honoured(GROUP),
-    "optimization.output_pinned_memory": _honoured(GROUP),
-    "optimization.gather_kernel_buffer_threshold": _refused(CUDA_TUNING),
-    "optimization.eager_batching": _refused("the batcher does not prepare batches ahead"),
-    "dynamic_batching": _honoured("batching options (docs/batching.md)"),
-    "dynamic_batching.preferred_batch_size": _honoured(
+    "optimization.input_pinned_memory": honoured(GROUP),
+    "optimization.output_pinned_memory": honoured(GROUP),
+    "optimization.gather_kernel_buffer_threshold": refused(CUDA_TUNING),
+    "optimization.eager_batching": refused("the batcher does not prepare batches ahead"),
+    "dynamic_batching": honoured("batching options (docs/batching.md)"),
+    "dynamic_batching.preferred_batch_size": honoured(
         "a batch takes the largest preferred size the queue can fill"
     ),
-    "dynamic_batching.max_queue_delay_microseconds": _honoured(
+    "dynamic_batching.max_queue_delay_microseconds": honoured(
         "the longest a request waits for company: the window of batching_policy `window`; "
         "the default policy never waits, so it always meets the bound"
     ),
-    "dynamic_batching.preserve_ordering": _refused(
+    "dynamic_batching.preserve_ordering": refused(
         "responses leave as each batch finishes; with several instances a later request can "
         "be answered first"
     ),
-    "dynamic_batching.priority_levels": _honoured("requests' `priority` 1..N, 1 the highest"),
-    "dynamic_batching.default_priority_level": _honoured("the level of a request without one"),
-    "dynamic_batching.default_queue_policy": _honoured("admission of every level"),
-    **{f"dynamic_batching.default_queue_policy.{k}": r for k, r in _QUEUE_POLICY.items()},
-    "dynamic_batching.priority_queue_policy": _honoured("admission of one level"),
-    **{f"dynamic_batching.priority_queue_policy.{k}": r for k, r in _QUEUE_POLICY.items()},
-    "sequence_batching": _honoured(
+    "dynamic_batching.priority_levels": honoured("requests' `priority` 1..N, 1 the highest"),
+    "dynamic_batching.default_priority_level": honoured("the level of a request without one"),
+    "dynamic_batching.default_queue_policy": honoured("admission of every level"),
+    **{f"dynamic_batching.default_queue_policy.{k}": r for k, r in QUEUE_POLICY.items()},
+    "dynamic_batching.priority_queue_policy": honoured("admission of one level"),
+    **{f"dynamic_batching.priority_queue_policy.{k}": r for k, r in QUEUE_POLICY.items()},
+    "sequence_batching": honoured(
         "the sequence batcher: each sequence on one instance and batch slot, its requests in "
         "order (docs/sequences.md)"
     ),
-    "sequence_batching.direct": _honoured(
+    "sequence_batching.direct": honoured(
         "the default strategy: batch row i is slot i, empty slots below a ready one get "
         "not-ready filler rows"
     ),
-    "sequence_batching.direct.max_queue_delay_microseconds": _honoured(
+    "sequence_batching.direct.max_queue_delay_microseconds": honoured(
         "how long a batch may wait for minimum_slot_utilization (ignored while that is 0)"
     ),
-    "sequence_batching.direct.minimum_slot_utilization": _honoured(
+    "sequence_batching.direct.minimum_slot_utilization": honoured(
         "the share of ready slots that lets a batch leave before the delay"
     ),
-    "sequence_batching.oldest": _honoured(
+    "sequence_batching.oldest": honoured(
         "batches from the sequences with the oldest requests, at most one request each"
     ),
-    "sequence_batching.oldest.max_candidate_sequences": _honoured(
+    "sequence_batching.oldest.max_candidate_sequences": honoured(
         "sequences per instance (default max_batch_size); the others wait in the backlog"
     ),
-    "sequence_batching.oldest.preferred_batch_size": _honoured(
+    "sequence_batching.oldest.preferred_batch_size": honoured(
         "the batch takes the largest preferred size its ready sequences fill"
     ),
-    "sequence_batching.oldest.max_queue_delay_microseconds": _honoured(
+    "sequence_batching.oldest.max_queue_delay_microseconds": honoured(
         "the longest a batch waits to fill up (default 0: never waits)"
     ),
-    "sequence_batching.oldest.preserve_ordering": _refused(
+    "sequence_batching.oldest.preserve_ordering": refused(
         "responses leave as each batch finishes; with several instances a later request can "
         "be answered first"
     ),
-    "sequence_batching.max_sequence_idle_microseconds": _honoured(
+    "sequence_batching.max_sequence_idle_microseconds": honoured(
         "a sequence idle this long is released (default 1 s); later requests for it get 400"
     ),
-    **_each(
-        _honoured(
+    **each(
+        honoured(
             "control inputs the server fills per batch row: START, END, READY, CORRID",
             backends=SEQUENCE_INPUT_BACKENDS,
         ),
@@ -304,11 +225,11 @@ FIELDS: dict[str, FieldRule] = {
         "sequence_batching.control_input.control.bool_false_true",
         "sequence_batching.control_input.control.data_type",
     ),
-    "sequence_batching.iterative_sequence": _refused(
+    "sequence_batching.iterative_sequence": refused(
         "iterative sequences (a model rescheduling its own requests) are not implemented"
     ),
-    **_each(
-        _honoured(
+    **each(
+        honoured(
             "implicit state: the server keeps each sequence's state output and feeds it back "
             "as the state input",
             backends=SEQUENCE_INPUT_BACKENDS,
@@ -325,13 +246,13 @@ FIELDS: dict[str, FieldRule] = {
         "sequence_batching.state.initial_state.data_file",
         "sequence_batching.state.initial_state.name",
     ),
-    **_each(
-        _refused("a GPU memory setting; inferd keeps implicit state in host memory"),
+    **each(
+        refused("a GPU memory setting; inferd keeps implicit state in host memory"),
         "sequence_batching.state.use_same_buffer_for_input_output",
         "sequence_batching.state.use_growable_memory",
     ),
-    **_each(
-        _refused(ENSEMBLE),
+    **each(
+        refused(ENSEMBLE),
         "ensemble_scheduling",
         "ensemble_scheduling.step",
         "ensemble_scheduling.step.model_name",
@@ -341,19 +262,19 @@ FIELDS: dict[str, FieldRule] = {
         "ensemble_scheduling.step.model_namespace",
         "ensemble_scheduling.max_inflight_requests",
     ),
-    "instance_group": _honoured("the model's instances, group by group"),
-    "instance_group.name": _honoured(
+    "instance_group": honoured("the model's instances, group by group"),
+    "instance_group.name": honoured(
         "the group's name (Python models see it in model_instance_name)"
     ),
-    "instance_group.kind": _hint(
+    "instance_group.kind": hint(
         "KIND_CPU; KIND_AUTO (a GPU where the backend sees one); KIND_GPU runs on a GPU where "
         "the backend sees one, else warns at load and runs on the CPU, and the config API and "
         "metrics report the kind and device actually used; KIND_MODEL is refused",
-        check=_kind_check,
+        check=kind_check,
     ),
-    "instance_group.count": _honoured("instances executing batches in parallel (default 1)"),
-    **_each(
-        _refused(RATE_LIMIT),
+    "instance_group.count": honoured("instances executing batches in parallel (default 1)"),
+    **each(
+        refused(RATE_LIMIT),
         "instance_group.rate_limiter",
         "instance_group.rate_limiter.resources",
         "instance_group.rate_limiter.resources.name",
@@ -361,62 +282,62 @@ FIELDS: dict[str, FieldRule] = {
         "instance_group.rate_limiter.resources.count",
         "instance_group.rate_limiter.priority",
     ),
-    "instance_group.gpus": _honoured(
+    "instance_group.gpus": honoured(
         "the CUDA devices of a KIND_GPU/KIND_AUTO group, one per instance in turn",
-        check=_gpus_check,
+        check=gpus_check,
     ),
-    **_each(
-        _refused("secondary devices (NVDLA) are not supported"),
+    **each(
+        refused("secondary devices (NVDLA) are not supported"),
         "instance_group.secondary_devices",
         "instance_group.secondary_devices.kind",
         "instance_group.secondary_devices.device_id",
     ),
-    "instance_group.profile": _refused(TENSORRT),
-    "instance_group.passive": _refused("every instance takes batches; passive ones are not kept"),
-    "instance_group.host_policy": _refused("host policies (NUMA binding) are not supported"),
-    "default_model_filename": _honoured(
+    "instance_group.profile": refused(TENSORRT),
+    "instance_group.passive": refused("every instance takes batches; passive ones are not kept"),
+    "instance_group.host_policy": refused("host policies (NUMA binding) are not supported"),
+    "default_model_filename": honoured(
         "accepted when it names the file inferd loads anyway (model.onnx, model.pt, "
         "model.pt2, model.py); other names are refused"
     ),
-    "cc_model_filenames": _refused("per-GPU model files are a TensorRT feature"),
-    "metric_tags": _refused("inferd adds no per-model metric labels (Triton reserves it too)"),
-    "parameters": _honoured(
+    "cc_model_filenames": refused("per-GPU model files are a TensorRT feature"),
+    "metric_tags": refused("inferd adds no per-model metric labels (Triton reserves it too)"),
+    "parameters": honoured(
         "inferd's and the backend's keys (below); unknown keys fail the load, except for "
         "Python models, which receive them"
     ),
-    "parameters.string_value": _honoured("the parameter's value"),
-    "model_warmup": _honoured("samples run on every instance before ready (docs/lifecycle.md)"),
-    "model_warmup.name": _honoured("names the sample in errors"),
-    "model_warmup.batch_size": _honoured("rows per sample (batching models)"),
-    "model_warmup.inputs": _honoured("one entry per input"),
-    "model_warmup.inputs.data_type": _honoured("the sample's datatype"),
-    "model_warmup.inputs.dims": _honoured("the sample's shape, without the batch dimension"),
-    "model_warmup.inputs.zero_data": _honoured("zeros (empty strings for BYTES)"),
-    "model_warmup.inputs.random_data": _honoured("random values (zeros for BOOL and BYTES)"),
-    "model_warmup.inputs.input_data_file": _honoured("raw bytes from `<model>/warmup/<file>`"),
-    "model_warmup.count": _honoured("how many times the sample runs"),
-    **_each(
-        _refused("custom operation libraries are not loaded"),
+    "parameters.string_value": honoured("the parameter's value"),
+    "model_warmup": honoured("samples run on every instance before ready (docs/lifecycle.md)"),
+    "model_warmup.name": honoured("names the sample in errors"),
+    "model_warmup.batch_size": honoured("rows per sample (batching models)"),
+    "model_warmup.inputs": honoured("one entry per input"),
+    "model_warmup.inputs.data_type": honoured("the sample's datatype"),
+    "model_warmup.inputs.dims": honoured("the sample's shape, without the batch dimension"),
+    "model_warmup.inputs.zero_data": honoured("zeros (empty strings for BYTES)"),
+    "model_warmup.inputs.random_data": honoured("random values (zeros for BOOL and BYTES)"),
+    "model_warmup.inputs.input_data_file": honoured("raw bytes from `<model>/warmup/<file>`"),
+    "model_warmup.count": honoured("how many times the sample runs"),
+    **each(
+        refused("custom operation libraries are not loaded"),
         "model_operations",
         "model_operations.op_library_filename",
     ),
-    "model_transaction_policy": _honoured(GROUP),
-    "model_transaction_policy.decoupled": _honoured(
+    "model_transaction_policy": honoured(GROUP),
+    "model_transaction_policy.decoupled": honoured(
         "zero or more responses per request, then the final flag, over gRPC ModelStreamInfer "
         "and HTTP generate_stream (docs/python-models.md#decoupled-models)",
         backends=("python",),
     ),
-    **_each(
-        _refused("repository agents are not implemented (checksums: see model_checksum)"),
+    **each(
+        refused("repository agents are not implemented (checksums: see model_checksum)"),
         "model_repository_agents",
         "model_repository_agents.agents",
         "model_repository_agents.agents.name",
         "model_repository_agents.agents.parameters",
     ),
-    "response_cache": _honoured(GROUP),
-    "response_cache.enable": _refused("the response cache is not implemented"),
-    **_each(
-        _refused("per-model metric options are not implemented (docs/metrics.md)"),
+    "response_cache": honoured(GROUP),
+    "response_cache.enable": refused("the response cache is not implemented"),
+    **each(
+        refused("per-model metric options are not implemented (docs/metrics.md)"),
         "model_metrics",
         "model_metrics.metric_control",
         "model_metrics.metric_control.metric_identifier",
