@@ -24,7 +24,7 @@ from inferd.runtime_settings import RuntimeSettings
 from inferd.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegistry
 from inferd.signature import TensorSpec
 from inferd.statistics import StatisticsSink
-from inferd.streaming import StreamingEntry
+from inferd.streaming import StreamingSteps
 from inferd.workers import peers
 from inferd.workers.statistics import provider_for
 
@@ -42,9 +42,9 @@ EXTENSIONS = [
 ]
 
 
-class DataPlane(InferenceSteps, StreamingEntry):
-    """Inference (`start`, `admit`, `infer`, `respond`: inference.py, and `stream_infer`:
-    streaming.py) and every other API, protocol-neutral."""
+class DataPlane(InferenceSteps, StreamingSteps):
+    """Inference (`start`, `admit`, `infer`, `respond`: inference.py; `start_stream`,
+    `admit_stream`, `stream`: streaming.py) and every other API, protocol-neutral."""
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ import time
 
 from inferd import classification
 from inferd.conformance import OutputMismatchError, conform_output
+from inferd.decoupled_call import MODEL_FAILURES
 from inferd.errors import ErrorKind, InferdError, shed, unavailable
 from inferd.events import CallContext, RequestRecord, Telemetry
 from inferd.infer_call import InferCall
@@ -27,7 +28,7 @@ from inferd.scheduling.admission import scheduling_parameters
 from inferd.scheduling.isolate import RequestFailedAloneError
 from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.shared_memory import SharedMemoryRegistry
-from inferd.streaming import MODEL_FAILURES, unary_to_decoupled
+from inferd.streaming import unary_to_decoupled
 from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
 

@@ -1,5 +1,7 @@
 """An InferCall (infer_call.py): in flight within its `with`, and its record told to
-telemetry at the end whether the adapter's steps inside succeeded or failed."""
+telemetry at the end whether the adapter's steps inside succeeded or failed; a StreamCall
+as one, unless its record was handed to a decoupled stream (told once, when it ends) or
+dropped for its fallback model's call."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 
 from inferd.errors import invalid
 from inferd.events import BatchRecord, CallContext, RequestRecord, Telemetry
-from inferd.infer_call import InferCall
+from inferd.infer_call import InferCall, StreamCall
 
 
 class Records:
@@ -54,3 +56,37 @@ def test_a_failure_inside_is_recorded_and_raised() -> None:
     assert owner._inflight == 0
     (record,) = owner.sink.requests
     assert (record.failure, record.message) == ("invalid_input", "malformed JSON request")
+
+
+def test_a_stream_call_is_an_infer_call_until_handed_over() -> None:
+    owner = Owner()
+    with pytest.raises(Exception, match="malformed"), StreamCall(owner, "m", "", _ctx()):
+        raise invalid("malformed JSON request")
+    assert owner._inflight == 0
+    assert [r.failure for r in owner.sink.requests] == ["invalid_input"]
+
+
+def test_a_handed_over_record_is_told_once_when_the_stream_ends() -> None:
+    owner = Owner()
+    with StreamCall(owner, "m", "", _ctx()) as call:
+        call.hand_over()
+    # The `with` has ended, the stream has not: still in flight, not yet told.
+    assert owner._inflight == 1
+    assert owner.sink.requests == []
+    call.record.duration_ns = 7  # the stream fills its record in
+    call.told()
+    assert owner._inflight == 0
+    assert [r.duration_ns for r in owner.sink.requests] == [7]
+
+
+def test_a_dropped_call_leaves_flight_at_once_and_is_never_told() -> None:
+    owner = Owner()
+    with (
+        pytest.raises(Exception, match="fallback failed"),
+        StreamCall(owner, "m", "", _ctx()) as call,
+    ):
+        call.drop()  # the fallback model's own call counts the request
+        assert owner._inflight == 0
+        raise invalid("fallback failed")
+    assert owner._inflight == 0
+    assert owner.sink.requests == []

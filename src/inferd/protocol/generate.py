@@ -1,4 +1,4 @@
-"""Triton's generate extension over the DataPlane's `stream_infer`.
+"""Triton's generate extension over the DataPlane's streaming steps (streaming.py).
 
 `POST /v2/models/{m}[/versions/{v}]/generate` answers one JSON object; `.../generate_stream`
 answers server-sent events (`text/event-stream`), one `data: {...}` event per response, as the
@@ -75,24 +75,23 @@ class GenerateEndpoint:
             headers.get("inferd-routing-key", ""),
         )
         handler = asyncio.current_task()
-        watcher: list[asyncio.Task[None]] = []
-
-        async def decode() -> InferRequest:
-            # A restricted inference group covers generate too (Triton's rule).
-            self.dp.access.check("http", ApiGroup.INFERENCE, lambda name: headers.get(name))
-            ctx.deadline_ns = self._deadline_ns(headers.get("inferd-timeout-ms"), start_ns)
-            body = await self._read_body(
-                receive, headers.get("content-length"), self.max_request_bytes
-            )
-            if handler is not None:
-                # The body is in: the next message is the client hanging up, which cancels
-                # the request (a decoupled model sees is_cancelled()).
-                watcher.append(asyncio.create_task(_cancel_on_disconnect(receive, handler)))
-            inputs = self.dp.model_metadata(model, version)["inputs"]
-            return generate_request(body, model, version, inputs)
-
-        items = self.dp.stream_infer(model, version, decode, ctx)
+        watcher: asyncio.Task[None] | None = None
         try:
+            with self.dp.start_stream(model, version, ctx) as call:
+                self.dp.admit_stream(call)
+                # A restricted inference group covers generate too (Triton's rule).
+                self.dp.access.check("http", ApiGroup.INFERENCE, lambda name: headers.get(name))
+                ctx.deadline_ns = self._deadline_ns(headers.get("inferd-timeout-ms"), start_ns)
+                body = await self._read_body(
+                    receive, headers.get("content-length"), self.max_request_bytes
+                )
+                if handler is not None:
+                    # The body is in: the next message is the client hanging up, which
+                    # cancels the request (a decoupled model sees is_cancelled()).
+                    watcher = asyncio.create_task(_cancel_on_disconnect(receive, handler))
+                inputs = self.dp.model_metadata(model, version)["inputs"]
+                request = generate_request(body, model, version, inputs)
+                items = await self.dp.stream(call, request)
             async with contextlib.aclosing(items):
                 if self.streaming:
                     await self._stream(items, send)
@@ -102,12 +101,12 @@ class GenerateEndpoint:
             error = http_error(exc)
             await _reply(send, error.status, _JSON, error.body, error.headers)
         except asyncio.CancelledError:
-            if handler is None or not watcher or not watcher[0].done():
+            if handler is None or watcher is None or not watcher.done():
                 raise
             handler.uncancel()  # the client has gone: nobody to answer
         finally:
-            if watcher:
-                watcher[0].cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     async def _answer_once(self, items: AsyncGenerator[StreamResponse, None], send: Send) -> None:
         """Exactly one response, as Triton's generate: a model that sends none, or a second

@@ -1,4 +1,4 @@
-"""Triton's `ModelStreamInfer` over the DataPlane's `stream_infer`: the servicer's streaming
+"""Triton's `ModelStreamInfer` over the DataPlane's streaming steps: the servicer's streaming
 method (a mixin of `InferenceServicer`, protocol/grpc.py), and the call context of a gRPC call."""
 
 from __future__ import annotations
@@ -59,19 +59,16 @@ class StreamInferMethod:
             try:
                 request = await self.offload.run(len(raw), parse_infer_request, raw)
                 ctx = call_context(context)
-                empty_final: list[bool] = []  # the request's triton_enable_empty_final_response
-
-                async def decode() -> InferRequest:
+                with self.dp.start_stream(request.model_name, request.model_version, ctx) as call:
+                    self.dp.admit_stream(call)
                     decoded = await self.offload.run(
                         len(raw), decode_infer_request, request, self.limits.max_bytes_elements
                     )
-                    empty_final.append(_empty_final_wanted(decoded))
-                    return decoded
-
-                items = self.dp.stream_infer(request.model_name, request.model_version, decode, ctx)
+                    empty_final = _empty_final_wanted(decoded)
+                    items = await self.dp.stream(call, decoded)
                 async with contextlib.aclosing(items):
                     async for item in items:
-                        message = await self._stream_message(request, item, bool(empty_final[0]))
+                        message = await self._stream_message(request, item, empty_final)
                         if message is not None:
                             await done.put(message)
             except InferdError as exc:
