@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.servers import STATE_DEADLINE_S, RunningServer, run_server
-from tests.stream_clients import sse_events, wait_for_count
+from tests.stream_clients import sse_events, stats, wait_for_count
 from tests.stream_models import ISOLATED, REPEAT_CONFIG, REPEAT_INFERD_PY, write_model
 
 # -- what a decoupled model must do -----------------------------------------------------------
@@ -159,3 +159,34 @@ def test_a_failing_decoupled_model_opens_its_circuit_and_a_good_probe_closes_it(
         assert [e["OUT"] for e in sse_events(iter(probe.text.splitlines()))] == [1000, 1001]
         wait_for_count(running, "fragile", "success", 1)
         assert not circuit.is_open  # a successful stream closed it
+
+
+def test_an_open_decoupled_circuit_streams_from_its_fallback_counted_there(
+    tmp_path: Path,
+) -> None:
+    config = REPEAT_CONFIG.format(name="fragile", marker_dir=tmp_path) + (
+        'parameters { key: "circuit_breaker_failures" value: { string_value: "2" } }\n'
+        'parameters { key: "circuit_breaker_open_s" value: { string_value: "600" } }\n'
+        'parameters { key: "fallback_model" value: { string_value: "spare" } }\n'
+    )
+    write_model(tmp_path, "fragile", REPEAT_INFERD_PY, config)
+    spare = REPEAT_CONFIG.format(name="spare", marker_dir=tmp_path)
+    write_model(tmp_path, "spare", REPEAT_INFERD_PY, spare)
+    with run_server(tmp_path) as running, running.client() as client:
+        url = "/v2/models/fragile/generate_stream"
+        for failures in (1, 2):
+            assert client.post(url, json={"N": 2, "TAG": 1, "RAISE_AT": 0}).status_code == 500
+            wait_for_count(running, "fragile", "fail", failures)
+        assert running.server.registry.models["fragile"].circuit.is_open
+        served = client.post(url, json={"N": 2, "TAG": 1})
+        assert served.status_code == 200
+        events = sse_events(iter(served.text.splitlines()))
+        assert [(e["model_name"], e["OUT"], e["fallback_from"]) for e in events] == [
+            ("spare", 1000, "fragile"),
+            ("spare", 1001, "fragile"),
+        ]
+        # Counted once, as the fallback model's request; the primary's counts are unchanged.
+        wait_for_count(running, "spare", "success", 1)
+        primary = stats(running, "fragile")["inference_stats"]
+        assert (primary["success"]["count"], primary["fail"]["count"]) == (0, 2)
+        assert stats(running, "spare")["inference_stats"]["fail"]["count"] == 0
