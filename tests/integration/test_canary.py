@@ -1,4 +1,8 @@
-"""Canary routing: weighted splits, sticky keys, promote, roll back, automatic rollback."""
+"""Canary routing: weighted splits, sticky keys, promote, roll back, automatic rollback.
+
+What a request sees of the routing (the split, the sticky key, promote and roll back) is
+checked over HTTP and gRPC; the routing calls themselves are the admin API's.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from tests.integration.test_metrics import scrape, value
 from tests.lifecycle_models import VERSION_PY, write_plus_model, write_python_model
@@ -37,51 +43,93 @@ def canary_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
         yield running
 
 
-def test_ten_percent_canary_gets_ten_percent(canary_server: RunningServer) -> None:
+PROTOCOLS = ["http", "grpc"]
+
+
+class Infer:
+    """Requests to `split` over HTTP (JSON) or gRPC (tritonclient.grpc, the routing key as
+    metadata): (the version that served, its output)."""
+
+    def __init__(self, protocol: str, server: RunningServer) -> None:
+        self.http = server.client() if protocol == "http" else None
+        self.grpc = (
+            grpcclient.InferenceServerClient(server.grpc_address) if protocol == "grpc" else None
+        )
+
+    def __enter__(self) -> Infer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.http is not None:
+            self.http.close()
+        if self.grpc is not None:
+            self.grpc.close()
+
+    def __call__(self, request_id: str = "", routing_key: str = "") -> tuple[str, list[float]]:
+        headers = {"inferd-routing-key": routing_key} if routing_key else {}
+        if self.http is not None:
+            r = self.http.post(
+                "/v2/models/split/infer", json={**BODY, "id": request_id}, headers=headers
+            )
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            return doc["model_version"], doc["outputs"][0]["data"]
+        assert self.grpc is not None
+        x = grpcclient.InferInput("x", [1, 4], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        result = self.grpc.infer("split", [x], request_id=request_id, headers=headers)
+        return result.get_response().model_version, result.as_numpy("y").ravel().tolist()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ten_percent_canary_gets_ten_percent(canary_server: RunningServer, protocol: str) -> None:
     with canary_server.client() as c:
         r = c.post("/v2/models/split/routing", json={"weights": {"2": 10, "1": 90}})
         assert r.status_code == 200, r.text
         assert r.json()["weights"] == {"2": 10, "1": 90}
-        served: Counter[str] = Counter()
+    served: Counter[str] = Counter()
+    with Infer(protocol, canary_server) as infer:
         for i in range(2000):
-            doc = c.post("/v2/models/split/infer", json={**BODY, "id": f"req-{i}"}).json()
-            assert doc["outputs"][0]["data"] == [float(doc["model_version"])] * 4
-            served[doc["model_version"]] += 1
+            version, data = infer(request_id=f"req-{i}")
+            assert data == [float(version)] * 4
+            served[version] += 1
     assert set(served) == {"1", "2"}
     assert 0.07 <= served["2"] / 2000 <= 0.13, served
 
 
-def test_routing_key_is_sticky(canary_server: RunningServer) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_routing_key_is_sticky(canary_server: RunningServer, protocol: str) -> None:
     with canary_server.client() as c:
         c.post("/v2/models/split/routing", json={"weights": {"2": 50, "1": 50}})
+    with Infer(protocol, canary_server) as infer:
         for key in ("alice", "bob", "carol", "dave"):
-            versions = {
-                c.post(
-                    "/v2/models/split/infer", json=BODY, headers={"inferd-routing-key": key}
-                ).json()["model_version"]
-                for _ in range(20)
-            }
+            versions = {infer(routing_key=key)[0] for _ in range(20)}
             assert len(versions) == 1, (key, versions)
+        # Keyed, requests go where their key says: both versions get some of the keys.
+        keys = {infer(routing_key=f"user-{k}")[0] for k in range(40)}
+    assert keys == {"1", "2"}
 
 
-def test_promote_and_roll_back_are_single_calls(canary_server: RunningServer) -> None:
-    def versions_served(c) -> set[str]:  # type: ignore[no-untyped-def]
-        return {
-            c.post("/v2/models/split/infer", json=BODY).json()["model_version"] for _ in range(30)
-        }
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_promote_and_roll_back_are_single_calls(
+    canary_server: RunningServer, protocol: str
+) -> None:
+    with canary_server.client() as c, Infer(protocol, canary_server) as infer:
 
-    with canary_server.client() as c:
+        def versions_served() -> set[str]:
+            return {infer()[0] for _ in range(30)}
+
         c.post("/v2/models/split/routing", json={"weights": {"2": 10, "1": 90}})
         promoted = c.post("/v2/models/split/routing/promote", json={"version": "2"}).json()
         assert promoted["weights"] == {"2": 100}
-        assert versions_served(c) == {"2"}
+        assert versions_served() == {"2"}
         # Rolling back a promotion restores the split it came from...
         undone = c.post("/v2/models/split/routing/rollback", json={}).json()
         assert undone["weights"] == {"2": 10, "1": 90}
         # ...and rolling back a canary sends its traffic to the stable version.
         rolled = c.post("/v2/models/split/routing/rollback", json={}).json()
         assert rolled["weights"] == {"2": 0, "1": 90}
-        assert versions_served(c) == {"1"}
+        assert versions_served() == {"1"}
         # An explicit version still reaches a version with weight 0.
         assert c.post("/v2/models/split/versions/2/infer", json=BODY).json()["model_version"] == "2"
         r = c.post("/v2/models/split/routing/rollback", json={"version": "1"})
