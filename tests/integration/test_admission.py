@@ -1,4 +1,8 @@
-"""Admission control, deadlines and cancellation: refuse fast, never run what nobody awaits."""
+"""Admission control, deadlines and cancellation: refuse fast, never run what nobody awaits.
+
+The full queue, the `timeout` parameter and priorities run over HTTP and gRPC from one
+table of outcomes (tests/async_infer.py).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,15 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from inferd.scheduling.batcher import DynamicBatcher
+from tests.async_infer import (
+    BAD_REQUEST,
+    DEADLINE,
+    OK,
+    PROTOCOLS,
+    SHED,
+    AsyncInfer,
+    Reply,
+)
 from tests.fault_models import RECORDING_PY, param, write_model
 from tests.integration.test_metrics import scrape, value
 from tests.integration.test_protocols import Client
@@ -61,12 +74,15 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     # `bounded` keeps its 300 ms per request for the gRPC test, which runs it ungated.
     gated("bounded", 300, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }")
-    gated(
-        "timed",
-        300,
-        "dynamic_batching { default_queue_policy { default_timeout_microseconds: 5000000 "
-        "allow_timeout_override: true } }",
-    )
+    # One per protocol: its case needs a model that has never timed an execution (with an
+    # estimate, admission refuses the short deadline up front instead of queueing it).
+    for protocol in PROTOCOLS:
+        gated(
+            f"timed_{protocol}",
+            300,
+            "dynamic_batching { default_queue_policy { default_timeout_microseconds: 5000000 "
+            "allow_timeout_override: true } }",
+        )
     gated("prioritised", 0, "dynamic_batching { priority_levels: 2 default_priority_level: 2 }")
     gated("slow", 300)
     # Only the inferd-timeout-ms test uses it: it must never have timed an execution, so
@@ -115,66 +131,69 @@ async def _gather(
         return await asyncio.gather(*tasks)
 
 
-def test_full_queue_sheds_with_429_and_retry_after(server: RunningServer, repo: Path) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_full_queue_sheds_with_429_and_retry_after(
+    server: RunningServer, repo: Path, protocol: str
+) -> None:
     # One executing, two queued (max_queue_size 2), the rest refused at once.
     batcher = batcher_of(server, "bounded")
     before = len(executed(repo, "bounded"))
 
-    async def scenario(release: Callable[[], None]) -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async def scenario(release: Callable[[], None]) -> list[Reply]:
+        async with AsyncInfer(protocol, server) as infer:
 
-            def send(i: int) -> asyncio.Task[httpx.Response]:
-                return asyncio.create_task(client.post("/v2/models/bounded/infer", json=body(i)))
+            def send(i: int) -> asyncio.Task[Reply]:
+                return asyncio.create_task(infer("bounded", i))
 
             admitted = [send(1)]
             await until(
-                batcher,
-                lambda b: b.inflight() == 1 and b.queue_depth() == 0,
-                "request 1 executing",
-                *admitted,
+                batcher, lambda b: b.inflight() == 1 and b.queue_depth() == 0, "request 1 executing"
             )
             # One at a time, so that they queue in this order.
             admitted.append(send(2))
-            await until(batcher, lambda b: b.queue_depth() == 1, "request 2 queued", *admitted)
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 2 queued")
             admitted.append(send(3))
-            await until(batcher, lambda b: b.queue_depth() == 2, "request 3 queued", *admitted)
+            await until(batcher, lambda b: b.queue_depth() == 2, "request 3 queued")
+            assert not any(t.done() for t in admitted), "answered while the gate was closed"
             # The queue is full and request 1 holds the instance until released.
             refused = [await send(i) for i in range(4, 7)]
             release()
             return [*await asyncio.gather(*admitted), *refused]
 
     with gate_closed(repo, "bounded") as release:
-        responses = asyncio.run(scenario(release))
-    statuses = [r.status_code for r in responses]
-    assert statuses[:3] == [200, 200, 200], statuses
-    refused = [r for r in responses if r.status_code == 429]
-    assert len(refused) == 3
-    for r in refused:
-        assert r.headers["Retry-After"] == "1"
-        assert "queue is full" in r.json()["error"]
+        replies = asyncio.run(scenario(release))
+    statuses = [r.status for r in replies]
+    assert statuses == [OK[protocol]] * 3 + [SHED[protocol]] * 3, statuses
+    for r in replies[3:]:
+        assert "queue is full" in r.message
+        if protocol == "http":
+            assert r.headers["retry-after"] == "1"
     assert executed(repo, "bounded")[before:] == [1, 2, 3]  # the refused never ran
 
 
-def test_timeout_parameter_removes_a_queued_request(server: RunningServer, repo: Path) -> None:
-    batcher = batcher_of(server, "timed")
-    before = len(executed(repo, "timed"))
-    url = "/v2/models/timed/infer"
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_timeout_parameter_removes_a_queued_request(
+    server: RunningServer, repo: Path, protocol: str
+) -> None:
+    timed = f"timed_{protocol}"
+    batcher = batcher_of(server, timed)
+    before = len(executed(repo, timed))
 
-    async def scenario(release: Callable[[], None]) -> tuple[httpx.Response, httpx.Response]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-            first = asyncio.create_task(client.post(url, json=body(1)))
-            await until(batcher, _executing_alone, "request 1 executing", first)
-            second = await client.post(url, json=body(2, timeout=100_000))  # 100 ms, queued
+    async def scenario(release: Callable[[], None]) -> tuple[Reply, Reply]:
+        async with AsyncInfer(protocol, server) as infer:
+            first = asyncio.create_task(infer(timed, 1))
+            await until(batcher, _executing_alone, "request 1 executing")
+            assert not first.done(), "request 1 was answered while the gate was closed"
+            second = await infer(timed, 2, timeout_us=100_000)  # 100 ms, queued
             release()
             return await first, second
 
-    with gate_closed(repo, "timed") as release:
+    with gate_closed(repo, timed) as release:
         first, second = asyncio.run(scenario(release))
-    assert first.status_code == 200
-    assert second.status_code == 504
-    assert "deadline passed while it was queued" in second.json()["error"]
+    assert (first.status, second.status) == (OK[protocol], DEADLINE[protocol])
+    assert "deadline passed while it was queued" in second.message
     wait_for(batcher, _idle, "the queue drained")
-    assert executed(repo, "timed")[before:] == [1]
+    assert executed(repo, timed)[before:] == [1]
 
 
 def _executing_alone(batcher: DynamicBatcher) -> bool:
@@ -314,38 +333,38 @@ def test_unmeetable_deadline_has_no_retry_after(server: RunningServer) -> None:
     assert "typical execution time" in r.json()["error"]
 
 
-def test_higher_priority_runs_first(server: RunningServer, repo: Path) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_higher_priority_runs_first(server: RunningServer, repo: Path, protocol: str) -> None:
     batcher = batcher_of(server, "prioritised")
     before = len(executed(repo, "prioritised"))
 
-    async def scenario(release: Callable[[], None]) -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async def scenario(release: Callable[[], None]) -> tuple[list[Reply], Reply]:
+        async with AsyncInfer(protocol, server) as infer:
 
-            def send(doc: dict[str, object]) -> asyncio.Task[httpx.Response]:
-                return asyncio.create_task(client.post("/v2/models/prioritised/infer", json=doc))
+            def send(value: float, priority: int = 0) -> asyncio.Task[Reply]:
+                return asyncio.create_task(infer("prioritised", value, priority))
 
-            sent = [send(body(41))]  # runs first, occupies the instance
+            sent = [send(41)]  # runs first, occupies the instance
             await until(
                 batcher,
                 lambda b: b.inflight() == 1 and b.queue_depth() == 0,
                 "request 41 executing",
-                *sent,
             )
-            sent.append(send(body(42)))  # default level 2
-            await until(batcher, lambda b: b.queue_depth() == 1, "request 42 queued", *sent)
-            sent.append(send(body(43, priority=1)))  # level 1 overtakes
-            await until(batcher, lambda b: b.queue_depth() == 2, "request 43 queued", *sent)
+            sent.append(send(42))  # default level 2
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 42 queued")
+            sent.append(send(43, priority=1))  # level 1 overtakes
+            await until(batcher, lambda b: b.queue_depth() == 2, "request 43 queued")
+            assert not any(t.done() for t in sent), "answered while the gate was closed"
             release()
-            return list(await asyncio.gather(*sent))
+            replies = list(await asyncio.gather(*sent))
+            return replies, await infer("prioritised", 1, priority=3)
 
     with gate_closed(repo, "prioritised") as release:
-        responses = asyncio.run(scenario(release))
-    assert [r.status_code for r in responses] == [200, 200, 200]
+        replies, out_of_range = asyncio.run(scenario(release))
+    assert [r.status for r in replies] == [OK[protocol]] * 3
     assert executed(repo, "prioritised")[before:] == [41, 43, 42]
-    with server.client() as c:
-        r = c.post("/v2/models/prioritised/infer", json=body(1, priority=3))
-    assert r.status_code == 400
-    assert "priority 3 is outside 1..2" in r.json()["error"]
+    assert out_of_range.status == BAD_REQUEST[protocol]
+    assert "priority 3 is outside 1..2" in out_of_range.message
 
 
 def test_disconnected_client_request_never_runs(server: RunningServer, repo: Path) -> None:
