@@ -58,10 +58,11 @@ class AsyncInfer:
             await self.grpc.close()
 
     async def __call__(
-        self, model: str, value: float, priority: int = 0, timeout_us: int = 0
+        self, model: str, value: float, priority: int = 0, timeout_us: int = 0, deadline_ms: int = 0
     ) -> Reply:
         """`priority` and `timeout_us` (0: not sent) are the request's parameters of those
-        names (tritonclient's `priority` and `timeout` arguments over gRPC)."""
+        names (tritonclient's `priority` and `timeout` arguments over gRPC); `deadline_ms`
+        (0: none) is the client's deadline: the inferd-timeout-ms header, the gRPC deadline."""
         if self.http is not None:
             doc: dict[str, object] = {
                 "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [value]}]
@@ -71,7 +72,8 @@ class AsyncInfer:
                 parameters["timeout"] = timeout_us
             if parameters:
                 doc["parameters"] = parameters
-            r = await self.http.post(f"/v2/models/{model}/infer", json=doc)
+            headers = {"inferd-timeout-ms": str(deadline_ms)} if deadline_ms else {}
+            r = await self.http.post(f"/v2/models/{model}/infer", json=doc, headers=headers)
             if r.status_code != 200:
                 return Reply(str(r.status_code), r.json()["error"], dict(r.headers))
             return Reply("200", headers=dict(r.headers), data=r.json()["outputs"][0]["data"])
@@ -79,7 +81,11 @@ class AsyncInfer:
         inp.set_data_from_numpy(np.full((1, 1), value, np.float32))
         try:
             result = await self.grpc.infer(
-                model, [inp], priority=priority, timeout=timeout_us or None
+                model,
+                [inp],
+                priority=priority,
+                timeout=timeout_us or None,
+                client_timeout=deadline_ms / 1000 if deadline_ms else None,
             )
         except InferenceServerException as exc:
             return Reply(str(exc.status()).removeprefix("StatusCode."), str(exc.message()))

@@ -244,44 +244,45 @@ def test_timeout_header_is_the_clients_deadline(server: RunningServer, repo: Pat
     assert "inferd-timeout-ms" in r.json()["error"]
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_deadline_the_queue_ahead_makes_too_short_is_shed(
-    server: RunningServer, repo: Path
+    server: RunningServer, repo: Path, protocol: str
 ) -> None:
     # `backlogged` has timed one ~300 ms execution; with one request executing and two
     # queued, a request with 600 ms left would need ~1 s: busy, so 429 and "retry later"
     # (its deadline is longer than one execution, so on an idle model it would succeed).
     batcher = batcher_of(server, "backlogged")
-    url = "/v2/models/backlogged/infer"
     with server.client() as c:
-        assert c.post(url, json=body(20)).status_code == 200
+        assert c.post("/v2/models/backlogged/infer", json=body(20)).status_code == 200
     assert batcher.estimated_wait_s(1) is not None
 
-    async def scenario(release: Callable[[], None]) -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async def scenario(release: Callable[[], None]) -> list[Reply]:
+        async with AsyncInfer(protocol, server) as infer:
 
-            def send(i: int) -> asyncio.Task[httpx.Response]:
-                return asyncio.create_task(client.post(url, json=body(i)))
+            def send(i: int) -> asyncio.Task[Reply]:
+                return asyncio.create_task(infer("backlogged", i))
 
             admitted = [send(21)]
-            await until(batcher, _executing_alone, "request 21 executing", *admitted)
+            await until(batcher, _executing_alone, "request 21 executing")
             admitted.append(send(22))
-            await until(batcher, lambda b: b.queue_depth() == 1, "request 22 queued", *admitted)
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 22 queued")
             admitted.append(send(23))
-            await until(batcher, lambda b: b.queue_depth() == 2, "request 23 queued", *admitted)
-            refused = await client.post(url, json=body(30), headers={"inferd-timeout-ms": "600"})
+            await until(batcher, lambda b: b.queue_depth() == 2, "request 23 queued")
+            assert not any(t.done() for t in admitted), "answered while the gate was closed"
+            refused = await infer("backlogged", 30, deadline_ms=600)
             release()
             return [*await asyncio.gather(*admitted), refused]
 
     with gate_closed(repo, "backlogged") as release:
-        responses = asyncio.run(scenario(release))
-    *admitted, refused = responses
-    assert [r.status_code for r in admitted] == [200, 200, 200]
-    assert refused.status_code == 429, refused.text
-    assert refused.headers["Retry-After"] == "1"
-    message = refused.json()["error"]
-    assert "cannot meet the request's deadline now" in message
-    assert "of work ahead of it" in message
-    assert "retry later" in message
+        replies = asyncio.run(scenario(release))
+    *admitted, refused = replies
+    assert [r.status for r in admitted] == [OK[protocol]] * 3
+    assert refused.status == SHED[protocol], refused
+    if protocol == "http":
+        assert refused.headers["retry-after"] == "1"
+    assert "cannot meet the request's deadline now" in refused.message
+    assert "of work ahead of it" in refused.message
+    assert "retry later" in refused.message
     wait_for(batcher, _idle, "the queue drained")
     assert 30 not in executed(repo, "backlogged")
 
@@ -422,17 +423,19 @@ def test_grpc_full_queue_is_resource_exhausted(server: RunningServer) -> None:
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
-def test_server_wide_inflight_limit(repo: Path) -> None:
-    async def scenario(url: str, batcher: DynamicBatcher) -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_server_wide_inflight_limit(repo: Path, protocol: str) -> None:
+    async def scenario(running: RunningServer, batcher: DynamicBatcher) -> list[Reply]:
+        async with AsyncInfer(protocol, running) as infer:
 
-            def send(i: int) -> asyncio.Task[httpx.Response]:
-                return asyncio.create_task(client.post("/v2/models/slow/infer", json=body(i)))
+            def send(i: int) -> asyncio.Task[Reply]:
+                return asyncio.create_task(infer("slow", i))
 
             admitted = [send(70)]
-            await until(batcher, _executing_alone, "request 70 executing", *admitted)
+            await until(batcher, _executing_alone, "request 70 executing")
             admitted.append(send(71))
-            await until(batcher, lambda b: b.queue_depth() == 1, "request 71 queued", *admitted)
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 71 queued")
+            assert not any(t.done() for t in admitted), "answered while the gate was closed"
             refused = [await send(72), await send(73)]  # two in flight: the server's limit
             release()
             return [*await asyncio.gather(*admitted), *refused]
@@ -441,8 +444,6 @@ def test_server_wide_inflight_limit(repo: Path) -> None:
         run_server(repo / "models", max_inflight_requests=2) as running,
         gate_closed(repo, "slow") as release,
     ):
-        responses = asyncio.run(scenario(running.url, batcher_of(running, "slow")))
-    statuses = sorted(r.status_code for r in responses)
-    assert statuses == [200, 200, 429, 429]
-    refused = [r for r in responses if r.status_code == 429]
-    assert all("--max-inflight-requests" in r.json()["error"] for r in refused)
+        replies = asyncio.run(scenario(running, batcher_of(running, "slow")))
+    assert [r.status for r in replies] == [OK[protocol]] * 2 + [SHED[protocol]] * 2
+    assert all("--max-inflight-requests" in r.message for r in replies[2:])
