@@ -23,6 +23,7 @@ OK = {"http": "200", "grpc": "OK"}
 SHED = {"http": "429", "grpc": "RESOURCE_EXHAUSTED"}
 DEADLINE = {"http": "504", "grpc": "DEADLINE_EXCEEDED"}
 BAD_REQUEST = {"http": "400", "grpc": "INVALID_ARGUMENT"}
+FAILED = {"http": "500", "grpc": "INTERNAL"}  # the model raised
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Reply:
     message: str = ""  # the error's text
     headers: dict[str, str] = field(default_factory=dict)  # HTTP only
     data: list[float] = field(default_factory=list)
+    version: str = ""  # the version that answered
 
 
 class AsyncInfer:
@@ -76,7 +78,13 @@ class AsyncInfer:
             r = await self.http.post(f"/v2/models/{model}/infer", json=doc, headers=headers)
             if r.status_code != 200:
                 return Reply(str(r.status_code), r.json()["error"], dict(r.headers))
-            return Reply("200", headers=dict(r.headers), data=r.json()["outputs"][0]["data"])
+            doc = r.json()
+            return Reply(
+                "200",
+                headers=dict(r.headers),
+                data=doc["outputs"][0]["data"],
+                version=doc["model_version"],
+            )
         inp = InferInput("IN", [1, 1], "FP32")
         inp.set_data_from_numpy(np.full((1, 1), value, np.float32))
         try:
@@ -89,4 +97,5 @@ class AsyncInfer:
             )
         except InferenceServerException as exc:
             return Reply(str(exc.status()).removeprefix("StatusCode."), str(exc.message()))
-        return Reply("OK", data=result.as_numpy("OUT").ravel().tolist())
+        version = result.get_response().model_version
+        return Reply("OK", data=result.as_numpy("OUT").ravel().tolist(), version=version)

@@ -6,6 +6,7 @@ checked over HTTP and gRPC; the routing calls themselves are the admin API's.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from tests.async_infer import FAILED, OK, PROTOCOLS, AsyncInfer
 from tests.integration.test_metrics import scrape, value
 from tests.lifecycle_models import VERSION_PY, write_plus_model, write_python_model
 from tests.servers import RunningServer, run_server
@@ -27,23 +29,21 @@ BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0
 def canary_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("canary_repo")
     write_plus_model(repo, "split", [1, 2], extra="version_policy: { all { } }")
-    write_python_model(
-        repo,
-        "guarded",
-        VERSION_PY.format(fail_version=2),
-        extra="""
-        version_policy: { all { } }
-        parameters { key: "canary_weights" value: { string_value: '{"2": 50, "1": 50}' } }
-        parameters { key: "canary_auto_rollback" value: { string_value: "true" } }
-        parameters { key: "canary_min_requests" value: { string_value: "10" } }
-        """,
-        versions=(1, 2),
-    )
+    for protocol in PROTOCOLS:  # a rollback is for good: one guarded model per protocol
+        write_python_model(
+            repo,
+            f"guarded_{protocol}",
+            VERSION_PY.format(fail_version=2),
+            extra="""
+            version_policy: { all { } }
+            parameters { key: "canary_weights" value: { string_value: '{"2": 50, "1": 50}' } }
+            parameters { key: "canary_auto_rollback" value: { string_value: "true" } }
+            parameters { key: "canary_min_requests" value: { string_value: "10" } }
+            """,
+            versions=(1, 2),
+        )
     with run_server(repo, admin_api=True) as running:
         yield running
-
-
-PROTOCOLS = ["http", "grpc"]
 
 
 class Infer:
@@ -176,20 +176,29 @@ def test_routing_over_grpc_admin_service(canary_server: RunningServer) -> None:
     channel.close()
 
 
-def test_failing_canary_is_rolled_back_automatically(canary_server: RunningServer) -> None:
-    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_failing_canary_is_rolled_back_automatically(
+    canary_server: RunningServer, protocol: str
+) -> None:
+    guarded = f"guarded_{protocol}"
+
+    async def send(n: int) -> list[tuple[str, str]]:
+        """n requests, one after the other: (status, the version that answered)."""
+        async with AsyncInfer(protocol, canary_server) as infer:
+            return [(r.status, r.version) for r in [await infer(guarded, 1) for _ in range(n)]]
+
     with canary_server.client() as c:
-        assert c.get("/v2/models/guarded/routing").json()["weights"] == {"2": 50, "1": 50}
-        statuses = [c.post("/v2/models/guarded/infer", json=body).status_code for _ in range(200)]
-        routing = c.get("/v2/models/guarded/routing").json()
-        after = [c.post("/v2/models/guarded/infer", json=body) for _ in range(50)]
-    assert 500 in statuses  # the canary did fail before it was rolled back
+        assert c.get(f"/v2/models/{guarded}/routing").json()["weights"] == {"2": 50, "1": 50}
+        before = asyncio.run(send(200))
+        routing = c.get(f"/v2/models/{guarded}/routing").json()
+    after = asyncio.run(send(50))
+    assert FAILED[protocol] in {status for status, _ in before}  # it failed, then rolled back
     assert routing["weights"]["2"] == 0
     assert routing["rollbacks"] == {"2": 1}
-    assert all(r.status_code == 200 and r.json()["model_version"] == "1" for r in after)
+    assert set(after) == {(OK[protocol], "1")}
     metrics = scrape(canary_server)
-    assert value(metrics, "inferd_canary_rollbacks_total", model="guarded", version="2") == 1
-    assert value(metrics, "inferd_routing_weight", model="guarded", version="2") == 0
+    assert value(metrics, "inferd_canary_rollbacks_total", model=guarded, version="2") == 1
+    assert value(metrics, "inferd_routing_weight", model=guarded, version="2") == 0
 
 
 def test_admin_calls_are_refused_when_the_api_is_off(good_repository: Path) -> None:
