@@ -78,12 +78,12 @@ class AsyncInfer:
             r = await self.http.post(f"/v2/models/{model}/infer", json=doc, headers=headers)
             if r.status_code != 200:
                 return Reply(str(r.status_code), r.json()["error"], dict(r.headers))
-            doc = r.json()
+            answer = r.json()
             return Reply(
                 "200",
                 headers=dict(r.headers),
-                data=doc["outputs"][0]["data"],
-                version=doc["model_version"],
+                data=answer["outputs"][0]["data"],
+                version=answer["model_version"],
             )
         inp = InferInput("IN", [1, 1], "FP32")
         inp.set_data_from_numpy(np.full((1, 1), value, np.float32))
