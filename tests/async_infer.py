@@ -24,6 +24,7 @@ SHED = {"http": "429", "grpc": "RESOURCE_EXHAUSTED"}
 DEADLINE = {"http": "504", "grpc": "DEADLINE_EXCEEDED"}
 BAD_REQUEST = {"http": "400", "grpc": "INVALID_ARGUMENT"}
 FAILED = {"http": "500", "grpc": "INTERNAL"}  # the model raised
+UNAVAILABLE = {"http": "503", "grpc": "UNAVAILABLE"}
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Dynamic batching seen from outside: merges under load, never mixes up rows.
 
-Every case runs over HTTP and gRPC (one table: `PROTOCOLS`), with concurrent requests from
-one client of each kind: both adapters feed the same scheduler, so they batch alike.
+Every case runs over HTTP and gRPC (`PROTOCOLS` of tests/async_infer.py), with concurrent
+requests from one client of each kind: both adapters feed one scheduler, so they batch alike.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import InferInput
 
+from tests.async_infer import PROTOCOLS
 from tests.fault_models import GATED, GATED_MAX_BATCH, blocker_is_executing
 from tests.servers import RunningServer, batcher_of, until
-
-PROTOCOLS = ["http", "grpc"]
 
 
 @dataclass

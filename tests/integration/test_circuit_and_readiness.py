@@ -19,6 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tests.async_infer import FAILED, OK, PROTOCOLS, UNAVAILABLE
 from tests.fault_models import CONSTANT_PY, RECORDING_PY, SWITCHABLE_PY, param, write_model
 from tests.integration.test_admission import body
 from tests.integration.test_metrics import scrape, scrape_url, value
@@ -29,8 +30,6 @@ from tests.servers import RunningServer, free_port, run_cli_server, run_server
 def flag(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("flags") / "primary-fails"
 
-
-PROTOCOLS = ["http", "grpc"]
 
 # One model of each kind per protocol (`primary_http`, `primary_grpc`...): a circuit's state
 # outlives a case (open_s), so the cases over one protocol never see the other's.
@@ -80,12 +79,6 @@ class Reply:
     fallback_from: str = ""
     data: list[float] = field(default_factory=list)
     message: str = ""
-
-
-# What each outcome is on either wire: one table, status <-> gRPC code.
-OK = {"http": "200", "grpc": "OK"}
-FAILED = {"http": "500", "grpc": "INTERNAL"}
-REFUSED = {"http": "503", "grpc": "UNAVAILABLE"}
 
 
 class Client:
@@ -194,7 +187,7 @@ def test_open_circuit_without_fallback_fails_fast_with_503(
         with Client(protocol, server) as c:
             assert [c.infer(lonely, 1).status for _ in range(3)] == [FAILED[protocol]] * 3
             refused = c.infer(lonely, 1)
-        assert refused.status == REFUSED[protocol]
+        assert refused.status == UNAVAILABLE[protocol]
         assert "circuit is open" in refused.message
     finally:
         flag.unlink()
