@@ -368,25 +368,31 @@ def test_higher_priority_runs_first(server: RunningServer, repo: Path, protocol:
     assert "priority 3 is outside 1..2" in out_of_range.message
 
 
-def test_disconnected_client_request_never_runs(server: RunningServer, repo: Path) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_disconnected_client_request_never_runs(
+    server: RunningServer, repo: Path, protocol: str
+) -> None:
     batcher = batcher_of(server, "slow")
     cancelled_before = _cancelled(server)
 
     async def scenario(release: Callable[[], None]) -> None:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as keeper:
-            busy = asyncio.create_task(keeper.post("/v2/models/slow/infer", json=body(51)))
-            await until(batcher, _executing_alone, "request 51 executing", busy)
-            async with httpx.AsyncClient(base_url=server.url, timeout=0.1) as impatient:
-                with pytest.raises(httpx.ReadTimeout):
-                    await impatient.post("/v2/models/slow/infer", json=body(52))
-            # The client has gone: the server cancels its request while the instance is
-            # still busy (it is dropped, not run, when the queue reaches it).
+        async with AsyncInfer(protocol, server) as keeper, AsyncInfer(protocol, server) as gone:
+            busy = asyncio.create_task(keeper("slow", 51))
+            await until(batcher, _executing_alone, "request 51 executing")
+            leaving = asyncio.create_task(gone("slow", 52))
+            await until(batcher, lambda b: b.queue_depth() == 1, "request 52 queued")
+            leaving.cancel()  # the client gives up: its connection (or gRPC call) ends
+            with contextlib.suppress(asyncio.CancelledError):
+                await leaving
+            # The server cancels its request while the instance is still busy (it is
+            # dropped, not run, when the queue reaches it).
             deadline = time.monotonic() + 30
             while _cancelled(server) == cancelled_before:
                 assert time.monotonic() < deadline, "the disconnect was never noticed"
                 await asyncio.sleep(0.01)
+            assert batcher.queue_depth() == 0  # a cancelled request leaves the queue at once
             release()
-            assert (await busy).status_code == 200
+            assert (await busy).status == OK[protocol]
 
     with gate_closed(repo, "slow") as release:
         asyncio.run(scenario(release))
