@@ -19,9 +19,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tests.admission_models import body
 from tests.async_infer import FAILED, OK, PROTOCOLS, UNAVAILABLE
 from tests.fault_models import CONSTANT_PY, RECORDING_PY, SWITCHABLE_PY, param, write_model
-from tests.integration.test_admission import body
 from tests.integration.test_metrics import scrape, scrape_url, value
 from tests.servers import RunningServer, free_port, run_cli_server, run_server
 
