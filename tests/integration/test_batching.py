@@ -1,17 +1,82 @@
-"""Dynamic batching seen from outside: merges under load, never mixes up rows."""
+"""Dynamic batching seen from outside: merges under load, never mixes up rows.
+
+Every case runs over HTTP and gRPC (`PROTOCOLS` of tests/async_infer.py), with concurrent
+requests from one client of each kind: both adapters feed one scheduler, so they batch alike.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import httpx
 import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpc_aio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tritonclient.grpc import InferInput
 
+from tests.async_infer import PROTOCOLS
 from tests.fault_models import GATED, GATED_MAX_BATCH, blocker_is_executing
 from tests.servers import RunningServer, batcher_of, until
+
+
+@dataclass
+class Answer:
+    id: str
+    outputs: dict[str, np.ndarray]
+
+
+class Client:
+    """Concurrent requests over HTTP (JSON, httpx) or gRPC (tritonclient's asyncio client)."""
+
+    def __init__(self, protocol: str, server: RunningServer, connections: int) -> None:
+        self.protocol = protocol
+        self.http: httpx.AsyncClient | None = None
+        self.grpc: Any = None
+        if protocol == "http":
+            limits = httpx.Limits(max_connections=connections)
+            self.http = httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits)
+        else:
+            self.grpc = grpc_aio.InferenceServerClient(server.grpc_address)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+        if self.grpc is not None:
+            await self.grpc.close()
+
+    async def infer(self, model: str, values: np.ndarray, request_id: str) -> Answer:
+        if self.http is not None:
+            r = await self.http.post(f"/v2/models/{model}/infer", json=_request(values, request_id))
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            return Answer(doc["id"], {o["name"]: _array(o) for o in doc["outputs"]})
+        inp = InferInput("IN", list(values.shape), "FP32")
+        inp.set_data_from_numpy(values)
+        result = await self.grpc.infer(model, [inp], request_id=request_id)
+        response = result.get_response()
+        return Answer(response.id, {o.name: result.as_numpy(o.name) for o in response.outputs})
+
+    async def infer_all(self, model: str, requests: list[tuple[np.ndarray, str]]) -> list[Answer]:
+        return list(await asyncio.gather(*(self.infer(model, v, i) for v, i in requests)))
+
+
+@pytest.fixture(params=PROTOCOLS)
+def protocol(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def _request(values: np.ndarray, request_id: str) -> dict[str, object]:
@@ -28,84 +93,69 @@ def _request(values: np.ndarray, request_id: str) -> dict[str, object]:
     }
 
 
-async def _send_all(
-    url: str, model: str, bodies: list[dict[str, object]]
-) -> list[dict[str, object]]:
-    limits = httpx.Limits(max_connections=len(bodies))
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        responses = await asyncio.gather(
-            *(client.post(f"/v2/models/{model}/infer", json=b) for b in bodies)
-        )
-    for r in responses:
-        assert r.status_code == 200, r.text
-    return [r.json() for r in responses]
+def _array(out: dict[str, Any]) -> np.ndarray:
+    dtype = np.float32 if out["datatype"] == "FP32" else np.int64
+    return np.array(out["data"], dtype=dtype).reshape(out["shape"])
 
 
-def _output(doc: dict[str, object], name: str) -> np.ndarray:
-    for out in doc["outputs"]:  # type: ignore[attr-defined]
-        if out["name"] == name:
-            dtype = np.float32 if out["datatype"] == "FP32" else np.int64
-            return np.array(out["data"], dtype=dtype).reshape(out["shape"])
-    raise KeyError(name)
-
-
-def test_queued_single_rows_leave_as_one_batch(gated_server: RunningServer, gate: Path) -> None:
+def test_queued_single_rows_leave_as_one_batch(
+    gated_server: RunningServer, gate: Path, protocol: str
+) -> None:
     # While the instance executes, arrivals queue and then leave together as one batch. The
     # blocker holds the instance until all of them are queued, so the outcome doesn't depend
     # on how fast the client sends.
     n = 64
     assert n <= GATED_MAX_BATCH
-    bodies = [_request(np.full((1, 2), i, np.float32), str(i)) for i in range(n)]
     batcher = batcher_of(gated_server, GATED)
     gate.touch()  # closed: the blocker will hold the instance
 
-    async def send() -> tuple[dict[str, object], list[dict[str, object]]]:
-        limits = httpx.Limits(max_connections=n + 1)
-        async with httpx.AsyncClient(
-            base_url=gated_server.url, timeout=60, limits=limits
-        ) as client:
+    async def send() -> tuple[Answer, list[Answer]]:
+        async with Client(protocol, gated_server, n + 1) as client:
 
-            def post(body: dict[str, object]) -> asyncio.Task[httpx.Response]:
-                return asyncio.create_task(client.post(f"/v2/models/{GATED}/infer", json=body))
+            def post(value: float, request_id: str) -> asyncio.Task[Answer]:
+                values = np.full((1, 2), value, np.float32)
+                return asyncio.create_task(client.infer(GATED, values, request_id))
 
             try:
-                blocker = post(_request(np.full((1, 2), -1, np.float32), "blocker"))
-                await until(batcher, blocker_is_executing, "the blocker to execute", blocker)
-                requests = [post(b) for b in bodies]
+                blocker = post(-1, "blocker")
+                await until(batcher, blocker_is_executing, "the blocker to execute")
+                requests = [post(i, str(i)) for i in range(n)]
                 await until(batcher, lambda b: b.queue_depth() == n, f"{n} queued requests")
+                assert not blocker.done(), "the blocker was answered while the gate was closed"
             finally:
                 gate.unlink()  # open: never leave the instance held, even when failing
-            responses = await asyncio.gather(blocker, *requests)
-        for r in responses:
-            assert r.status_code == 200, r.text
-        first, *rest = (r.json() for r in responses)
+            first, *rest = await asyncio.gather(blocker, *requests)
         return first, rest
 
-    blocker_doc, docs = asyncio.run(send())
-    executions = {int(_output(d, "EXEC")[0, 0]) for d in docs}
-    batch_sizes = {int(_output(d, "BATCH")[0, 0]) for d in docs}
+    blocker, answers = asyncio.run(send())
+    executions = {int(a.outputs["EXEC"][0, 0]) for a in answers}
+    batch_sizes = {int(a.outputs["BATCH"][0, 0]) for a in answers}
     assert len(executions) == 1, f"{n} queued requests ran as {len(executions)} executions"
     assert batch_sizes == {n}
-    assert executions.isdisjoint({int(_output(blocker_doc, "EXEC")[0, 0])})
-    assert int(_output(blocker_doc, "BATCH")[0, 0]) == 1
-    for i, doc in enumerate(docs):  # and every request got its own row back
-        assert doc["id"] == str(i)
-        np.testing.assert_array_equal(_output(doc, "OUT"), np.full((1, 2), i))
+    assert executions.isdisjoint({int(blocker.outputs["EXEC"][0, 0])})
+    assert int(blocker.outputs["BATCH"][0, 0]) == 1
+    for i, answer in enumerate(answers):  # and every request got its own row back
+        assert answer.id == str(i)
+        np.testing.assert_array_equal(answer.outputs["OUT"], np.full((1, 2), i))
 
 
-def test_lone_request_runs_alone(server: RunningServer) -> None:
-    with server.client() as c:
-        doc = c.post(
-            "/v2/models/counter/infer", json=_request(np.ones((3, 2), np.float32), "x")
-        ).json()
-    assert _output(doc, "BATCH").ravel().tolist() == [3, 3, 3]
+def test_lone_request_runs_alone(server: RunningServer, protocol: str) -> None:
+    async def send() -> Answer:
+        async with Client(protocol, server, 1) as client:
+            return await client.infer("counter", np.ones((3, 2), np.float32), "x")
+
+    assert asyncio.run(send()).outputs["BATCH"].ravel().tolist() == [3, 3, 3]
 
 
-def test_different_inner_shapes_are_never_merged(server: RunningServer) -> None:
-    bodies = [_request(np.full((1, 2 + (i % 3)), i, np.float32), str(i)) for i in range(24)]
-    docs = asyncio.run(_send_all(server.url, "slow_counter", bodies))
-    for i, doc in enumerate(docs):
-        np.testing.assert_array_equal(_output(doc, "OUT"), np.full((1, 2 + (i % 3)), i))
+def test_different_inner_shapes_are_never_merged(server: RunningServer, protocol: str) -> None:
+    requests = [(np.full((1, 2 + (i % 3)), i, np.float32), str(i)) for i in range(24)]
+
+    async def send() -> list[Answer]:
+        async with Client(protocol, server, len(requests)) as client:
+            return await client.infer_all("slow_counter", requests)
+
+    for i, answer in enumerate(asyncio.run(send())):
+        np.testing.assert_array_equal(answer.outputs["OUT"], np.full((1, 2 + (i % 3)), i))
 
 
 @settings(
@@ -116,14 +166,18 @@ def test_different_inner_shapes_are_never_merged(server: RunningServer) -> None:
     width=st.integers(min_value=1, max_value=4),
 )
 def test_each_response_holds_exactly_its_own_rows(
-    server: RunningServer, rows: list[int], width: int
+    server: RunningServer, protocol: str, rows: list[int], width: int
 ) -> None:
     rng = np.random.default_rng(len(rows) * 31 + width)
     payloads = [rng.normal(size=(r, width)).astype(np.float32) for r in rows]
-    bodies = [_request(p, f"r{k}") for k, p in enumerate(payloads)]
-    docs = asyncio.run(_send_all(server.url, "counter", bodies))
-    for k, (doc, payload) in enumerate(zip(docs, payloads, strict=True)):
-        assert doc["id"] == f"r{k}"
-        np.testing.assert_array_equal(_output(doc, "OUT"), payload)
+    requests = [(p, f"r{k}") for k, p in enumerate(payloads)]
+
+    async def send() -> list[Answer]:
+        async with Client(protocol, server, len(requests)) as client:
+            return await client.infer_all("counter", requests)
+
+    for k, (answer, payload) in enumerate(zip(asyncio.run(send()), payloads, strict=True)):
+        assert answer.id == f"r{k}"
+        np.testing.assert_array_equal(answer.outputs["OUT"], payload)
         # Rows of one request always travel in one execution.
-        assert len(set(_output(doc, "EXEC").ravel().tolist())) == 1
+        assert len(set(answer.outputs["EXEC"].ravel().tolist())) == 1

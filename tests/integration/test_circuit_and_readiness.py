@@ -1,4 +1,7 @@
-"""Circuit breaker with fallback, readiness that tells the truth, and graceful shutdown."""
+"""Circuit breaker with fallback, readiness that tells the truth, and graceful shutdown.
+
+The circuit and readiness cases run over HTTP and gRPC from one table of outcomes.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,18 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
+from tests.admission_models import body
+from tests.async_infer import FAILED, OK, PROTOCOLS, UNAVAILABLE
 from tests.fault_models import CONSTANT_PY, RECORDING_PY, SWITCHABLE_PY, param, write_model
-from tests.integration.test_admission import body
 from tests.integration.test_metrics import scrape, scrape_url, value
 from tests.servers import RunningServer, free_port, run_cli_server, run_server
 
@@ -23,15 +31,17 @@ def flag(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("flags") / "primary-fails"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, flag: Path) -> Iterator[RunningServer]:
-    repo = tmp_path_factory.mktemp("circuit")
+# One model of each kind per protocol (`primary_http`, `primary_grpc`...): a circuit's state
+# outlives a case (open_s), so the cases over one protocol never see the other's.
+
+
+def _models(repo: Path, flag: Path, protocol: str) -> None:
     # open_s is what a test may take between the third failure and its check that the
     # circuit is open (a probe after it reaches the primary again): ample for a slow machine.
     breaker = param("circuit_breaker_failures", 3)
     write_model(
         repo,
-        "primary",
+        f"primary_{protocol}",
         SWITCHABLE_PY,
         param("flag_path", flag)
         + breaker
@@ -40,79 +50,164 @@ def server(tmp_path_factory: pytest.TempPathFactory, flag: Path) -> Iterator[Run
     )
     write_model(
         repo,
-        "lonely",
+        f"lonely_{protocol}",
         SWITCHABLE_PY,
         param("flag_path", flag) + breaker + param("circuit_breaker_open_s", 30),
     )
-    write_model(repo, "backup", CONSTANT_PY)
     write_model(
-        repo, "flaky", SWITCHABLE_PY, param("flag_path", flag) + param("unready_after_failures", 4)
+        repo,
+        f"flaky_{protocol}",
+        SWITCHABLE_PY,
+        param("flag_path", flag) + param("unready_after_failures", 4),
     )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, flag: Path) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("circuit")
+    for protocol in PROTOCOLS:
+        _models(repo, flag, protocol)
+    write_model(repo, "backup", CONSTANT_PY)
     with run_server(repo) as running:
         yield running
 
 
+@dataclass
+class Reply:
+    status: str  # the HTTP status ("200") or the gRPC code's name ("OK")
+    model_name: str = ""
+    fallback_from: str = ""
+    data: list[float] = field(default_factory=list)
+    message: str = ""
+
+
+class Client:
+    """The calls these cases make, over HTTP (JSON) or gRPC (tritonclient.grpc)."""
+
+    def __init__(self, protocol: str, server: RunningServer) -> None:
+        self.protocol = protocol
+        self.http = server.client() if protocol == "http" else None
+        self.grpc = (
+            grpcclient.InferenceServerClient(server.grpc_address) if protocol == "grpc" else None
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.http is not None:
+            self.http.close()
+        if self.grpc is not None:
+            self.grpc.close()
+
+    def infer(self, model: str, value: float) -> Reply:
+        if self.http is not None:
+            r = self.http.post(f"/v2/models/{model}/infer", json=body(value))
+            if r.status_code != 200:
+                return Reply(str(r.status_code), message=r.json()["error"])
+            doc = r.json()
+            return Reply(
+                "200",
+                doc["model_name"],
+                doc.get("parameters", {}).get("fallback_from", ""),
+                doc["outputs"][0]["data"],
+            )
+        assert self.grpc is not None
+        inp = grpcclient.InferInput("IN", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.full((1, 1), value, np.float32))
+        try:
+            result = self.grpc.infer(model, [inp])
+        except InferenceServerException as exc:
+            return Reply(str(exc.status()).removeprefix("StatusCode."), message=exc.message())
+        response = result.get_response()
+        fallback = response.parameters.get("fallback_from")
+        return Reply(
+            "OK",
+            response.model_name,
+            fallback.string_param if fallback is not None else "",
+            result.as_numpy("OUT").ravel().tolist(),
+        )
+
+    def model_ready(self, model: str) -> bool:
+        if self.http is not None:
+            return self.http.get(f"/v2/models/{model}/ready").status_code == 200
+        assert self.grpc is not None
+        return bool(self.grpc.is_model_ready(model))
+
+    def server_ready(self) -> bool:
+        if self.http is not None:
+            return self.http.get("/v2/health/ready").status_code == 200
+        assert self.grpc is not None
+        return bool(self.grpc.is_server_ready())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_fallback_serves_while_the_primary_fails_then_the_primary_recovers(
-    server: RunningServer, flag: Path
+    server: RunningServer, flag: Path, protocol: str
 ) -> None:
-    with server.client() as c:
-        assert c.post("/v2/models/primary/infer", json=body(1)).json()["outputs"][0]["data"] == [
-            2.0
-        ]
+    primary = f"primary_{protocol}"
+    with Client(protocol, server) as c:
+        served = c.infer(primary, 1)
+        assert (served.status, served.model_name, served.data) == (OK[protocol], primary, [2.0])
         flag.touch()
-        failures = [c.post("/v2/models/primary/infer", json=body(1)) for _ in range(3)]
-        assert [r.status_code for r in failures] == [500, 500, 500]
-        # Open: the fallback answers, and the primary says it is not ready.
-        served = c.post("/v2/models/primary/infer", json=body(1)).json()
-        assert served["model_name"] == "backup"
-        assert served["parameters"]["fallback_from"] == "primary"
-        assert served["outputs"][0]["data"] == [100.0]
-        assert c.get("/v2/models/primary/ready").status_code == 503
-        assert c.get("/v2/health/ready").status_code == 503
-        # The primary is fixed; after open_s a probe reaches it and closes the circuit.
-        flag.unlink()
+        try:
+            failures = [c.infer(primary, 1).status for _ in range(3)]
+            assert failures == [FAILED[protocol]] * 3
+            # Open: the fallback answers, and the primary says it is not ready.
+            served = c.infer(primary, 1)
+            assert (served.status, served.model_name) == (OK[protocol], "backup")
+            assert served.fallback_from == primary
+            assert served.data == [100.0]
+            assert not c.model_ready(primary)
+            assert not c.server_ready()
+        finally:
+            flag.unlink()  # the primary is fixed
+        # After open_s a probe reaches it and closes the circuit.
         deadline = time.monotonic() + 30
         while True:
-            doc = c.post("/v2/models/primary/infer", json=body(1)).json()
-            if doc["model_name"] == "primary":
+            served = c.infer(primary, 1)
+            if served.model_name == primary:
                 break
             assert time.monotonic() < deadline, "the circuit never closed again"
             time.sleep(0.1)
-        assert doc["outputs"][0]["data"] == [2.0]
-        assert c.get("/v2/models/primary/ready").status_code == 200
+        assert served.data == [2.0]
+        assert c.model_ready(primary)
     metrics = scrape(server)
-    assert value(metrics, "inferd_circuit_opens_total", model="primary") == 1
-    assert value(metrics, "inferd_circuit_open", model="primary") == 0
+    assert value(metrics, "inferd_circuit_opens_total", model=primary) == 1
+    assert value(metrics, "inferd_circuit_open", model=primary) == 0
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_open_circuit_without_fallback_fails_fast_with_503(
-    server: RunningServer, flag: Path
+    server: RunningServer, flag: Path, protocol: str
 ) -> None:
+    lonely = f"lonely_{protocol}"
     flag.touch()
     try:
-        with server.client() as c:
-            for _ in range(3):
-                assert c.post("/v2/models/lonely/infer", json=body(1)).status_code == 500
-            r = c.post("/v2/models/lonely/infer", json=body(1))
-        assert r.status_code == 503
-        assert "circuit is open" in r.json()["error"]
-        # A bad request is the client's fault: it never counts towards opening a circuit.
+        with Client(protocol, server) as c:
+            assert [c.infer(lonely, 1).status for _ in range(3)] == [FAILED[protocol]] * 3
+            refused = c.infer(lonely, 1)
+        assert refused.status == UNAVAILABLE[protocol]
+        assert "circuit is open" in refused.message
     finally:
         flag.unlink()
 
 
-def test_a_model_failing_every_execution_is_not_ready(server: RunningServer, flag: Path) -> None:
-    with server.client() as c:
-        assert c.get("/v2/models/flaky/ready").status_code == 200
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_model_failing_every_execution_is_not_ready(
+    server: RunningServer, flag: Path, protocol: str
+) -> None:
+    flaky = f"flaky_{protocol}"
+    with Client(protocol, server) as c:
+        assert c.model_ready(flaky)
         flag.touch()
         try:
-            for _ in range(4):
-                assert c.post("/v2/models/flaky/infer", json=body(1)).status_code == 500
-            assert c.get("/v2/models/flaky/ready").status_code == 503
+            assert [c.infer(flaky, 1).status for _ in range(4)] == [FAILED[protocol]] * 4
+            assert not c.model_ready(flaky)
         finally:
             flag.unlink()
-        assert c.post("/v2/models/flaky/infer", json=body(1)).status_code == 200
-        assert c.get("/v2/models/flaky/ready").status_code == 200
+        assert c.infer(flaky, 1).status == OK[protocol]
+        assert c.model_ready(flaky)
 
 
 def test_sigterm_answers_every_request_in_flight(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.admission_models import body
 from tests.fault_models import RECORDING_PY, param, write_model
-from tests.integration.test_admission import body
 from tests.integration.test_hot_reload import rss_kib
 from tests.integration.test_metrics import scrape_url, value
 from tests.servers import free_port, run_cli_server
