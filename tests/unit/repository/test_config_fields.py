@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 from onnx import TensorProto
-from tests.unit.test_config import LINEAR_CONFIG, builders, make_model, prepare_error
+from tests.unit.repository.test_config import LINEAR_CONFIG, builders, make_model, prepare_error
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.repository import config_docs
@@ -24,7 +24,7 @@ from inferd.repository.config_parameters import (
 )
 from inferd.repository.loader import parse_config_override, prepare
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SRC = ROOT / "src" / "inferd"
 
 

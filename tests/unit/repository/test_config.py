@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.repository.config import ConfigError, read_config, to_json, validate
 from inferd.repository.loader import prepare, select_versions
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _load_builders() -> ModuleType:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from tests.unit.test_batcher import Instance, options, outputs, req, run, until
+from tests.unit.scheduling.test_batcher import Instance, options, outputs, req, run, until
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import ReplaceableInstance

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from google.protobuf import text_format
-from tests.unit.test_config import LINEAR_CONFIG, make_model
+from tests.unit.repository.test_config import LINEAR_CONFIG, make_model
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.repository.config import ConfigError
@@ -23,7 +23,7 @@ from inferd.repository.spec import ModelSpec, parse_spec
 from inferd.repository.spec_limits import DEFAULT_MAX_BYTES_ELEMENT_SIZE, DEFAULT_MAX_INPUT_ELEMENTS
 from inferd.scheduling.queues import QueuePolicy
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "inferd"
+SRC = Path(__file__).resolve().parents[3] / "src" / "inferd"
 
 PLATFORMS = {
     "onnxruntime": 'platform: "onnxruntime_onnx"',

@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 from onnx import TensorProto
 from tests.ragged_models import RAGGED_TRITON_PY_CODE, ragged_sum
-from tests.unit.test_config import builders, make_model, prepare_error
+from tests.unit.repository.test_config import builders, make_model, prepare_error
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
