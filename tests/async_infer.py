@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import numpy as np
@@ -37,16 +37,25 @@ class Reply:
 
 
 class AsyncInfer:
-    def __init__(self, protocol: str, server: RunningServer, timeout_s: float = 30) -> None:
+    def __init__(
+        self,
+        protocol: str,
+        server: RunningServer,
+        timeout_s: float = 30,
+        connections: int | None = None,
+    ) -> None:
         self.protocol = protocol
         self.http: httpx.AsyncClient | None = None
         self.grpc: Any = None
         if protocol == "http":
-            self.http = httpx.AsyncClient(base_url=server.url, timeout=timeout_s)
+            pool: dict[str, Any] = {}  # httpx's default pool unless `connections` is given
+            if connections:
+                pool["limits"] = httpx.Limits(max_connections=connections)
+            self.http = httpx.AsyncClient(base_url=server.url, timeout=timeout_s, **pool)
         else:
             self.grpc = grpc_aio.InferenceServerClient(server.grpc_address)
 
-    async def __aenter__(self) -> AsyncInfer:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(

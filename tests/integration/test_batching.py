@@ -9,18 +9,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
-import tritonclient.grpc.aio as grpc_aio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import InferInput
 
-from tests.async_infer import PROTOCOLS
+from tests.async_infer import PROTOCOLS, AsyncInfer
 from tests.fault_models import GATED, GATED_MAX_BATCH, blocker_is_executing
 from tests.servers import RunningServer, batcher_of, until
 
@@ -31,32 +28,11 @@ class Answer:
     outputs: dict[str, np.ndarray]
 
 
-class Client:
+class Client(AsyncInfer):
     """Concurrent requests over HTTP (JSON, httpx) or gRPC (tritonclient's asyncio client)."""
 
     def __init__(self, protocol: str, server: RunningServer, connections: int) -> None:
-        self.protocol = protocol
-        self.http: httpx.AsyncClient | None = None
-        self.grpc: Any = None
-        if protocol == "http":
-            limits = httpx.Limits(max_connections=connections)
-            self.http = httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits)
-        else:
-            self.grpc = grpc_aio.InferenceServerClient(server.grpc_address)
-
-    async def __aenter__(self) -> Client:
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.http is not None:
-            await self.http.aclose()
-        if self.grpc is not None:
-            await self.grpc.close()
+        super().__init__(protocol, server, timeout_s=60, connections=connections)
 
     async def infer(self, model: str, values: np.ndarray, request_id: str) -> Answer:
         if self.http is not None:
