@@ -6,6 +6,7 @@ checks, scheduling, output conformance) happens here, once.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -15,6 +16,7 @@ from inferd.access import AccessPolicy
 from inferd.errors import ErrorKind, InferdError, invalid, not_found
 from inferd.events import Telemetry
 from inferd.inference import InferenceSteps
+from inferd.monitoring import drift_api
 from inferd.repository import uploads
 from inferd.repository.config import ConfigError, with_kinds_used
 from inferd.repository.loader import parse_config_override
@@ -264,6 +266,23 @@ class DataPlane(InferenceSteps, StreamingSteps):
         self._admin("routing changes")
         self.registry.rollback(name, version)
         return self.routing(name)
+
+    # -- drift monitoring (docs/monitoring.md) ---------------------------------------------
+
+    def drift(self, name: str, version: str = "") -> dict[str, Any]:
+        return drift_api.drift_report(self.registry.get(name, version))
+
+    async def set_drift_reference(
+        self, name: str, version: str, body: bytes | dict[str, Any]
+    ) -> dict[str, Any]:
+        """Body: an .npz archive's bytes, or `{"tensors": {name: rows}}`."""
+        self._admin("setting a drift reference")
+        mv = self.registry.get(name, version)
+        if isinstance(body, bytes):
+            reference = await asyncio.to_thread(drift_api.parse_npz_reference, mv, body)
+        else:
+            reference = await asyncio.to_thread(drift_api.parse_json_reference, mv, body)
+        return drift_api.install_reference(mv, reference)
 
     # -- system shared memory (Triton's extension; the table: inferd/shared_memory.py) -----
 

@@ -236,6 +236,7 @@ METHOD_GROUPS: dict[str, ApiGroup] = {
         f"/{ADMIN_SERVICE}/{m}": ApiGroup.MODEL_REPOSITORY
         for m in ("GetRouting", "SetRouting", "Promote", "Rollback")
     },
+    f"/{ADMIN_SERVICE}/GetDrift": ApiGroup.STATISTICS,  # as HTTP's GET .../drift
 }
 
 

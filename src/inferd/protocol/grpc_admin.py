@@ -21,6 +21,7 @@ class AdminService:
 
     GetRouting {"model"} · SetRouting {"model", "weights"} · Promote {"model", "version"} ·
     Rollback {"model", "version"?} -> the model's routing as JSON.
+    GetDrift {"model", "version"?} -> the drift report (docs/monitoring.md).
     """
 
     def __init__(self, dataplane: DataPlane) -> None:
@@ -34,6 +35,7 @@ class AdminService:
             "Rollback": lambda doc: self.dp.rollback(
                 _str(doc, "model"), str(doc.get("version", ""))
             ),
+            "GetDrift": lambda doc: self.dp.drift(_str(doc, "model"), str(doc.get("version", ""))),
         }
         return grpc.method_handlers_generic_handler(
             ADMIN_SERVICE,

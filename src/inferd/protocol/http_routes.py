@@ -119,6 +119,10 @@ class HttpAdapter:
             ("/v2/trace/setting", self.trace_settings, ["GET", "POST"], ApiGroup.TRACE),
             (m + "/trace/setting", self.trace_settings, ["GET", "POST"], ApiGroup.TRACE),
             ("/v2/logging", self.log_settings, ["GET", "POST"], ApiGroup.LOGGING),
+            (m + "/drift", self.drift, ["GET"], stats),  # docs/monitoring.md
+            (mv + "/drift", self.drift, ["GET"], stats),
+            (m + "/drift/reference", self.drift_reference, ["POST"], repo),
+            (mv + "/drift/reference", self.drift_reference, ["POST"], repo),
         ]
         access = self.dp.access
         routes = [
@@ -250,6 +254,20 @@ class HttpAdapter:
     async def log_settings(self, request: Request) -> Response:
         changes = await self._json_body(request) if request.method == "POST" else None
         return json_response(self.dp.runtime.log_settings(changes))
+
+    async def drift(self, request: Request) -> Response:
+        p = request.path_params
+        return json_response(self.dp.drift(p["model"], p.get("version", "")))
+
+    async def drift_reference(self, request: Request) -> Response:
+        """An .npz archive (any content type but JSON), or `{"tensors": ...}` as JSON."""
+        p = request.path_params
+        if request.headers.get("content-type", "").startswith("application/json"):
+            body: bytes | dict[str, Any] = await self._json_body(request)
+        else:
+            body = await self._read_body(request)
+        doc = await self.dp.set_drift_reference(p["model"], p.get("version", ""), body)
+        return json_response(doc)
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
         body = await self._read_body(request)

@@ -45,6 +45,17 @@ INFERD_PARAMETERS: dict[str, str] = {
     "circuit_breaker_open_s": "how long the circuit stays open (docs/reliability.md)",
     "fallback_model": "where requests go while the circuit is open (docs/reliability.md)",
     "health_p99_baseline_ms": "the p99 the health score compares with (docs/metrics.md)",
+    "drift_reference": (
+        "`file` (default when `<version>/reference.npz` exists), `first:K` (the first K rows "
+        "served) or `none` (docs/monitoring.md)"
+    ),
+    "drift_window": "rows per drift window, default 1000 (docs/monitoring.md)",
+    "drift_sample_rate": "0..1, share of executed batches sampled, default 1 (docs/monitoring.md)",
+    "drift_max_columns": "flattened columns tested per tensor, default 64 (docs/monitoring.md)",
+    "drift_cpu_budget": "share of one core the drift tests may use, 0.05 (docs/monitoring.md)",
+    "drift_p_value_threshold": "KS / chi-square alert below, default 0.001 (docs/monitoring.md)",
+    "drift_psi_threshold": "PSI alert threshold, default 0.2 (docs/monitoring.md)",
+    "drift_class_outputs": "outputs tested as predicted classes, `a,b` (docs/monitoring.md)",
     "model_checksum": (
         "set by inferd in the config it serves (the files' sha256); a value given is replaced"
     ),

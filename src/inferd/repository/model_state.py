@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -16,6 +17,9 @@ from inferd.routing import Router
 from inferd.scheduling.scheduler import Scheduler
 from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import ModelSignature
+
+if TYPE_CHECKING:
+    from inferd.monitoring.drift_sampler import DriftMonitor
 
 
 class State(enum.Enum):
@@ -43,6 +47,7 @@ class ModelVersion:
     execution_timeout_s: float = 0.0  # 0: none (docs/reliability.md)
     load_duration_s: float = 0.0
     warmup_duration_s: float = 0.0
+    drift: DriftMonitor | None = None  # its drift monitor (docs/monitoring.md)
     # model_transaction_policy { decoupled: true }: answers through a response stream.
     decoupled: bool = field(init=False)
 

@@ -4,7 +4,7 @@
 fails the load with an error naming the file, the field or parameter and the value; the
 server's consumers (scheduler, router, circuit, warm-up, readiness, metrics, backends) then
 read fields of the spec, never the config's strings, and nothing re-parses per request,
-readiness check or scrape. `parse_spec` (with spec_limits and spec_backend) is the only
+readiness check or scrape. `parse_spec` (with spec_limits, spec_backend and spec_drift) is the only
 reader of `parameters`: a test holds it to that.
 """
 
@@ -26,6 +26,7 @@ from inferd.repository.config import (
     parameter,
 )
 from inferd.repository.spec_backend import BackendSettings, read_backend_settings
+from inferd.repository.spec_drift import DriftOptions, read_drift_options
 from inferd.repository.spec_limits import InputLimits, read_limits
 from inferd.routing import RollbackPolicy, parse_weights
 from inferd.scheduling.batcher import BatchingOptions
@@ -52,6 +53,7 @@ class ModelSpec:
     execution_timeout_ms: int | None = None  # None: the server's --execution-timeout-ms
     health_p99_baseline_s: float | None = None  # None: the health score's own baseline
     text_inputs: frozenset[str] = frozenset()  # BYTES inputs the model decodes as UTF-8
+    drift: DriftOptions = DriftOptions()  # drift_* (docs/monitoring.md)
 
     def execution_timeout_s(self, default_ms: int) -> float:
         """The execution timeout in seconds (0: none); `default_ms` the server's. A decoupled
@@ -84,6 +86,7 @@ def parse_spec(config: mc.ModelConfig, model_dir: Path) -> ModelSpec:
         execution_timeout_ms=_execution_timeout_ms(config),
         health_p99_baseline_s=_health_baseline_s(config),
         text_inputs=_text_inputs(config),
+        drift=read_drift_options(config),
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from inferd.backends.base import Backend
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.events import Telemetry
+from inferd.monitoring.drift_setup import monitor_for_load
 from inferd.repository.config import backend_name
 from inferd.repository.loader import load_instances, model_file
 from inferd.repository.model_state import ModelVersion, State
@@ -38,6 +39,11 @@ async def load_version(
             raise RuntimeError(
                 f"{mv.name}/{mv.version}/ holds no {' or '.join(backend.model_files)}"
             )
+        # Drift monitoring's reference first: a bad reference.npz fails the load, naming it,
+        # before any instance is built.
+        drift = await asyncio.to_thread(
+            monitor_for_load, mv.name, mv.version, mv.config, mv.spec.drift, version_dir
+        )
         instances = await asyncio.to_thread(
             load_instances,
             backend,
@@ -95,6 +101,10 @@ async def load_version(
             mv.signature.ragged,
             execution_timeout_s=mv.execution_timeout_s,
         )
+    if drift is not None:
+        drift.start()
+        mv.batcher.observe(drift)
+        mv.drift = drift
     mv.devices = [inst.device for inst in instances]
     mv.providers = [inst.provider for inst in instances]
     mv.load_duration_s = loaded - started

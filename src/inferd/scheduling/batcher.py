@@ -27,7 +27,7 @@ from inferd.errors import deadline_exceeded, unavailable
 from inferd.events import ExecutionTimes, Telemetry
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.admission import admit, full, refuse_unmeetable_deadline
-from inferd.scheduling.execution import BatchRunner
+from inferd.scheduling.execution import BatchObserver, BatchRunner
 from inferd.scheduling.formation import Formation, FormationOptions, form_batch
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import BatchClose, Pending
@@ -224,6 +224,10 @@ class DynamicBatcher:
             self._unqueue(p)
             if not p.future.done():
                 p.future.set_exception(error)
+
+    def observe(self, observer: BatchObserver) -> None:
+        """Hand each executed batch to `observer` too (drift monitoring)."""
+        self._runner.observer = observer
 
     async def stop(self) -> None:
         """Finish what is queued and executing, then release the instances."""

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from inferd.backends.base import (
     AnyInstance,
@@ -34,6 +34,16 @@ from inferd.scheduling.pending import BatchClose, Finish, Pending, Result
 from inferd.scheduling.run_batch import Timings, unloading
 
 log = logging.getLogger("inferd.scheduling")
+
+
+class BatchObserver(Protocol):
+    """Sees each batch that executed, on the event loop, after its requests are answered
+    (drift monitoring: monitoring/drift_sampler.py). It must only hand the batch on: a
+    queue put, no work on the arrays."""
+
+    def on_executed(self, batch: Sequence[Pending], results: Sequence[Result]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -92,6 +102,7 @@ class BatchRunner:
         # means nothing can serve until one returns, and readiness says so.
         self.serving = len(self.instances)
         self._closed = False
+        self.observer: BatchObserver | None = None  # set once, after load (drift)
 
     def instances_alive(self) -> bool:
         """False while an instance's worker process is dead (crash isolation)."""
@@ -202,6 +213,8 @@ class BatchRunner:
                 else:
                     times = ExecutionTimes(dequeued_ns - p.enqueued_ns, *timings, rows, requests)
                     p.future.set_result((out, times))
+            if self.observer is not None:
+                self.observer.on_executed(batch, results)
         finally:
             self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
             self.executing -= requests
@@ -320,6 +333,8 @@ class BatchRunner:
         """Release the threads and the instances; nothing executes afterwards. An instance
         stuck in an execution is released if and when that execution returns."""
         self._closed = True
+        if self.observer is not None:
+            self.observer.close()
         self._executor.shutdown(wait=not self._stuck)
         for inst in self.instances:
             if id(inst) not in self._stuck:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from inferd.backends.base import AnyInstance
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded, invalid, unavailable
 from inferd.events import Telemetry
-from inferd.scheduling.execution import BatchRunner
+from inferd.scheduling.execution import BatchObserver, BatchRunner
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import Outcome, Pending, Result
 from inferd.scheduling.sequence_batches import (
@@ -328,6 +328,10 @@ class SequenceBatcher:
         self._arm_reaper()
 
     # -- shutdown ---------------------------------------------------------------------------
+
+    def observe(self, observer: BatchObserver) -> None:
+        """Hand each executed batch to `observer` too (drift monitoring)."""
+        self._runner.observer = observer
 
     async def stop(self) -> None:
         """Finish what is queued and executing, then release the instances."""

@@ -138,6 +138,15 @@ PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     ({"execution_mode": "fast"}, "python", lambda s: s.backend.parallel_execution, False),
     ({"model_checksum": "abc"}, "onnxruntime", lambda s: s.batching.policy, "work_conserving"),
     ({"text_inputs": " , "}, "python", lambda s: s.text_inputs, frozenset()),
+    ({"drift_reference": "first:500"}, "onnxruntime", lambda s: s.drift.first_rows, 500),
+    ({"drift_reference": "none"}, "onnxruntime", lambda s: s.drift.reference, "none"),
+    ({"drift_window": "200"}, "onnxruntime", lambda s: s.drift.window, 200),
+    ({"drift_sample_rate": "0.25"}, "onnxruntime", lambda s: s.drift.sample_rate, 0.25),
+    ({"drift_max_columns": "8"}, "onnxruntime", lambda s: s.drift.max_columns, 8),
+    ({"drift_cpu_budget": "0.5"}, "onnxruntime", lambda s: s.drift.cpu_budget, 0.5),
+    ({"drift_p_value_threshold": "0.01"}, "onnxruntime", lambda s: s.drift.p_value_threshold, 0.01),
+    ({"drift_psi_threshold": "0.3"}, "onnxruntime", lambda s: s.drift.psi_threshold, 0.3),
+    ({"drift_class_outputs": "y"}, "onnxruntime", lambda s: s.drift.class_outputs, {"y"}),
 ]
 
 
@@ -226,6 +235,16 @@ BAD: list[tuple[dict[str, str], str, list[str]]] = [
     ({"execution_mode": "5"}, "onnxruntime", ["parameters.execution_mode", "5"]),
     ({"INTRA_OP_THREAD_COUNT": "all"}, "pytorch", ["INTRA_OP_THREAD_COUNT", "'all'"]),
     ({"isolation": "fork"}, "python", ["isolation", "'fork'"]),
+    ({"drift_reference": "first:x"}, "onnxruntime", ["parameters.drift_reference", "'first:x'"]),
+    ({"drift_reference": "last:5"}, "onnxruntime", ["parameters.drift_reference", "'last:5'"]),
+    ({"drift_window": "5"}, "onnxruntime", ["parameters.drift_window", "'5'"]),
+    ({"drift_window": "1.5"}, "onnxruntime", ["parameters.drift_window", "integer"]),
+    ({"drift_sample_rate": "2"}, "onnxruntime", ["parameters.drift_sample_rate", "0..1"]),
+    ({"drift_max_columns": "0"}, "onnxruntime", ["parameters.drift_max_columns", "'0'"]),
+    ({"drift_cpu_budget": "none"}, "onnxruntime", ["parameters.drift_cpu_budget", "'none'"]),
+    ({"drift_p_value_threshold": "nan"}, "onnxruntime", ["drift_p_value_threshold", "'nan'"]),
+    ({"drift_psi_threshold": "-1"}, "onnxruntime", ["parameters.drift_psi_threshold", "'-1'"]),
+    ({"drift_class_outputs": "z"}, "onnxruntime", ["drift_class_outputs", "'z'", "output"]),
 ]
 
 
@@ -251,7 +270,12 @@ def test_a_bad_value_fails_the_load(tmp_path: Path) -> None:
 
 # -- nothing outside the spec parser reads parameter strings ----------------------------------
 
-SPEC_MODULES = {"repository/spec.py", "repository/spec_backend.py", "repository/spec_limits.py"}
+SPEC_MODULES = {
+    "repository/spec.py",
+    "repository/spec_backend.py",
+    "repository/spec_limits.py",
+    "repository/spec_drift.py",
+}
 READERS = {"parameter", "int_parameter"}
 
 

@@ -1,0 +1,255 @@
+"""One model version's drift monitor: samples of executed batches go to a bounded queue
+that one background thread drains into sliding windows, testing each full window against
+the reference (docs/monitoring.md).
+
+The request path pays one coin flip and one `put_nowait` per executed batch, on the event
+loop, holding references to arrays the batch already made (no copy). When the queue is
+full, the sample is dropped and counted; the thread spends at most `drift_cpu_budget` of
+one core (it rests in proportion to the work it did, and the queue fills and drops
+meanwhile), so monitoring can never slow the requests more than that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from inferd.monitoring.drift import chi_square, ks_test, psi
+from inferd.monitoring.reference import Reference, TensorPlan, TensorReference, features, prepare
+from inferd.repository.spec_drift import DriftOptions
+
+if TYPE_CHECKING:
+    from inferd.scheduling.pending import Pending, Result
+
+log = logging.getLogger("inferd.monitoring")
+
+QUEUE_BATCHES = 64  # samples waiting for the thread; more are dropped and counted
+
+
+@dataclass(frozen=True, slots=True)
+class TestResult:
+    score: float  # the worst column's: KS statistic, PSI, or chi-square effect size w
+    p_value: float | None  # KS: the worst column's, times the columns tested (capped at 1)
+    worst_column: int
+    alerting: bool  # past the model's threshold in the latest window
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDrift:
+    """The latest window's tests of one tensor."""
+
+    tests: dict[str, TestResult]  # "ks", "psi" or "chi2"
+    per_column: dict[str, list[float]]  # "ks", "ks_p_value", "psi" -> one value per column
+    window_rows: int
+    windows: int  # windows tested so far
+
+
+class DriftMonitor:
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        plans: dict[str, TensorPlan],
+        options: DriftOptions,
+        batched: bool,
+        reference: Reference | None,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.options = options
+        self._plans = plans
+        self._batched = batched
+        self._queue: queue.Queue[tuple[Sequence[Pending], Sequence[Result]] | None] = queue.Queue(
+            QUEUE_BATCHES
+        )
+        self.dropped = 0  # samples dropped: queue full (written on the event loop only)
+        self.sampled = 0  # samples queued (idem)
+        self.rows_seen = 0  # rows the thread took in (written by the thread only)
+        self.rows_skipped = 0  # rows whose column count is not the reference's
+        self.latest: dict[str, TensorDrift] = {}  # replaced whole, never mutated in place
+        self._lock = threading.Lock()  # the reference and the windows, against set_reference
+        self._reference = reference
+        self._windows: dict[str, list[np.ndarray]] = {}
+        self._collected: dict[str, list[np.ndarray]] = {}  # first:K, until it has K rows
+        self._collected_rows = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"inferd-drift-{name}-{version}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start the thread: once the version is about to serve."""
+        self._thread.start()
+
+    @property
+    def reference(self) -> Reference | None:
+        return self._reference
+
+    @property
+    def collecting(self) -> bool:
+        """Building its reference from the first rows served (`first:K`)."""
+        return self._reference is None and self.options.first_rows > 0
+
+    # -- on the event loop, after a batch executed ---------------------------------------
+
+    def on_executed(self, batch: Sequence[Pending], results: Sequence[Result]) -> None:
+        rate = self.options.sample_rate
+        if rate < 1.0 and random.random() >= rate:
+            return
+        try:
+            self._queue.put_nowait((batch, results))
+        except queue.Full:
+            self.dropped += 1
+        else:
+            self.sampled += 1
+
+    # -- anywhere ------------------------------------------------------------------------
+
+    def set_reference(self, reference: Reference) -> None:
+        """Replace the reference (admin endpoint); the windows start again."""
+        with self._lock:
+            self._reference = reference
+            self._windows = {}
+            self._collected = {}
+            self.latest = {}
+
+    def close(self) -> None:
+        self._stop.set()
+        # When the queue is full, the thread sees _stop once it takes the next sample.
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def wait_idle(self) -> None:
+        """Until every sample queued so far is processed (tests and tools)."""
+        self._queue.join()
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        budget = self.options.cpu_budget
+        while not self._stop.is_set():
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                started = time.thread_time()
+                try:
+                    with self._lock:
+                        self._take(*item)
+                except Exception:
+                    log.exception("model %s version %s: drift sample failed", *self._names)
+                spent = time.thread_time() - started
+            finally:
+                self._queue.task_done()
+            if budget < 1.0 and spent > 0:
+                self._stop.wait(spent * (1.0 / budget - 1.0))
+
+    @property
+    def _names(self) -> tuple[str, str]:
+        return self.name, self.version
+
+    def _take(self, batch: Sequence[Pending], results: Sequence[Result]) -> None:
+        reference = self._reference
+        if reference is None and not self.collecting:
+            return
+        wanted = reference.tensors if reference is not None else self._plans
+        cap = self.options.max_columns
+        for p, out in zip(batch, results, strict=False):
+            if p.filler or not isinstance(out, dict):
+                continue
+            rows = p.request.rows if self._batched else 1
+            self.rows_seen += rows
+            for name in wanted:
+                array = p.request.inputs.get(name)
+                if array is None:
+                    array = out.get(name)
+                if array is None:
+                    continue
+                feats = features(self._plans[name], array, rows, cap)
+                if reference is None:
+                    self._collected.setdefault(name, []).append(feats)
+                else:
+                    self._add(name, reference.tensors[name], feats)
+            if reference is None:
+                self._collected_rows += rows
+                if self._collected_rows >= self.options.first_rows:
+                    self._finish_collecting()
+                    return
+
+    def _finish_collecting(self) -> None:
+        tensors: dict[str, TensorReference] = {}
+        for name, chunks in self._collected.items():
+            try:
+                tensors[name] = prepare(self._plans[name], np.concatenate(chunks))
+            except ValueError:  # variable dims: rows of different column counts
+                log.warning(
+                    "model %s version %s: drift reference: '%s' has rows of different "
+                    "sizes; it is not monitored",
+                    *self._names,
+                    name,
+                )
+        self._collected = {}
+        self._reference = Reference(tensors, f"first:{self.options.first_rows}")
+        log.info(
+            "model %s version %s: drift reference built from the first %d rows",
+            *self._names,
+            self._collected_rows,
+        )
+
+    def _add(self, name: str, ref: TensorReference, feats: np.ndarray) -> None:
+        if ref.columns is not None and feats.shape[1] != ref.columns.columns:
+            self.rows_skipped += feats.shape[0]
+            return
+        chunks = self._windows.setdefault(name, [])
+        chunks.append(feats)
+        size = self.options.window
+        if sum(len(c) for c in chunks) < size:
+            return
+        window = np.concatenate(chunks)[-size:]
+        # Windows slide by half their size: each row is tested in two windows.
+        self._windows[name] = [window[size // 2 :]]
+        previous = self.latest.get(name)
+        done = previous.windows + 1 if previous is not None else 1
+        self.latest = {**self.latest, name: self._test(ref, window, done)}
+
+    def _test(self, ref: TensorReference, window: np.ndarray, windows: int) -> TensorDrift:
+        opts = self.options
+        if ref.classes is not None:
+            w, p, _ = chi_square(ref.classes, window)
+            result = TestResult(w, p, 0, p < opts.p_value_threshold)
+            return TensorDrift({"chi2": result}, {}, len(window), windows)
+        assert ref.columns is not None
+        d, p_values = ks_test(ref.columns, window)
+        stability = psi(ref.columns, window)
+        worst_ks = int(d.argmax())
+        adjusted = min(1.0, float(p_values.min()) * len(d))
+        worst_psi = int(stability.argmax())
+        tests = {
+            "ks": TestResult(
+                float(d[worst_ks]), adjusted, worst_ks, adjusted < opts.p_value_threshold
+            ),
+            "psi": TestResult(
+                float(stability[worst_psi]),
+                None,
+                worst_psi,
+                float(stability[worst_psi]) > opts.psi_threshold,
+            ),
+        }
+        per_column = {
+            "ks": d.tolist(),
+            "ks_p_value": p_values.tolist(),
+            "psi": stability.tolist(),
+        }
+        return TensorDrift(tests, per_column, len(window), windows)
