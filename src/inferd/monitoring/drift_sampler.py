@@ -17,7 +17,8 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections import ChainMap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -161,32 +162,35 @@ class DriftMonitor:
         return self.name, self.version
 
     def _take(self, batch: Sequence[Pending], results: Sequence[Result]) -> None:
-        reference = self._reference
-        if reference is None and not self.collecting:
-            return
-        wanted = reference.tensors if reference is not None else self._plans
-        cap = self.options.max_columns
         for p, out in zip(batch, results, strict=False):
             if p.filler or not isinstance(out, dict):
                 continue
             rows = p.request.rows if self._batched else 1
-            self.rows_seen += rows
-            for name in wanted:
-                array = p.request.inputs.get(name)
-                if array is None:
-                    array = out.get(name)
-                if array is None:
-                    continue
-                feats = features(self._plans[name], array, rows, cap)
-                if reference is None:
-                    self._collected.setdefault(name, []).append(feats)
-                else:
-                    self._add(name, reference.tensors[name], feats)
+            self.ingest(ChainMap(p.request.inputs, out), rows)
+
+    def ingest(self, tensors: Mapping[str, np.ndarray], rows: int) -> None:
+        """One request's tensors (inputs and outputs, `rows` rows) into the windows, or
+        into the reference being collected. On the monitor's thread (tests: any thread
+        while the monitor is not started)."""
+        reference = self._reference
+        if reference is None and not self.collecting:
+            return
+        self.rows_seen += rows
+        wanted = reference.tensors if reference is not None else self._plans
+        cap = self.options.max_columns
+        for name in wanted:
+            array = tensors.get(name)
+            if array is None:
+                continue
+            feats = features(self._plans[name], array, rows, cap)
             if reference is None:
-                self._collected_rows += rows
-                if self._collected_rows >= self.options.first_rows:
-                    self._finish_collecting()
-                    return
+                self._collected.setdefault(name, []).append(feats)
+            else:
+                self._add(name, reference.tensors[name], feats)
+        if reference is None:
+            self._collected_rows += rows
+            if self._collected_rows >= self.options.first_rows:
+                self._finish_collecting()
 
     def _finish_collecting(self) -> None:
         tensors: dict[str, TensorReference] = {}
