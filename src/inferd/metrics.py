@@ -31,6 +31,7 @@ from inferd.metrics_families import CountsCollector, StateCollector
 from inferd.metrics_load import LoadCollector
 from inferd.metrics_series import GC_BUCKETS_S, Series
 from inferd.metrics_triton import TritonCollector
+from inferd.monitoring.drift_metrics import DriftCollector
 from inferd.repository.registry import ModelRegistry
 from inferd.statistics import StatisticsSink
 
@@ -76,6 +77,7 @@ class MetricsSink:
         r.register(CountsCollector(self))
         r.register(StateCollector(registry, self))
         r.register(LoadCollector(registry))
+        r.register(DriftCollector(registry))
         if triton_names:
             r.register(TritonCollector(registry, statistics, self.failures))
             if host_metrics:
