@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -217,10 +218,31 @@ def send_traffic(server: RunningServer, rounds: int = 1) -> None:
         t.join()
 
 
+def with_drift_monitoring(good_repository: Path, repo: Path) -> Path:
+    """The good repository with mlp's default version (2) drift-monitored: a reference of
+    its input and its predicted label, windows of 10 rows (docs/monitoring.md), so the
+    dashboard's and the alerts' inferd_drift_* series exist after a little traffic."""
+    shutil.copytree(good_repository, repo)
+    rng = np.random.default_rng(0)
+    reference = {"input": rng.random((100, 8)), "label": rng.integers(0, 4, (100, 1))}
+    np.savez(repo / "mlp" / "2" / "reference.npz", **reference)  # type: ignore[arg-type]
+    with (repo / "mlp" / "config.pbtxt").open("a", encoding="utf-8") as config:
+        for key, value in (("drift_window", "10"), ("drift_class_outputs", "label")):
+            config.write(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n')
+        config.write('parameters { key: "drift_cpu_budget" value: { string_value: "1" } }\n')
+    return repo
+
+
 @pytest.fixture(scope="module")
-def live(good_repository: Path) -> Iterator[RunningServer]:
-    with run_server(good_repository, metrics_triton_names=True) as server:
+def live(
+    good_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    repo = with_drift_monitoring(good_repository, tmp_path_factory.mktemp("deploy") / "repo")
+    with run_server(repo, metrics_triton_names=True) as server:
         send_traffic(server)
+        monitor = server.server.registry.get("mlp").drift
+        assert monitor is not None
+        monitor.wait_idle()  # the windows of that traffic are tested
         yield server
 
 
@@ -274,6 +296,8 @@ def test_dashboard_shape() -> None:
         "process_resident_memory_bytes",
         "inferd_process_memory_returned_bytes_total",
         "inferd_gc_pause_seconds",
+        "inferd_drift_score",
+        "inferd_drift_samples_dropped_total",
     ):
         assert needed in all_exprs, f"no panel shows {needed}"
 
