@@ -44,12 +44,16 @@ def read_drift_options(config: mc.ModelConfig) -> DriftOptions:
     return DriftOptions(
         reference=reference,
         first_rows=first_rows,
-        window=_number(config, where, "drift_window", 1000, int, 10, None),
-        sample_rate=_number(config, where, "drift_sample_rate", 1.0, float, 0.0, 1.0),
-        max_columns=_number(config, where, "drift_max_columns", 64, int, 1, None),
-        cpu_budget=_number(config, where, "drift_cpu_budget", 0.05, float, 0.001, 1.0),
-        p_value_threshold=_number(config, where, "drift_p_value_threshold", 0.001, float, 0.0, 1.0),
-        psi_threshold=_number(config, where, "drift_psi_threshold", 0.2, float, 0.0, None),
+        window=_bounded_parameter(config, "drift_window", where, 1000, int, 10, None),
+        sample_rate=_bounded_parameter(config, "drift_sample_rate", where, 1.0, float, 0.0, 1.0),
+        max_columns=_bounded_parameter(config, "drift_max_columns", where, 64, int, 1, None),
+        cpu_budget=_bounded_parameter(config, "drift_cpu_budget", where, 0.05, float, 0.001, 1.0),
+        p_value_threshold=_bounded_parameter(
+            config, "drift_p_value_threshold", where, 0.001, float, 0.0, 1.0
+        ),
+        psi_threshold=_bounded_parameter(
+            config, "drift_psi_threshold", where, 0.2, float, 0.0, None
+        ),
         class_outputs=classes,
     )
 
@@ -66,10 +70,10 @@ def _reference(config: mc.ModelConfig, where: str) -> tuple[str, int]:
     )
 
 
-def _number(
+def _bounded_parameter(
     config: mc.ModelConfig,
-    where: str,
     key: str,
+    where: str,
     default: float,
     kind: type[int] | type[float],
     low: float,

@@ -68,7 +68,13 @@ def test_the_docs_tables_are_the_codes() -> None:
 
 
 # The spec parser's readers of one key (or a tuple of keys), given as their second argument.
-_READERS = ("parameter", "int_parameter", "_positive_int_parameter", "_optional_int")
+_READERS = (
+    "parameter",
+    "int_parameter",
+    "_positive_int_parameter",
+    "_optional_int",
+    "_bounded_parameter",
+)
 
 
 def _keys_read_in(path: Path) -> set[str]:
