@@ -17,7 +17,6 @@ import queue
 import random
 import threading
 import time
-from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -80,6 +79,7 @@ class DriftMonitor:
         self._lock = threading.Lock()  # the reference and the windows, against set_reference
         self._reference = reference
         self._windows: dict[str, list[np.ndarray]] = {}
+        self._held: dict[str, int] = {}  # rows in each tensor's window chunks
         self._collected: dict[str, list[np.ndarray]] = {}  # first:K, until it has K rows
         self._collected_rows = 0
         self._stop = threading.Event()
@@ -120,6 +120,7 @@ class DriftMonitor:
         with self._lock:
             self._reference = reference
             self._windows = {}
+            self._held = {}
             self._collected = {}
             self.latest = {}
 
@@ -162,14 +163,37 @@ class DriftMonitor:
         return self.name, self.version
 
     def _take(self, batch: Sequence[Pending], results: Sequence[Result]) -> None:
+        """One executed batch: each tensor's rows of its requests joined, so the features
+        and the windows take one numpy step per tensor, not per request."""
+        reference = self._reference
+        wanted = reference.tensors if reference is not None else self._plans
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in wanted}
+        rows = 0
         for p, out in zip(batch, results, strict=False):
             if p.filler or not isinstance(out, dict):
                 continue
-            rows = p.request.rows if self._batched else 1
-            self.ingest(ChainMap(p.request.inputs, out), rows)
+            rows += p.request.rows if self._batched else 1
+            for name, arrays in parts.items():
+                array = p.request.inputs.get(name)
+                if array is None:
+                    array = out.get(name)
+                if array is not None:
+                    # Unbatched models: the whole tensor is one row.
+                    arrays.append(array if self._batched else array[np.newaxis])
+        joined: dict[str, np.ndarray] = {}
+        for name, arrays in parts.items():
+            if len(arrays) == 1:
+                joined[name] = arrays[0]
+            elif arrays:
+                try:
+                    joined[name] = np.concatenate(arrays)
+                except ValueError:  # variable dims: requests of different sizes
+                    joined[name] = np.concatenate([a.reshape(len(a), -1)[:, :0] for a in arrays])
+        if rows:
+            self.ingest(joined, rows)
 
     def ingest(self, tensors: Mapping[str, np.ndarray], rows: int) -> None:
-        """One request's tensors (inputs and outputs, `rows` rows) into the windows, or
+        """Tensors of `rows` rows (inputs and outputs, rows first) into the windows, or
         into the reference being collected. On the monitor's thread (tests: any thread
         while the monitor is not started)."""
         reference = self._reference
@@ -182,7 +206,7 @@ class DriftMonitor:
             array = tensors.get(name)
             if array is None:
                 continue
-            feats = features(self._plans[name], array, rows, cap)
+            feats = features(self._plans[name], array, len(array), cap)
             if reference is None:
                 self._collected.setdefault(name, []).append(feats)
             else:
@@ -218,12 +242,15 @@ class DriftMonitor:
             return
         chunks = self._windows.setdefault(name, [])
         chunks.append(feats)
+        held = self._held.get(name, 0) + len(feats)
         size = self.options.window
-        if sum(len(c) for c in chunks) < size:
+        if held < size:
+            self._held[name] = held
             return
         window = np.concatenate(chunks)[-size:]
         # Windows slide by half their size: each row is tested in two windows.
         self._windows[name] = [window[size // 2 :]]
+        self._held[name] = size - size // 2
         previous = self.latest.get(name)
         done = previous.windows + 1 if previous is not None else 1
         self.latest = {**self.latest, name: self._test(ref, window, done)}
