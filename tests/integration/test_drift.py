@@ -7,10 +7,12 @@ request is answered; a bad reference.npz fails its model's load, naming the file
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -129,6 +131,16 @@ def test_a_shift_on_3_of_64_features_alerts_and_leaves_health_alone(
     for _ in range(20):
         infer(server, protocol, model, live_rows(rng, 20, shift=0.5))
     assert not checks_of(drift_of(server, model))["ks"]["alerting"]
+
+
+def test_the_drift_report_over_grpc_is_the_http_one(server: RunningServer) -> None:
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        call = channel.unary_unary("/inferd.admin.v1.Admin/GetDrift")
+        doc = json.loads(call(json.dumps({"model": "watched_grpc", "version": "1"}).encode()))
+        assert doc == drift_of(server, "watched_grpc")
+        with pytest.raises(grpc.RpcError) as info:
+            call(json.dumps({"model": "nope"}).encode())
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_the_health_score_reads_no_drift_signal() -> None:
