@@ -6,9 +6,10 @@ and without it, in one server, loaded in turn by `inferd bench` at 64 connection
 `mlp` is the example model as shipped; `mlp_drift` is the same model with a reference.npz of
 5,000 rows beside it (its input, and its predicted `label` as a class output) and the
 default drift settings (every batch sampled, windows of 1,000 rows, 64 columns, a CPU
-budget of 5% of a core). Rounds alternate off/on in one server process so that a change in
-the machine's load hits both; the report gives each round, the means and the medians, and
-the drift monitor's own counts (batches tested, dropped, windows).
+budget of 5% of a core). Rounds alternate off/on in one server process (off first in odd
+rounds, on first in even ones) so that a change in the machine's load hits both; the report
+gives each round, the means and the medians, and the drift monitor's own counts (batches
+tested, dropped, windows).
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ def main() -> None:
             wait_until_serving(server.pid, port, exit_code=server.poll)
             figures: dict[str, list[tuple[float, float]]] = {"mlp": [], "mlp_drift": []}
             for round_ in range(1, args.rounds + 1):
-                for model in ("mlp", "mlp_drift"):
+                # Which goes first alternates too: a trend in the machine's load within a
+                # round would otherwise favour the second.
+                order = ("mlp", "mlp_drift") if round_ % 2 else ("mlp_drift", "mlp")
+                for model in order:
                     out = Path(tmp) / f"{model}-{round_}.csv"
                     figures[model].append(bench(port, model, args.duration_s, out))
                 off, on = figures["mlp"][-1], figures["mlp_drift"][-1]

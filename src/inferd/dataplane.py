@@ -282,6 +282,9 @@ class DataPlane(InferenceSteps, StreamingSteps):
             reference = await asyncio.to_thread(drift_api.parse_npz_reference, mv, body)
         else:
             reference = await asyncio.to_thread(drift_api.parse_json_reference, mv, body)
+        if mv.drift is not None:  # its thread may hold the monitor's lock for a window test
+            await asyncio.to_thread(mv.drift.set_reference, reference)
+            return drift_api.drift_report(mv)
         return drift_api.install_reference(mv, reference)
 
     # -- system shared memory (Triton's extension; the table: inferd/shared_memory.py) -----

@@ -135,7 +135,9 @@ def _need_scipy(name: str) -> None:
 
 
 def install_reference(mv: ModelVersion, reference: Reference) -> dict[str, Any]:
-    """On the event loop: the version monitors against `reference` from now on."""
+    """On the event loop: the version monitors against `reference` from now on (a version
+    that had no monitor gets one; the caller replaces an existing monitor's reference off
+    the loop, since its thread may hold the lock for a window's test)."""
     monitor: DriftMonitor | None = mv.drift
     if monitor is None:
         if mv.batcher is None:

@@ -5,8 +5,8 @@ model's config, then prepared once for the drift tests (docs/monitoring.md).
 The features a test sees of a tensor, for the reference and the live rows alike:
 numeric tensors, each row flattened into columns (the first `drift_max_columns`); BYTES
 tensors, each element's length in bytes and its whitespace-separated token count;
-class outputs (`drift_class_outputs`), each row's predicted class: the argmax of a float
-row, the value of an integer one.
+class outputs (`drift_class_outputs`), each row's predicted class: the argmax of a row of
+several values (scores), else its one value rounded (a class id, or a sigmoid's 0/1).
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ def features(plan: TensorPlan, array: np.ndarray, rows: int, max_columns: int) -
         return out
     flat = array.reshape(rows, -1)
     if plan.kind == CLASSES:
-        if flat.dtype.kind == "f" or flat.shape[1] > 1:
+        if flat.shape[1] > 1:  # per-class scores: the predicted class is the largest
             return np.asarray(flat.argmax(axis=1), np.int64)
-        return flat[:, 0].astype(np.int64)
+        # One value per row: a class id (a float one rounded: a sigmoid's 0/1 at 0.5).
+        return np.rint(flat[:, 0]).astype(np.int64)
     return flat[:, :max_columns].astype(np.float64)
 
 

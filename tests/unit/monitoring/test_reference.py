@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.monitoring.drift_setup import DriftSetupError, monitor_for_load
 from inferd.monitoring.reference import (
     ReferenceError,
+    features,
     npz_bytes,
     parse_reference,
     read_reference_file,
@@ -101,3 +102,13 @@ def test_drift_reference_file_needs_the_file(tmp_path: Path) -> None:
         monitor_for_load("m", "1", config(), options, tmp_path)
     # Without the parameter, a version without the file is simply not monitored.
     assert monitor_for_load("m", "1", config(), DriftOptions(), tmp_path) is None
+
+
+def test_class_outputs_are_argmax_of_scores_or_one_rounded_value() -> None:
+    plans = tensor_plans(config(), OPTIONS)
+    scores = np.array([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3]], np.float32)
+    assert features(plans["probs"], scores, 2, 64).tolist() == [1, 0]
+    one = tensor_plans(config(), DriftOptions(class_outputs=frozenset({"probs"})))["probs"]
+    sigmoid = np.array([[0.2], [0.8], [0.5001]], np.float32)
+    assert features(one, sigmoid, 3, 64).tolist() == [0, 1, 1]
+    assert features(one, np.array([[3], [7]], np.int64), 2, 64).tolist() == [3, 7]
