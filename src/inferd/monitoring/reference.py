@@ -96,7 +96,7 @@ def features(plan: TensorPlan, array: np.ndarray, rows: int, max_columns: int) -
         if flat.shape[1] > 1:  # per-class scores: the predicted class is the largest
             return np.asarray(flat.argmax(axis=1), np.int64)
         # One value per row: a class id (a float one rounded: a sigmoid's 0/1 at 0.5).
-        return np.rint(flat[:, 0]).astype(np.int64)
+        return np.asarray(np.rint(flat[:, 0]), np.int64)
     return flat[:, :max_columns].astype(np.float64)
 
 
