@@ -27,7 +27,11 @@ def live_rows(rng: np.random.Generator, rows: int, shift: float = 0.0) -> np.nda
 
 
 def write_drift_model(
-    repo: Path, name: str, parameters: dict[str, str], reference: bytes | None = None
+    repo: Path,
+    name: str,
+    parameters: dict[str, str],
+    reference: bytes | None = None,
+    max_batch_size: int = 64,
 ) -> None:
     """`reference`: the bytes of `<version>/reference.npz` (default: 2000 reference rows)."""
     builders._save(builders.mlp([FEATURES, 16, 4], seed=7), repo / name / "1" / "model.onnx")
@@ -38,7 +42,7 @@ def write_drift_model(
     config = textwrap.dedent(f"""
         name: "{name}"
         platform: "onnxruntime_onnx"
-        max_batch_size: 64
+        max_batch_size: {max_batch_size}
         input [ {{ name: "input", data_type: TYPE_FP32, dims: [ {FEATURES} ] }} ]
         output [
           {{ name: "probabilities", data_type: TYPE_FP32, dims: [ 4 ] }},

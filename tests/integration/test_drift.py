@@ -34,8 +34,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("drift_repo")
     for protocol in PROTOCOLS:
         write_drift_model(repo, f"watched_{protocol}", WATCHED)
-    # Rests 1000 times as long as it works: under load its queue fills and drops.
-    write_drift_model(repo, "saturated", {"drift_window": "50", "drift_cpu_budget": "0.001"})
+    # Rests 1000 times as long as it works: under load its queue fills and drops. One
+    # request (4 rows) per batch: 768 batches, many more than its queue holds.
+    write_drift_model(
+        repo,
+        "saturated",
+        {"drift_window": "50", "drift_cpu_budget": "0.001"},
+        max_batch_size=4,
+    )
     write_drift_model(repo, "bad_reference", {}, npz_bytes({"label": np.zeros((20, 1))}))
     with run_server(repo, admin_api=True) as running:
         yield running
