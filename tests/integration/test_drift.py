@@ -43,6 +43,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         max_batch_size=4,
     )
     write_drift_model(repo, "bad_reference", {}, npz_bytes({"label": np.zeros((20, 1))}))
+    write_drift_model(repo, "first_rows", {"drift_reference": "first:200", "drift_window": "100"})
+    (repo / "first_rows" / "1" / "reference.npz").unlink()
+    write_drift_model(repo, "plain", {})
+    (repo / "plain" / "1" / "reference.npz").unlink()
     with run_server(repo, admin_api=True) as running:
         yield running
 
@@ -137,6 +141,27 @@ def test_a_shift_on_3_of_64_features_alerts_and_leaves_health_alone(
     for _ in range(20):
         infer(server, protocol, model, live_rows(rng, 20, shift=0.5))
     assert not checks_of(drift_of(server, model))["ks"]["alerting"]
+
+
+def test_the_first_rows_served_become_the_reference(server: RunningServer) -> None:
+    assert drift_of(server, "first_rows")["state"] == "collecting_reference"
+    rng = np.random.default_rng(12)
+    for _ in range(10):  # 200 rows: the reference
+        infer(server, "http", "first_rows", live_rows(rng, 20))
+    doc = drift_of(server, "first_rows")
+    assert doc["state"] == "monitoring" and doc["reference"] == {"source": "first:200"}
+    (entry,) = [t for t in doc["tensors"] if t["name"] == "input"]
+    assert entry["reference_rows"] == 200
+    for _ in range(10):  # shifted: the next windows see it
+        infer(server, "http", "first_rows", live_rows(rng, 20, shift=1.0))
+    assert checks_of(drift_of(server, "first_rows"))["ks"]["alerting"]
+
+
+def test_a_model_without_a_reference_is_not_monitored(server: RunningServer) -> None:
+    assert server.server.registry.get("plain").drift is None
+    r = httpx.get(f"{server.url}/v2/models/plain/versions/1/drift")
+    assert r.json() == {"model": "plain", "version": "1", "state": "off", "tensors": []}
+    assert httpx.get(f"{server.url}/v2/models/nope/drift").status_code == 404
 
 
 def test_the_drift_report_over_grpc_is_the_http_one(server: RunningServer) -> None:

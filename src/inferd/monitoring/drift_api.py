@@ -59,6 +59,7 @@ def drift_report(mv: ModelVersion) -> dict[str, Any]:
         "rows_skipped": monitor.rows_skipped,
         "samples": monitor.sampled,
         "samples_dropped": monitor.dropped,
+        "sample_failures": monitor.failures,
         "drifting": any(t.alerting for r in latest.values() for t in r.tests.values()),
         "tensors": tensors,
     }

@@ -75,6 +75,7 @@ class DriftMonitor:
         self.sampled = 0  # samples queued (idem)
         self.rows_seen = 0  # rows the thread took in (written by the thread only)
         self.rows_skipped = 0  # rows whose column count is not the reference's
+        self.failures = 0  # samples the thread failed on (a bug: logged once)
         self.latest: dict[str, TensorDrift] = {}  # replaced whole, never mutated in place
         self._lock = threading.Lock()  # the reference and the windows, against set_reference
         self._reference = reference
@@ -151,7 +152,15 @@ class DriftMonitor:
                     with self._lock:
                         self._take(*item)
                 except Exception:
-                    log.exception("model %s version %s: drift sample failed", *self._names)
+                    # Logged once: a model whose tensors the monitor cannot read would fail
+                    # every sample the same way.
+                    self.failures += 1
+                    if self.failures == 1:
+                        log.exception(
+                            "model %s version %s: a drift sample failed (logged once; "
+                            "counted in the drift report's sample_failures)",
+                            *self._names,
+                        )
                 spent = time.thread_time() - started
             finally:
                 self._queue.task_done()
