@@ -36,8 +36,8 @@ QUEUE_BATCHES = 64  # samples waiting for the thread; more are dropped and count
 
 
 @dataclass(frozen=True, slots=True)
-class TestResult:
-    score: float  # the worst column's: KS statistic, PSI, or chi-square effect size w
+class WindowTest:
+    score: float  # the worst column's: KS statistic, PSI, or Cramér's V of the classes
     p_value: float | None  # KS: the worst column's, times the columns tested (capped at 1)
     worst_column: int
     alerting: bool  # past the model's threshold in the latest window
@@ -47,7 +47,7 @@ class TestResult:
 class TensorDrift:
     """The latest window's tests of one tensor."""
 
-    tests: dict[str, TestResult]  # "ks", "psi" or "chi2"
+    tests: dict[str, WindowTest]  # "ks", "psi" or "chi2"
     per_column: dict[str, list[float]]  # "ks", "ks_p_value", "psi" -> one value per column
     window_rows: int
     windows: int  # windows tested so far
@@ -268,7 +268,7 @@ class DriftMonitor:
         opts = self.options
         if ref.classes is not None:
             w, p, _ = chi_square(ref.classes, window)
-            result = TestResult(w, p, 0, p < opts.p_value_threshold)
+            result = WindowTest(w, p, 0, p < opts.p_value_threshold)
             return TensorDrift({"chi2": result}, {}, len(window), windows)
         assert ref.columns is not None
         d, p_values = ks_test(ref.columns, window)
@@ -277,10 +277,10 @@ class DriftMonitor:
         adjusted = min(1.0, float(p_values.min()) * len(d))
         worst_psi = int(stability.argmax())
         tests = {
-            "ks": TestResult(
+            "ks": WindowTest(
                 float(d[worst_ks]), adjusted, worst_ks, adjusted < opts.p_value_threshold
             ),
-            "psi": TestResult(
+            "psi": WindowTest(
                 float(stability[worst_psi]),
                 None,
                 worst_psi,
