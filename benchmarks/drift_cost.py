@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import shutil
 import statistics
 import subprocess
@@ -78,10 +79,28 @@ def bench(port: int, model: str, duration_s: float, out: Path) -> tuple[float, f
     return float(row["infer_per_s"]), float(row["p99_ms"])
 
 
-def drift_counts(metrics_port: int) -> dict[str, float]:
+def scrape(metrics_port: int) -> str:
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (loopback)
-        text = response.read().decode()
+        return str(response.read().decode())
+
+
+def successes(metrics_port: int, model: str) -> float:
+    prefix = f'inferd_request_success_total{{model="{model}",'
+    for line in scrape(metrics_port).splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """The server process's CPU time (user + system, all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drift_counts(metrics_port: int) -> dict[str, float]:
+    text = scrape(metrics_port)
     counts: dict[str, float] = {}
     for line in text.splitlines():
         for name in ("samples_total", "samples_dropped_total", "windows_total"):
@@ -118,17 +137,24 @@ def main() -> None:
         try:
             wait_until_serving(server.pid, port, exit_code=server.poll)
             figures: dict[str, list[tuple[float, float]]] = {"mlp": [], "mlp_drift": []}
+            # Server CPU per request: what the monitor costs, much less swayed than the
+            # throughput by what else the machine runs.
+            cpu_us: dict[str, list[float]] = {"mlp": [], "mlp_drift": []}
             for round_ in range(1, args.rounds + 1):
                 # Which goes first alternates too: a trend in the machine's load within a
                 # round would otherwise favour the second.
                 order = ("mlp", "mlp_drift") if round_ % 2 else ("mlp_drift", "mlp")
                 for model in order:
                     out = Path(tmp) / f"{model}-{round_}.csv"
+                    cpu0, n0 = cpu_s(server.pid), successes(metrics_port, model)
                     figures[model].append(bench(port, model, args.duration_s, out))
+                    cpu1, n1 = cpu_s(server.pid), successes(metrics_port, model)
+                    cpu_us[model].append((cpu1 - cpu0) / max(n1 - n0, 1) * 1e6)
                 off, on = figures["mlp"][-1], figures["mlp_drift"][-1]
                 print(
-                    f"round {round_}: off {off[0]:,.0f} infer/s p99 {off[1]:.1f} ms | "
-                    f"on {on[0]:,.0f} infer/s p99 {on[1]:.1f} ms",
+                    f"round {round_}: off {off[0]:,.0f} infer/s p99 {off[1]:.1f} ms "
+                    f"{cpu_us['mlp'][-1]:.0f} µs CPU/request | on {on[0]:,.0f} infer/s "
+                    f"p99 {on[1]:.1f} ms {cpu_us['mlp_drift'][-1]:.0f} µs CPU/request",
                     flush=True,
                 )
             counts = drift_counts(metrics_port)
@@ -139,6 +165,8 @@ def main() -> None:
         off = pick(t for t, _ in figures["mlp"])
         on = pick(t for t, _ in figures["mlp_drift"])
         print(f"{name}: off {off:,.0f}, on {on:,.0f} infer/s: cost {(off - on) / off:+.1%}")
+        off, on = pick(cpu_us["mlp"]), pick(cpu_us["mlp_drift"])
+        print(f"{name}: server CPU off {off:.0f}, on {on:.0f} µs/request: {(on - off) / off:+.1%}")
     print("drift monitor (input): " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(counts.items())))
     shutil.rmtree(Path(tmp), ignore_errors=True)
 
