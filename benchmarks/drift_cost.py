@@ -4,12 +4,13 @@ and without it, in one server, loaded in turn by `inferd bench` at 64 connection
     .venv/bin/python benchmarks/drift_cost.py --rounds 3 --duration-s 10
 
 `mlp` is the example model as shipped; `mlp_drift` is the same model with a reference.npz of
-5,000 rows beside it (its input, and its predicted `label` as a class output) and the
-default drift settings (every batch sampled, windows of 1,000 rows, 64 columns, a CPU
-budget of 5% of a core). Rounds alternate off/on in one server process (off first in odd
-rounds, on first in even ones) so that a change in the machine's load hits both; the report
-gives each round, the means and the medians, and the drift monitor's own counts (batches
-tested, dropped, windows).
+5,000 rows beside it (its input, uniform in [0, 1) as `inferd bench` sends, and a `label`
+column of random classes, tested as a class output) and the default drift settings (every
+batch sampled, windows of 1,000 rows, 64 columns, a CPU budget of 2% of a core). Rounds
+alternate off/on in one server process (off first in odd rounds, on first in even ones) so
+that a change in the machine's load hits both; the report gives each round, the means and
+the medians, the server's CPU time per request (from /proc, over the requests the server
+counted), and the drift monitor's own counts (batches tested, dropped, windows).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ INFERD_PARAMETERS: dict[str, str] = {
     "drift_window": "rows per drift window, default 1000 (docs/monitoring.md)",
     "drift_sample_rate": "0..1, share of executed batches sampled, default 1 (docs/monitoring.md)",
     "drift_max_columns": "flattened columns tested per tensor, default 64 (docs/monitoring.md)",
-    "drift_cpu_budget": "share of one core the drift tests may use, 0.05 (docs/monitoring.md)",
+    "drift_cpu_budget": "share of one core the drift tests may use, 0.02 (docs/monitoring.md)",
     "drift_p_value_threshold": "KS / chi-square alert below, default 0.001 (docs/monitoring.md)",
     "drift_psi_threshold": "PSI alert threshold, default 0.2 (docs/monitoring.md)",
     "drift_class_outputs": "outputs tested as predicted classes, `a,b` (docs/monitoring.md)",

@@ -26,7 +26,7 @@ class DriftOptions:
     window: int = 1000  # rows per window of live samples
     sample_rate: float = 1.0  # fraction of executed batches whose rows are sampled
     max_columns: int = 64  # flattened columns tested per tensor (the first ones)
-    cpu_budget: float = 0.05  # share of one core the background tests may use
+    cpu_budget: float = 0.02  # share of one core the background tests may use
     p_value_threshold: float = 0.001  # KS / chi-square: alert below (columns corrected)
     psi_threshold: float = 0.2  # population stability index: alert above
     class_outputs: frozenset[str] = frozenset()  # outputs compared as predicted classes
@@ -47,7 +47,7 @@ def read_drift_options(config: mc.ModelConfig) -> DriftOptions:
         window=_bounded_parameter(config, "drift_window", where, 1000, int, 10, None),
         sample_rate=_bounded_parameter(config, "drift_sample_rate", where, 1.0, float, 0.0, 1.0),
         max_columns=_bounded_parameter(config, "drift_max_columns", where, 64, int, 1, None),
-        cpu_budget=_bounded_parameter(config, "drift_cpu_budget", where, 0.05, float, 0.001, 1.0),
+        cpu_budget=_bounded_parameter(config, "drift_cpu_budget", where, 0.02, float, 0.001, 1.0),
         p_value_threshold=_bounded_parameter(
             config, "drift_p_value_threshold", where, 0.001, float, 0.0, 1.0
         ),
