@@ -3,6 +3,7 @@ one is prepared per tensor (numeric columns, BYTES lengths, predicted classes)."
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -112,3 +113,19 @@ def test_class_outputs_are_argmax_of_scores_or_one_rounded_value() -> None:
     sigmoid = np.array([[0.2], [0.8], [0.5001]], np.float32)
     assert features(one, sigmoid, 3, 64).tolist() == [0, 1, 1]
     assert features(one, np.array([[3], [7]], np.int64), 2, 64).tolist() == [3, 7]
+
+
+def test_without_scipy_a_model_asking_for_drift_fails_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "reference.npz").write_bytes(npz_bytes(good()))
+    for module in ("scipy", "scipy.stats"):
+        monkeypatch.setitem(sys.modules, module, None)  # what an absent package raises
+    with pytest.raises(DriftSetupError, match=r"pip install 'inferd\[monitoring\]'"):
+        monitor_for_load("m", "1", config(), OPTIONS, tmp_path)
+    with pytest.raises(DriftSetupError, match="scipy is not installed"):
+        monitor_for_load(
+            "m", "1", config(), DriftOptions(reference="first", first_rows=10), tmp_path
+        )
+    # A model that asks for none loads as before.
+    assert monitor_for_load("m", "1", config(), DriftOptions(reference="none"), tmp_path) is None
