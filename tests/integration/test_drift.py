@@ -32,8 +32,8 @@ WATCHED = {"drift_window": "200", "drift_cpu_budget": "1", "drift_class_outputs"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("drift_repo")
-    for protocol in PROTOCOLS:
-        write_drift_model(repo, f"watched_{protocol}", WATCHED)
+    for name in ("watched_http", "watched_grpc", "set_by_json"):
+        write_drift_model(repo, name, WATCHED)
     # Rests 1000 times as long as it works: under load its queue fills and drops. One
     # request (4 rows) per batch: 768 batches, many more than its queue holds.
     write_drift_model(
@@ -183,7 +183,7 @@ def test_the_health_score_reads_no_drift_signal() -> None:
 
 
 def test_a_json_reference_and_its_errors(server: RunningServer) -> None:
-    url = f"{server.url}/v2/models/watched_http/drift/reference"
+    url = f"{server.url}/v2/models/set_by_json/drift/reference"
     rows = reference_rows(50).tolist()
     r = httpx.post(url, json={"tensors": {"input": rows}}, timeout=30)
     assert r.status_code == 200, r.text
