@@ -51,8 +51,9 @@ class DriftCollector(Collector):
         )
         dropped = CounterMetricFamily(
             "inferd_drift_samples_dropped",
-            "Executed batches the drift monitor dropped: its queue was full (it is behind, "
-            "or resting within its CPU budget). Requests are never slowed instead.",
+            "Executed batches the drift monitor dropped: it was resting within its CPU "
+            "budget, or busy with the batches queued before. Requests are never slowed "
+            "instead.",
             labels=("model", "version"),
         )
         for name, model in sorted(items(self._registry.models)):

@@ -32,7 +32,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferd.monitoring")
 
-QUEUE_BATCHES = 64  # samples waiting for the thread; more are dropped and counted
+# Samples waiting for the thread; more are dropped and counted. Small: a sample holds its
+# batch's arrays alive (a batch of images is megabytes), and while the thread rests within
+# its budget nothing is queued at all.
+QUEUE_BATCHES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +74,7 @@ class DriftMonitor:
         self._queue: queue.Queue[tuple[Sequence[Pending], Sequence[Result]] | None] = queue.Queue(
             QUEUE_BATCHES
         )
-        self.dropped = 0  # samples dropped: queue full (written on the event loop only)
+        self.dropped = 0  # samples dropped: resting or queue full (written on the loop only)
         self.sampled = 0  # samples queued (idem)
         self.rows_seen = 0  # rows the thread took in (written by the thread only)
         self.rows_skipped = 0  # rows whose column count is not the reference's
@@ -84,6 +87,7 @@ class DriftMonitor:
         self._collected: dict[str, list[np.ndarray]] = {}  # first:K, until it has K rows
         self._collected_rows = 0
         self._stop = threading.Event()
+        self._resting = False  # the thread is resting within its CPU budget
         self._thread = threading.Thread(
             target=self._run, name=f"inferd-drift-{name}-{version}", daemon=True
         )
@@ -106,6 +110,9 @@ class DriftMonitor:
     def on_executed(self, batch: Sequence[Pending], results: Sequence[Result]) -> None:
         rate = self.options.sample_rate
         if rate < 1.0 and random.random() >= rate:
+            return
+        if self._resting:  # within its CPU budget it would not take it before the next
+            self.dropped += 1
             return
         try:
             self._queue.put_nowait((batch, results))
@@ -165,7 +172,9 @@ class DriftMonitor:
             finally:
                 self._queue.task_done()
             if budget < 1.0 and spent > 0:
+                self._resting = True
                 self._stop.wait(spent * (1.0 / budget - 1.0))
+                self._resting = False
 
     @property
     def _names(self) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from scipy import stats
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.monitoring.drift import chi_square, class_reference, columns_reference, ks_test, psi
-from inferd.monitoring.drift_sampler import DriftMonitor
+from inferd.monitoring.drift_sampler import QUEUE_BATCHES, DriftMonitor
 from inferd.monitoring.reference import Reference, reference_of, tensor_plans
 from inferd.repository.spec_drift import DriftOptions
 
@@ -138,7 +138,7 @@ def test_a_full_queue_drops_and_counts_without_blocking() -> None:
     results: list[Any] = []
     for _ in range(200):
         m.on_executed(batch, results)
-    assert m.sampled == 64 and m.dropped == 136
+    assert m.sampled == QUEUE_BATCHES and m.dropped == 200 - QUEUE_BATCHES
 
 
 def test_first_k_rows_become_the_reference() -> None:
