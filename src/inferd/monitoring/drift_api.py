@@ -60,6 +60,7 @@ def drift_report(mv: ModelVersion) -> dict[str, Any]:
         "samples": monitor.sampled,
         "samples_dropped": monitor.dropped,
         "sample_failures": monitor.failures,
+        "cpu_seconds": round(monitor.cpu_s, 6),
         "drifting": any(t.alerting for r in latest.values() for t in r.tests.values()),
         "tensors": tensors,
     }

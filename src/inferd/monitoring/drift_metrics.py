@@ -56,6 +56,12 @@ class DriftCollector(Collector):
             "instead.",
             labels=("model", "version"),
         )
+        cpu = CounterMetricFamily(
+            "inferd_drift_cpu_seconds",
+            "CPU time the drift monitor's thread spent on samples and tests (at most "
+            "drift_cpu_budget of one core).",
+            labels=("model", "version"),
+        )
         for name, model in sorted(items(self._registry.models)):
             for v, mv in sorted(items(model.versions)):
                 monitor = mv.drift
@@ -63,6 +69,7 @@ class DriftCollector(Collector):
                     continue
                 sampled.add_metric([name, v], monitor.sampled)
                 dropped.add_metric([name, v], monitor.dropped)
+                cpu.add_metric([name, v], monitor.cpu_s)
                 for tensor, drift in sorted(monitor.latest.items()):
                     windows.add_metric([name, v, tensor], drift.windows)
                     for test, result in sorted(drift.tests.items()):
@@ -71,4 +78,4 @@ class DriftCollector(Collector):
                         alerting.add_metric(labels, 1.0 if result.alerting else 0.0)
                         if result.p_value is not None:
                             p_value.add_metric(labels, result.p_value)
-        yield from (score, p_value, alerting, windows, sampled, dropped)
+        yield from (score, p_value, alerting, windows, sampled, dropped, cpu)

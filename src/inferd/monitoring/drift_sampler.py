@@ -79,6 +79,7 @@ class DriftMonitor:
         self.rows_seen = 0  # rows the thread took in (written by the thread only)
         self.rows_skipped = 0  # rows whose column count is not the reference's
         self.failures = 0  # samples the thread failed on (a bug: logged once)
+        self.cpu_s = 0.0  # CPU time the thread spent on samples and tests (its own clock)
         self.latest: dict[str, TensorDrift] = {}  # replaced whole, never mutated in place
         self._lock = threading.Lock()  # the reference and the windows, against set_reference
         self._reference = reference
@@ -169,6 +170,7 @@ class DriftMonitor:
                             *self._names,
                         )
                 spent = time.thread_time() - started
+                self.cpu_s += spent
             finally:
                 self._queue.task_done()
             if budget < 1.0 and spent > 0:
