@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from inferd.backends.worker_process import ProcessInstance
+from inferd.errors import InferdError
 from tests.async_infer import OK, PROTOCOLS, AsyncInfer
 from tests.servers import RunningServer, batcher_of, run_server
 
@@ -234,6 +236,24 @@ def test_a_build_of_the_wrong_shape_or_two_layouts_fail_the_load_naming_the_arra
     # Their segments went with the failed loads.
     assert not _memfds("inferd-array:wrong_build/") and not _memfds("inferd-array:two_layouts/")
     assert server.server.model_host.arrays.names() == ["table/1:table", "triton_table/1:table"]
+
+
+def test_a_killed_worker_maps_the_table_again_when_restarted(server: RunningServer) -> None:
+    instances: list[Any] = batcher_of(server, "table")._instances  # type: ignore[attr-defined]
+    first = instances[0]  # the one that built it
+    killed = first.pid
+    os.kill(killed, signal.SIGKILL)
+    batch = {"IN": np.array([[5.0]], np.float32)}
+    try:  # it may still look alive: then this batch finds it dead and fails
+        first.execute(batch)
+    except InferdError as exc:
+        assert "died (killed by signal SIGKILL)" in exc.message
+    # The next batch waits for the restarted worker, which mapped the segment the server
+    # kept (its load checks it is read-only), and answers from it.
+    assert first.execute(batch)["OUT"].tolist() == [[5 * COLS + 7]]
+    assert first.pid != killed and first.restarts == 1
+    assert server.server.model_host.arrays.names().count("table/1:table") == 1
+    assert len(_memfds("inferd-array:table/1:table")) == 1
 
 
 def test_unload_releases_the_segment(server: RunningServer) -> None:
