@@ -3,8 +3,10 @@ instances, in the server's threads or in worker processes of their own.
 
 Three process-isolated instances of `table` map one 64 MiB segment: the PSS of the server
 and its workers is about two copies below the same model building its table privately in
-each instance. The answers read the table (over HTTP and gRPC, from the case-table client),
-the table cannot be written, unload releases the segment, and a wrong build or a name asked
+each instance. The answers read the table (over HTTP and gRPC, from the case-table client)
+for inferd's `Model` and Triton's `TritonPythonModel` in worker processes and for a `Model`
+in the server's threads; the table cannot be written, a killed worker's restart maps it
+again, unload releases the segment, and a wrong build or a name asked
 for with two layouts fails the load naming the array.
 """
 
@@ -61,7 +63,7 @@ class Model:
         return {{"OUT": self.table[rows, 7:8]}}
 """
 
-# Triton's API, in the server's threads: two instances, one table.
+# Triton's API, in two worker processes, one table.
 TRITON_TABLE_PY = """
 import numpy as np
 import inferd
@@ -82,6 +84,23 @@ class TritonPythonModel:
             out = self.table[rows.astype(np.int64), 7:8]
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
         return responses
+"""
+
+# inferd's API in the server's threads: two instances, one table.
+THREAD_TABLE_PY = """
+import numpy as np
+import inferd
+
+
+class Model:
+    def load(self, context):
+        self.table = inferd.shared_array(
+            "table", [64, 16], "float32",
+            build=lambda: np.arange(64 * 16, dtype=np.float32).reshape(64, 16),
+        )
+
+    def predict(self, inputs):
+        return {"OUT": self.table[inputs["IN"][:, 0].astype(np.int64), 7:8]}
 """
 
 WRONG_BUILD_PY = """
@@ -139,7 +158,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("shared_arrays")
     _write(repo, "table", TABLE_PY, 3, PROCESS)
     _write(repo, "private_table", TABLE_PY, 3, PROCESS, PRIVATE)
-    _write(repo, "triton_table", TRITON_TABLE_PY, 2)
+    _write(repo, "triton_table", TRITON_TABLE_PY, 2, PROCESS)
+    _write(repo, "thread_table", THREAD_TABLE_PY, 2)
     _write(repo, "wrong_build", WRONG_BUILD_PY, 1, PROCESS)
     _write(repo, "two_layouts", TWO_LAYOUTS_PY, 2)
     with run_server(repo, model_control_mode="explicit", load_models=("*",)) as running:
@@ -187,7 +207,7 @@ def _memfds(label: str) -> list[str]:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("model", ["table", "triton_table"])
+@pytest.mark.parametrize("model", ["table", "triton_table", "thread_table"])
 def test_the_answers_read_the_shared_table(
     server: RunningServer, protocol: str, model: str
 ) -> None:
@@ -235,7 +255,8 @@ def test_a_build_of_the_wrong_shape_or_two_layouts_fail_the_load_naming_the_arra
     )
     # Their segments went with the failed loads.
     assert not _memfds("inferd-array:wrong_build/") and not _memfds("inferd-array:two_layouts/")
-    assert server.server.model_host.arrays.names() == ["table/1:table", "triton_table/1:table"]
+    names = ["table/1:table", "thread_table/1:table", "triton_table/1:table"]
+    assert server.server.model_host.arrays.names() == names
 
 
 def test_a_killed_worker_maps_the_table_again_when_restarted(server: RunningServer) -> None:
