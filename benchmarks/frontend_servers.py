@@ -215,16 +215,30 @@ def main() -> None:
                 os.killpg(process.pid, signal.SIGTERM)
             for process in processes.values():
                 process.wait(timeout=60)
-    print("\nmedians:")
-    print("| server | conns | req/s | CPU µs/request | vs uvicorn (CPU/request) |")
-    print("|---|---:|---:|---:|---:|")
+    print("\nmedians (CPU per request: median, and the range over the rounds):")
+    print("| server | conns | req/s | CPU µs/request | range | vs uvicorn |")
+    print("|---|---:|---:|---:|---|---:|")
     for connections in CONNECTIONS:
         base = statistics.median(us for _, us in results[("uvicorn", connections)])
         for kind in SERVERS:
             rows = results[(kind, connections)]
             rps = statistics.median(r for r, _ in rows)
-            us = statistics.median(u for _, u in rows)
-            print(f"| {kind} | {connections} | {rps:,.0f} | {us:.1f} | {us / base:.2f}× |")
+            cpu = [u for _, u in rows]
+            us = statistics.median(cpu)
+            print(
+                f"| {kind} | {connections} | {rps:,.0f} | {us:.1f} | {min(cpu):.0f}-{max(cpu):.0f}"
+                f" | {us / base:.2f}× |"
+            )
+    # Round by round, the two servers ran back to back: their ratio is the steadier figure.
+    for kind in SERVERS[1:]:
+        for connections in CONNECTIONS:
+            mine, base_rows = results[(kind, connections)], results[("uvicorn", connections)]
+            ratios = sorted(k[1] / u[1] for k, u in zip(mine, base_rows, strict=True))
+            print(
+                f"{kind} / uvicorn CPU per request, c={connections}, per round: "
+                + " ".join(f"{r:.2f}" for r in ratios)
+                + f" (median {statistics.median(ratios):.2f})"
+            )
 
 
 if __name__ == "__main__":

@@ -97,23 +97,24 @@ class SharedArrayStore:
     def built(self, scope: ArrayScope, holder: object, name: str, error: str | None) -> None:
         """The build by `holder` is done (sealed from now on), or failed (`error`): the
         segment goes, and an instance waiting for it builds it instead."""
+        key = (scope, name)
+        unsealed: OSError | None = None
         with self._changed:
-            segment = self._segments.get((scope, name))
+            segment = self._segments.get(key)
             if segment is None or segment.builder is not holder:
                 return
             if error is None:
                 try:
                     fcntl.fcntl(segment.fd, fcntl.F_ADD_SEALS, _SEALS)
+                    segment.builder = None
                 except OSError as exc:  # EBUSY: a writable mapping is still open
-                    error = f"could not seal it read-only ({exc.strerror})"
-            if error is None:
-                segment.builder = None
-            else:
+                    unsealed = exc
+            if error is not None or unsealed is not None:
                 segment.holders.discard(holder)
-                self._drop((scope, name), segment)
+                self._drop(key, segment)
             self._changed.notify_all()
-        if error is not None and error.startswith("could not seal"):
-            raise SharedArrayError(f"{scope.describe(name)}: {error}")
+        if unsealed is not None:  # the builder's load fails
+            raise SharedArrayError(f"{scope.describe(name)}: could not seal it ({unsealed})")
 
     def release(self, holder: object) -> None:
         """An instance closed: segments no instance holds any more go."""
