@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import textwrap
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ import pytest
 from inferd.backends.worker_process import ProcessInstance
 from inferd.errors import InferdError
 from tests.async_infer import OK, PROTOCOLS, AsyncInfer
-from tests.servers import RunningServer, batcher_of, run_server
+from tests.servers import RunningServer, batcher_of, run_cli_server, run_server
 
 ROWS, COLS = 4096, 4096  # float32: 64 MiB
 TABLE_BYTES = ROWS * COLS * 4
@@ -292,6 +293,61 @@ def test_unload_releases_the_segment(server: RunningServer) -> None:
             not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
         )
     assert set(os.listdir("/dev/shm")) <= shm_before  # nothing was ever named there
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _holders(label: str) -> list[str]:
+    """Every process that maps or holds a descriptor of a memfd named `label`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if label in Path(f"/proc/{entry}/maps").read_text():
+                found.append(f"{entry} maps it")
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                if label in os.readlink(f"/proc/{entry}/fd/{fd}"):
+                    found.append(f"{entry} holds fd {fd}")
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def test_a_killed_server_leaves_no_segment_behind(tmp_path: Path) -> None:
+    """SIGKILL of the server: its workers see their pipe close and exit, and with them the
+    last mapping of the segment; nothing was ever named in /dev/shm."""
+    name = f"killed_server_{os.getpid()}"  # unique on this machine: the scan sees them all
+    code = TABLE_PY.replace(f"ROWS, COLS = {ROWS}, {COLS}", "ROWS, COLS = 256, 256")
+    _write(tmp_path / "repo", name, code, 2, PROCESS)
+    label = f"inferd-array:{name}/1:table"
+    shm_before = set(os.listdir("/dev/shm"))
+    with run_cli_server(tmp_path / "repo", tmp_path / "server.log") as server:
+        children = _children(server.proc.pid)  # the workers (and multiprocessing's tracker)
+        assert len(children) >= 2, server.output()
+        assert len(_holders(label)) >= 3  # the server's descriptor, each worker's mapping
+        waits = [os.pidfd_open(pid) for pid in children]
+        server.proc.kill()
+        server.proc.wait()
+        try:
+            for fd in waits:  # readable once that process has exited
+                assert select.select([fd], [], [], 60)[0], "a child outlived its server"
+        finally:
+            for fd in waits:
+                os.close(fd)
+    assert _holders(label) == []
+    assert set(os.listdir("/dev/shm")) <= shm_before
 
 
 def test_outside_a_server_it_builds_a_read_only_array() -> None:
