@@ -6,8 +6,8 @@ and its workers is about two copies below the same model building its table priv
 each instance. The answers read the table (over HTTP and gRPC, from the case-table client)
 for inferd's `Model` and Triton's `TritonPythonModel` in worker processes and for a `Model`
 in the server's threads; the table cannot be written, a killed worker's restart maps it
-again, unload releases the segment, and a wrong build or a name asked
-for with two layouts fails the load naming the array.
+again, a killed server leaves nothing mapped or held anywhere, unload releases the segment,
+and a wrong build or a name asked for with two layouts fails the load naming the array.
 """
 
 from __future__ import annotations
