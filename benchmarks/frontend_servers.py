@@ -15,7 +15,7 @@ second, and the CPU seconds the server's processes used (user + system from /pro
 supervisor and worker summed) divided by the requests served.
 
     .venv/bin/pip install -e '.[frontend-bench]'    # granian, for this benchmark only
-    .venv/bin/python benchmarks/frontend_servers.py [SECONDS per run] [ROUNDS]
+    .venv/bin/python benchmarks/frontend_servers.py [SECONDS per run] [ROUNDS] [--threads]
 
 Needs wrk on the PATH. Prints one line per run, then the medians per server and
 connection count.
@@ -23,6 +23,7 @@ connection count.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import re
@@ -143,6 +144,23 @@ def tree(pid: int) -> list[int]:
     return found
 
 
+def thread_seconds(pids: list[int]) -> dict[tuple[int, str], float]:
+    """CPU seconds of each thread of `pids`, by (process, thread id)."""
+    found = {}
+    for p in pids:
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                fields = Path(f"/proc/{p}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            found[(p, tid)] = (int(fields[11]) + int(fields[12])) / HZ
+    return found
+
+
 def cpu_seconds(pids: list[int]) -> float:
     ticks = 0
     for p in pids:
@@ -170,8 +188,17 @@ def run_wrk(port: int, connections: int, seconds: float) -> tuple[float, int, in
 
 
 def main() -> None:
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("seconds", nargs="?", type=float, default=5, help="per run")
+    parser.add_argument("rounds", nargs="?", type=int, default=3)
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="also print each run's CPU per request by thread (the busiest first): where "
+        "granian's Rust threads take work off the Python event loop's thread",
+    )
+    args = parser.parse_args()
+    seconds, rounds = args.seconds, args.rounds
     if shutil.which("wrk") is None:
         sys.exit("needs wrk on the PATH (apt-get install wrk)")
     try:
@@ -200,14 +227,23 @@ def main() -> None:
                     order = SERVERS if round_ % 2 == 0 else tuple(reversed(SERVERS))
                     for kind in order:
                         before = cpu_seconds(pids[kind])
+                        by_thread = thread_seconds(pids[kind]) if args.threads else {}
                         rps, total, bad = run_wrk(ports[kind], connections, seconds)
                         used = cpu_seconds(pids[kind]) - before
                         us = used / total * 1e6
+                        threads = ""
+                        if args.threads:
+                            after = thread_seconds(pids[kind])
+                            spent = [t - by_thread.get(key, 0.0) for key, t in after.items()]
+                            busiest = sorted((t for t in spent if t > 0), reverse=True)
+                            threads = "  threads: " + " + ".join(
+                                f"{t / total * 1e6:.1f}" for t in busiest
+                            )
                         results.setdefault((kind, connections), []).append((rps, us))
                         print(
                             f"round {round_ + 1} c={connections:<3} {kind:<13} {rps:>9,.0f} req/s"
                             f"  {us:6.1f} us CPU/request  ({used / seconds:.2f} cores"
-                            f"{f', {bad} non-2xx' if bad else ''})",
+                            f"{f', {bad} non-2xx' if bad else ''}){threads}",
                             flush=True,
                         )
         finally:
