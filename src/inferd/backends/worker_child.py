@@ -102,7 +102,7 @@ class PipeHost:
         """The server answers with the role, then sends a copy of the segment's descriptor
         (SCM_RIGHTS) on the same socket: the server owns the segment, this process maps it."""
         with self._lock:
-            self._check_waiting("inferd.shared_array")
+            self._check_waiting("inferd.shared_array", SharedArrayError)
             self.pipe.send_bytes(_dumps(("call", "shared_array_open", (name, shape, dtype))))
             reply = self._conn.recv()
             if reply[0] == "raise":
@@ -111,15 +111,15 @@ class PipeHost:
 
     def shared_array_built(self, name: str, error: str | None) -> None:
         with self._lock:
-            self._check_waiting("inferd.shared_array")
+            self._check_waiting("inferd.shared_array", SharedArrayError)
             self.pipe.send_bytes(_dumps(("call", "shared_array_built", (name, error))))
             reply = self._conn.recv()
         if reply[0] == "raise":
             raise SharedArrayError(str(reply[1]))
 
-    def _check_waiting(self, api: str) -> None:
+    def _check_waiting(self, api: str, error: type[Exception] = TritonModelException) -> None:
         if not self._parent_waits:
-            raise TritonModelException(
+            raise error(
                 f'{api}: with isolation "process", calls that need the server work while the '
                 "model's load, predict or unload (initialize, execute or finalize) runs"
             )
