@@ -21,8 +21,12 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-# Build done: no write, no resize, no further seal, from anyone.
-_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+# Build done: no write, no resize, no further seal, from anyone. (Linux names: elsewhere
+# `import inferd` still works, and creating a segment fails the load saying why.)
+_SEALS = sum(
+    getattr(fcntl, name, 0)
+    for name in ("F_SEAL_WRITE", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL")
+)
 _MEMFD_NAME_LIMIT = 240  # the kernel keeps 249 bytes of a memfd's name
 
 
