@@ -12,6 +12,7 @@ from inferd.python_model import (  # noqa: E402
     RequestInfo,
     ResponseSender,
 )
+from inferd.shared_arrays import SharedArrayError, shared_array  # noqa: E402
 
 __all__ = [
     "SEQUENCE_END",
@@ -20,5 +21,7 @@ __all__ = [
     "PythonModel",
     "RequestInfo",
     "ResponseSender",
+    "SharedArrayError",
     "__version__",
+    "shared_array",
 ]

@@ -1,9 +1,11 @@
-"""The server's side of `pb_utils`' model loading and custom metrics calls (`ModelHost`).
+"""The server's side of `pb_utils`' model loading and custom metrics calls, and of
+`inferd.shared_array` (`ModelHost`).
 
 `ServerHost` is one per server: it runs repository calls on the server's event loop (model
 code runs in worker threads; it waits for the answer there, never on the loop) and keeps the
-custom metrics. Each model instance gets an `InstanceHost` that names the calling model in
-errors and releases the instance's metric series when it unloads.
+custom metrics and the shared arrays' store. Each model instance gets an `InstanceHost` that
+names the calling model in errors and releases the instance's metric series and shared arrays
+when it unloads.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import MetricKind
 from inferd.custom_metrics import CustomMetrics, MetricError
 from inferd.errors import ErrorKind, InferdError
+from inferd.shared_array_store import ArrayScope, SharedArrayStore
 
 if TYPE_CHECKING:
     from inferd.dataplane import DataPlane
@@ -28,14 +31,15 @@ class ServerHost:
     def __init__(self, dataplane: DataPlane, metrics: CustomMetrics) -> None:
         self.dataplane = dataplane
         self.metrics = metrics
+        self.arrays = SharedArrayStore()  # inferd.shared_array's segments
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop the repository calls run on (the server's, once it runs)."""
         self._loop = loop
 
-    def for_instance(self, model_name: str) -> InstanceHost:
-        return InstanceHost(self, model_name)
+    def for_instance(self, model_name: str, scope: ArrayScope) -> InstanceHost:
+        return InstanceHost(self, model_name, scope)
 
     def on_loop(self, api: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         loop = self._loop
@@ -56,9 +60,10 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 class InstanceHost:
     """`ModelHost` for one model instance (pb_utils.host.ModelHost)."""
 
-    def __init__(self, server: ServerHost, model_name: str) -> None:
+    def __init__(self, server: ServerHost, model_name: str, scope: ArrayScope) -> None:
         self._server = server
         self._model = model_name
+        self._scope = scope
         self._handles: list[int] = []
         self._lock = threading.Lock()
 
@@ -127,8 +132,16 @@ class InstanceHost:
         except MetricError as exc:
             raise TritonModelException(str(exc)) from None
 
+    def shared_array_open(self, name: str, shape: tuple[int, ...], dtype: str) -> tuple[str, int]:
+        return self._server.arrays.open(self._scope, self, name, shape, dtype)
+
+    def shared_array_built(self, name: str, error: str | None) -> None:
+        self._server.arrays.built(self._scope, self, name, error)
+
     def close(self) -> None:
-        """The instance unloaded: its metric series go (those no other instance holds)."""
+        """The instance unloaded: its metric series go (those no other instance holds), and
+        the shared arrays no other instance holds."""
         with self._lock:
             handles, self._handles = self._handles, []
         self._server.metrics.release(handles)
+        self._server.arrays.release(self)

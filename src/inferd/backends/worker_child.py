@@ -20,6 +20,7 @@ import pickle
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
 from typing import Any
 
 from inferd import model_output
@@ -33,6 +34,7 @@ from inferd.backends.triton_python import TritonPythonInstance
 from inferd.backends.worker_child_stream import PipeSender, serve_stream
 from inferd.backends.worker_spec import WorkerSpec
 from inferd.errors import InferdError
+from inferd.shared_array_store import ArrayScope, SharedArrayError
 from inferd.signature import BoundRequest
 
 
@@ -45,7 +47,7 @@ class PipeHost:
         self._lock = threading.Lock()  # model threads may call too: one exchange at a time
         self._parent_waits = False
 
-    def for_instance(self, model_name: str) -> PipeHost:
+    def for_instance(self, model_name: str, scope: ArrayScope) -> PipeHost:
         return self
 
     def close(self) -> None:
@@ -70,11 +72,7 @@ class PipeHost:
 
     def _call(self, method: str, *args: Any) -> Any:
         with self._lock:
-            if not self._parent_waits:
-                raise TritonModelException(
-                    f'pb_utils.{method}: with isolation "process", calls that need the '
-                    "server work while the model's initialize, execute or finalize runs"
-                )
+            self._check_waiting(f"pb_utils.{method}")
             self.pipe.send_bytes(_dumps(("call", method, args)))
             reply = self._conn.recv()
         if reply[0] == "raise":
@@ -99,6 +97,32 @@ class PipeHost:
     def metric_op(self, handle: int, op: str, value: float) -> float | None:
         result: float | None = self._call("metric_op", handle, op, value)
         return result
+
+    def shared_array_open(self, name: str, shape: tuple[int, ...], dtype: str) -> tuple[str, int]:
+        """The server answers with the role, then sends a copy of the segment's descriptor
+        (SCM_RIGHTS) on the same socket: the server owns the segment, this process maps it."""
+        with self._lock:
+            self._check_waiting("inferd.shared_array", SharedArrayError)
+            self.pipe.send_bytes(_dumps(("call", "shared_array_open", (name, shape, dtype))))
+            reply = self._conn.recv()
+            if reply[0] == "raise":
+                raise SharedArrayError(str(reply[1]))
+            return str(reply[1]), recv_handle(self._conn)
+
+    def shared_array_built(self, name: str, error: str | None) -> None:
+        with self._lock:
+            self._check_waiting("inferd.shared_array", SharedArrayError)
+            self.pipe.send_bytes(_dumps(("call", "shared_array_built", (name, error))))
+            reply = self._conn.recv()
+        if reply[0] == "raise":
+            raise SharedArrayError(str(reply[1]))
+
+    def _check_waiting(self, api: str, error: type[Exception] = TritonModelException) -> None:
+        if not self._parent_waits:
+            raise error(
+                f'{api}: with isolation "process", calls that need the server work while the '
+                "model's load, predict or unload (initialize, execute or finalize) runs"
+            )
 
 
 class _PipeLogHandler(logging.Handler):

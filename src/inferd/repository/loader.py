@@ -6,6 +6,7 @@ worker threads; the registry (on the event loop) only decides and swaps.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -182,6 +183,9 @@ def model_file(backend: Backend, version_dir: Path) -> Path | None:
     return next((version_dir / f for f in backend.model_files if (version_dir / f).exists()), None)
 
 
+_LOADS = itertools.count(1)  # LoadContext.load: one number per call below
+
+
 def load_instances(
     backend: Backend,
     name: str,
@@ -193,9 +197,12 @@ def load_instances(
 ) -> list[AnyInstance]:
     instances: list[AnyInstance] = []
     count = spec.instance_count
+    load = next(_LOADS)
     try:
         for index in range(count):
-            ctx = LoadContext(name, version, version_dir, config, index, count, host, spec.backend)
+            ctx = LoadContext(
+                name, version, version_dir, config, index, count, host, spec.backend, load
+            )
             instances.append(backend.load(ctx))
     except BaseException:
         for inst in instances:

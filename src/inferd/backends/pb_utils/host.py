@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from inferd.backends.pb_utils.errors import TritonModelException
+from inferd.shared_array_store import ArrayScope
 
 _current = threading.local()
 
@@ -46,6 +47,13 @@ class ModelHost(Protocol):
 
     def metric_op(self, handle: int, op: str, value: float) -> float | None: ...
 
+    # inferd.shared_array (shared_arrays.py, shared_array_store.py):
+    def shared_array_open(self, name: str, shape: tuple[int, ...], dtype: str) -> tuple[str, int]:
+        """("build" | "map", a descriptor of the segment, which the caller closes)."""
+        ...
+
+    def shared_array_built(self, name: str, error: str | None) -> None: ...
+
 
 class InstanceModelHost(ModelHost, Protocol):
     """The host of one model instance; `close()` when the instance unloads."""
@@ -56,7 +64,9 @@ class InstanceModelHost(ModelHost, Protocol):
 class HostProvider(Protocol):
     """Gives each model instance its host (the server's, or a worker process's pipe)."""
 
-    def for_instance(self, model_name: str) -> InstanceModelHost: ...
+    def for_instance(self, model_name: str, scope: ArrayScope) -> InstanceModelHost:
+        """`scope`: the load the instance belongs to (whose instances share arrays)."""
+        ...
 
 
 @contextlib.contextmanager
@@ -80,6 +90,13 @@ def current_host(api: str) -> ModelHost:
             "initialize, execute, is_ready or finalize (not from a thread the model started, "
             "nor from auto_complete_config)"
         )
+    return host
+
+
+def current_array_host() -> ModelHost | None:
+    """The host of the model code running in this thread, None outside a server (where
+    `inferd.shared_array` has nobody to share with)."""
+    host: ModelHost | None = getattr(_current, "host", None)
     return host
 
 
