@@ -14,6 +14,7 @@ from inferd.cli_env import EnvironmentParser, unknown_variables
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
 from inferd.limit_options import add_limit_options, limits_from
+from inferd.monitoring.capture_cli import add_capture_options, capture_settings
 from inferd.settings import MIB, Settings
 from inferd_tools import commands as tools
 
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_security_options(serve)
     add_limit_options(serve)
+    add_capture_options(serve)
     tools.add_parsers(commands)  # bench, tune, optimize: inferd_tools, apart from the server
     return parser
 
@@ -271,6 +273,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         workers=args.workers,
         **security_settings(args),
         limits=limits_from(args),
+        capture=capture_settings(args),
     )
 
 

@@ -1,0 +1,120 @@
+"""Sampled capture of answered requests (docs/capture.md).
+
+`DataPlane.respond` hands every answered unary request here, whatever the protocol. A model
+version whose `capture_sample_rate` is 0 (the default) costs two dict lookups and nothing
+else. A sampled request:
+
+- gets an id if its client sent none (the response carries it, so a client can send
+  feedback), and keeps its own otherwise;
+- leaves its predicted classes in the feedback index (feedback.py), with or without
+  `--capture-dir`;
+- with `--capture-dir`, is offered to the writer's bounded queue (capture_writer.py), which
+  writes it to disk on its own thread. Nothing is copied on the event loop except inputs
+  in shared memory, which the client may overwrite once answered.
+
+Nothing here can fail a request: a capture that cannot be kept is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from random import random
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from inferd.errors import invalid, not_found
+from inferd.monitoring.capture_files import CapturedRequest
+from inferd.monitoring.capture_options import CaptureSettings
+from inferd.monitoring.capture_writer import CaptureWriter, DropCounts
+from inferd.monitoring.feedback import FeedbackIndex
+from inferd.types import InferResponse, Tensor
+
+if TYPE_CHECKING:
+    from inferd.events import RequestRecord
+    from inferd.repository.registry import ModelRegistry
+
+
+class Capture:
+    def __init__(self, registry: ModelRegistry, settings: CaptureSettings | None = None) -> None:
+        self.registry = registry
+        self.settings = settings or CaptureSettings()
+        self.drops = DropCounts()
+        self.writer = CaptureWriter(self.settings, self.drops) if self.settings.directory else None
+        self.feedback = FeedbackIndex()
+        self.captured: dict[tuple[str, str], int] = {}  # (model, version): sampled requests
+        self.single_process = True  # False in a worker of --workers N: feedback is refused
+
+    def start(self) -> None:
+        if self.writer is not None:
+            self.writer.start()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def observe(self, record: RequestRecord, response: InferResponse) -> None:
+        """An answered request, before it is encoded: captured or not, by its version's rate."""
+        model = self.registry.models.get(response.model_name)
+        mv = model.versions.get(response.model_version) if model is not None else None
+        if mv is None:
+            return
+        rate = mv.spec.capture.sample_rate
+        if rate == 0.0 or random() >= rate:  # rate 1: always (random() < 1)
+            return
+        request = record.request
+        if request is None:
+            return
+        request_id = request.id or uuid.uuid4().hex
+        response.id = record.request_id = request_id
+        key = (mv.name, mv.version)
+        self.captured[key] = self.captured.get(key, 0) + 1
+        self.feedback.remember(mv, request_id, response)
+        if self.writer is None:
+            return
+        inputs = request.inputs
+        if request.uses_shared_memory:
+            inputs = [_copied(t) for t in inputs]
+        # Outputs written to shared memory carry no data in the response: left out.
+        outputs = [t for t in response.outputs if t.shared_memory is None]
+        nbytes = sum(t.data.nbytes for t in inputs) + sum(t.data.nbytes for t in outputs)
+        wall = record.ctx.wall_start_s or time.time()
+        self.writer.offer(
+            CapturedRequest(
+                request_id,
+                wall,
+                mv.name,
+                mv.version,
+                record.ctx.protocol,
+                inputs,
+                outputs,
+                nbytes,
+            )
+        )
+
+    def join_feedback(self, model: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """`POST /v2/models/{model}/feedback`: a label joined to its captured prediction."""
+        if model not in self.registry.models:
+            raise not_found(f"unknown model '{model}'")
+        if all(
+            v.spec.capture.sample_rate == 0 for v in self.registry.models[model].versions.values()
+        ):
+            raise invalid(
+                f"model '{model}' captures no predictions to join labels to: set its "
+                "parameter capture_sample_rate above 0 (docs/capture.md)"
+            )
+        if not self.single_process:
+            raise invalid(
+                "feedback needs a server of one process: with --workers N the prediction "
+                "is kept by the worker that answered, which need not be this one"
+            )
+        return self.feedback.join(model, doc)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until what was captured so far is on disk (from any thread but the loop's)."""
+        return self.writer.flush(timeout_s) if self.writer is not None else True
+
+
+def _copied(t: Tensor) -> Tensor:
+    return Tensor(t.name, t.datatype, t.shape, np.array(t.data, copy=True))

@@ -1,0 +1,183 @@
+"""The capture's files: shards of sampled requests, and the index beside them (capture.md).
+
+A shard is one `.npz` (numpy's zip of arrays, uncompressed, no pickles) holding several
+captured requests: request `i`'s input `x` is the array `"{i}/in/x"`, its output `y` is
+`"{i}/out/y"`, and the array `"meta"` holds, as UTF-8 JSON, one object per request (its id,
+time, model, version, input fingerprint, tensors' names and datatypes). A BYTES tensor,
+which numpy could only store pickled, is two arrays: `"{i}/in/x.bytes"` (every element's
+bytes, concatenated, uint8) and `"{i}/in/x.lengths"` (int64, shaped as the tensor).
+
+Shards are named `capture-<UTC time>-<pid>-<seq>.npz`, so sorting names sorts them by time,
+and are written under a temporary name then renamed: a reader never sees half a shard.
+Each writing process appends one JSON line per request to `index-<pid>.jsonl` (the meta
+object and its shard's name) once the shard is in place.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferd.types import Tensor
+
+SHARD_GLOB = "capture-*.npz"
+INDEX_GLOB = "index-*.jsonl"
+META = "meta"
+
+
+@dataclass(slots=True)
+class CapturedRequest:
+    """One sampled request and its answer, as the event loop hands it to the writer."""
+
+    id: str
+    time: float  # seconds since the epoch, at the request's arrival
+    model: str
+    version: str  # the version that served it
+    protocol: str
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    nbytes: int  # about the bytes its tensors take (for the queue's and the disk's bounds)
+    fingerprint: str = ""  # filled by the writer, off the event loop
+
+
+@dataclass(slots=True)
+class Captured:
+    """A request loaded back: `load_capture`'s rows."""
+
+    id: str
+    time: float
+    model: str
+    version: str
+    fingerprint: str
+    protocol: str
+    shard: str
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    datatypes: dict[str, str] = field(default_factory=dict)  # tensor name -> v2 datatype
+
+
+def shard_arrays(requests: Iterable[CapturedRequest]) -> tuple[dict[str, np.ndarray], list[dict]]:  # type: ignore[type-arg]
+    """The arrays of one shard, and the meta object of each request in it."""
+    arrays: dict[str, np.ndarray] = {}
+    metas: list[dict[str, Any]] = []
+    for i, req in enumerate(requests):
+        tensors = []
+        for part, group in (("in", req.inputs), ("out", req.outputs)):
+            for t in group:
+                key = f"{i}/{part}/{t.name}"
+                if t.datatype == "BYTES" or t.data.dtype.kind in "OSU":
+                    arrays[key + ".bytes"], arrays[key + ".lengths"] = _pack_bytes(t.data)
+                else:
+                    arrays[key] = np.ascontiguousarray(t.data)
+                tensors.append({"part": part, "name": t.name, "datatype": t.datatype})
+        metas.append(
+            {
+                "key": i,
+                "id": req.id,
+                "time": req.time,
+                "model": req.model,
+                "version": req.version,
+                "fingerprint": req.fingerprint,
+                "protocol": req.protocol,
+                "tensors": tensors,
+            }
+        )
+    arrays[META] = np.frombuffer(json.dumps(metas).encode(), np.uint8)
+    return arrays, metas
+
+
+def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> int:
+    """Write the shard whole under a temporary name, then rename it; its size in bytes."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    data = buffer.getbuffer()
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(data)
+
+
+def shards(directory: Path) -> list[Path]:
+    """The shards in `directory`, oldest first."""
+    return sorted(directory.glob(SHARD_GLOB), key=lambda p: p.name)
+
+
+def load_capture(directory: str | os.PathLike[str], model: str = "") -> list[Captured]:
+    """Every captured request in `directory` (of `model`, when given), oldest first.
+
+    `from inferd.monitoring.capture_files import load_capture; rows = load_capture("cap")`;
+    `rows[0].inputs["x"]` is the array the client sent, `rows[0].outputs["y"]` the answer.
+    """
+    found: list[Captured] = []
+    for path in shards(Path(directory)):
+        try:
+            found.extend(r for r in read_shard(path) if not model or r.model == model)
+        except FileNotFoundError:
+            continue  # dropped by the size bound while this was reading
+    found.sort(key=lambda r: r.time)
+    return found
+
+
+def read_shard(path: Path) -> Iterator[Captured]:
+    with np.load(path, allow_pickle=False) as npz:
+        metas = json.loads(npz[META].tobytes())
+        for meta in metas:
+            row = Captured(
+                meta["id"],
+                meta["time"],
+                meta["model"],
+                meta["version"],
+                meta["fingerprint"],
+                meta["protocol"],
+                path.name,
+            )
+            for t in meta["tensors"]:
+                key = f"{meta['key']}/{t['part']}/{t['name']}"
+                if t["datatype"] == "BYTES":
+                    data = _unpack_bytes(npz[key + ".bytes"], npz[key + ".lengths"])
+                else:
+                    data = npz[key]
+                (row.inputs if t["part"] == "in" else row.outputs)[t["name"]] = data
+                row.datatypes[t["name"]] = t["datatype"]
+            yield row
+
+
+def read_index(directory: Path) -> list[dict[str, Any]]:
+    """The index lines of every writer, as dicts (meta fields and `shard`)."""
+    lines: list[dict[str, Any]] = []
+    for path in sorted(directory.glob(INDEX_GLOB)):
+        with open(path, encoding="utf-8") as f:
+            lines.extend(json.loads(line) for line in f if line.strip())
+    return lines
+
+
+def _pack_bytes(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    elements = [
+        bytes(e) if isinstance(e, bytes | bytearray | memoryview) else str(e).encode()
+        for e in data.flat
+    ]
+    lengths = np.array([len(e) for e in elements], np.int64).reshape(data.shape)
+    return np.frombuffer(b"".join(elements), np.uint8), lengths
+
+
+def _unpack_bytes(raw: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    flat = raw.tobytes()
+    ends = np.cumsum(lengths.reshape(-1))
+    out = np.empty(lengths.size, object)
+    start = 0
+    for i, end in enumerate(ends.tolist()):
+        out[i] = flat[start:end]
+        start = end
+    return out.reshape(lengths.shape)

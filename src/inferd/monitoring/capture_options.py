@@ -1,0 +1,34 @@
+"""What capture and feedback are asked to do: per model (the config's parameters, parsed by
+repository/spec.py) and per server (`--capture-dir`, `--capture-max-mib`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ACCURACY_WINDOW = 1000  # labelled rows
+DEFAULT_FEEDBACK_TTL_S = 3600.0
+DEFAULT_CAPTURE_MAX_BYTES = 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureOptions:
+    """A model's `capture_sample_rate`, `accuracy_window`, `accuracy_output`, `feedback_ttl_s`."""
+
+    sample_rate: float = 0.0  # share of answered requests captured (0: none)
+    accuracy_window: int = DEFAULT_ACCURACY_WINDOW  # labelled rows the accuracy is over
+    accuracy_output: str = ""  # the class output feedback is judged on; "": the first output
+    feedback_ttl_s: float = DEFAULT_FEEDBACK_TTL_S  # how long a prediction waits for its label
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureSettings:
+    """The server's side: where sampled requests are written, and how much may pile up."""
+
+    directory: Path | None = None  # None: captures feed feedback only, nothing is written
+    max_bytes: int = DEFAULT_CAPTURE_MAX_BYTES  # shards on disk past it: the oldest go
+
+    @property
+    def shard_bytes(self) -> int:
+        """A shard is closed past an eighth of the bound, so dropping the oldest keeps most."""
+        return max(1, self.max_bytes // 8)

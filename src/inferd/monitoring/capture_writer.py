@@ -1,0 +1,215 @@
+"""The capture writer: a background thread that turns sampled requests into shards.
+
+The event loop only offers (`offer`: a bounded queue, put without waiting); when the queue
+is full, or holds more bytes than it may, the capture is dropped and counted, and the
+request never notices. The thread fingerprints each request, gathers them into a shard of
+about `shard_bytes`, writes it (capture_files.py), appends the index lines, and keeps the
+shards in the directory under `max_bytes` by removing the oldest. A write that fails (a
+full disk, a directory it may not write) drops that shard's captures, counted by reason
+`write_error`, and is logged at most once a minute; the next shard tries again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+
+from inferd.monitoring.capture_files import (
+    CapturedRequest,
+    shard_arrays,
+    shards,
+    write_shard,
+)
+from inferd.monitoring.capture_options import CaptureSettings
+from inferd.request_log import input_fingerprint
+
+log = logging.getLogger("inferd.capture")
+
+QUEUE_ITEMS = 4096
+QUEUE_BYTES = 256 * 1024 * 1024
+FLUSH_AFTER_S = 2.0  # a shard not yet full is written once its oldest capture is this old
+WARN_EVERY_S = 60.0
+
+
+class DropCounts:
+    """Captures not stored, by (model, reason): counted on the loop and on the writer
+    thread, so under a lock (drops are rare; the lock is never held for long)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def add(self, model: str, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[(model, reason)] = self._counts.get((model, reason), 0) + n
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class _Flush:
+    """A marker in the queue: everything offered before it is on disk once `done` is set."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class CaptureWriter:
+    def __init__(self, settings: CaptureSettings, drops: DropCounts) -> None:
+        assert settings.directory is not None
+        self.directory = settings.directory
+        self.max_bytes = settings.max_bytes
+        self.shard_bytes = settings.shard_bytes
+        self.drops = drops
+        self.shards_removed = 0  # by the size bound (read by scrapes)
+        self._queue: queue.Queue[CapturedRequest | _Flush | None] = queue.Queue(QUEUE_ITEMS)
+        self._queued_bytes = 0
+        self._bytes_lock = threading.Lock()
+        self._seq = 0
+        self._pid = os.getpid()
+        self._index = self.directory / f"index-{self._pid}.jsonl"
+        self._warned_at = -WARN_EVERY_S
+        self._thread = threading.Thread(target=self._run, name="inferd-capture", daemon=True)
+
+    def start(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # counted per capture from now on; requests are unaffected
+            log.warning("capture directory %s cannot be made: %s", self.directory, exc)
+        self._thread.start()
+
+    # -- the event loop's side -----------------------------------------------------------
+
+    def offer(self, request: CapturedRequest) -> None:
+        """Queue a capture, never waiting: dropped and counted when the writer is behind."""
+        if request.nbytes > self.max_bytes:
+            self.drops.add(request.model, "too_large")
+            return
+        with self._bytes_lock:
+            if self._queued_bytes + request.nbytes > QUEUE_BYTES:
+                full = True
+            else:
+                full = False
+                self._queued_bytes += request.nbytes
+        if not full:
+            try:
+                self._queue.put_nowait(request)
+                return
+            except queue.Full:
+                self._taken(request.nbytes)
+        self.drops.add(request.model, "queue_full")
+
+    # -- any thread -----------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait (never on the event loop) until what was offered so far is written."""
+        marker = _Flush()
+        self._queue.put(marker, timeout=timeout_s)
+        return marker.done.wait(timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Write what is pending and stop the thread."""
+        if self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=timeout_s)
+            except queue.Full:
+                log.warning("capture writer is stuck: its pending captures are lost")
+                return
+            self._thread.join(timeout_s)
+
+    # -- the writer thread ----------------------------------------------------------------
+
+    def _taken(self, nbytes: int) -> None:
+        with self._bytes_lock:
+            self._queued_bytes -= nbytes
+
+    def _run(self) -> None:
+        pending: list[CapturedRequest] = []
+        pending_bytes = 0
+        oldest = 0.0
+        while True:
+            wait = None if not pending else max(0.0, oldest + FLUSH_AFTER_S - time.monotonic())
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                item = _Flush()  # the oldest pending capture has waited long enough
+            if isinstance(item, CapturedRequest):
+                self._taken(item.nbytes)
+                item.fingerprint = input_fingerprint(item.inputs)
+                if not pending:
+                    oldest = time.monotonic()
+                pending.append(item)
+                pending_bytes += item.nbytes
+                if pending_bytes < self.shard_bytes:
+                    continue
+            if pending:
+                self._write(pending)
+                pending, pending_bytes = [], 0
+            if isinstance(item, _Flush):
+                item.done.set()
+            elif item is None:
+                return
+
+    def _write(self, requests: list[CapturedRequest]) -> None:
+        self._seq += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(requests[0].time))
+        micros = int(requests[0].time % 1 * 1e6)
+        name = f"capture-{stamp}.{micros:06d}Z-{self._pid}-{self._seq:06d}.npz"
+        try:
+            arrays, metas = shard_arrays(requests)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_shard(self.directory / name, arrays)
+            lines = "".join(json.dumps({**m, "shard": name}) + "\n" for m in metas)
+            with open(self._index, "a", encoding="utf-8") as f:
+                f.write(lines)
+        except OSError as exc:
+            for r in requests:
+                self.drops.add(r.model, "write_error")
+            now = time.monotonic()
+            if now - self._warned_at >= WARN_EVERY_S:
+                self._warned_at = now
+                log.warning(
+                    "capture: cannot write a shard in %s (%s): its %d captures are dropped "
+                    '(inferd_capture_dropped_total{reason="write_error"})',
+                    self.directory,
+                    exc,
+                    len(requests),
+                )
+            return
+        self._keep_bound()
+
+    def _keep_bound(self) -> None:
+        """Remove the oldest shards until those left fit in `max_bytes`; drop their lines
+        from this writer's index."""
+        sized: list[tuple[Path, int]] = []
+        for path in shards(self.directory):
+            try:
+                sized.append((path, path.stat().st_size))
+            except FileNotFoundError:
+                continue  # another worker removed it
+        total = sum(size for _, size in sized)
+        removed: set[str] = set()
+        for path, size in sized:
+            if total <= self.max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            removed.add(path.name)
+            total -= size
+        if not removed:
+            return
+        self.shards_removed += len(removed)
+        try:
+            with open(self._index, encoding="utf-8") as f:
+                kept = [line for line in f if json.loads(line).get("shard") not in removed]
+            tmp = self._index.with_name(self._index.name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(tmp, self._index)
+        except (OSError, ValueError) as exc:
+            log.warning("capture: cannot rewrite the index %s: %s", self._index, exc)
