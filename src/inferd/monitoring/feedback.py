@@ -148,7 +148,8 @@ def predicted_classes(output: Tensor, batched: bool) -> tuple[list[int] | list[s
     rows = data.reshape(data.shape[0] if batched and data.ndim else 1, -1)
     width = rows.shape[1]
     kind = data.dtype.kind
-    what = f"output '{output.name}' ({output.datatype}, {width} values per row)"
+    values = "1 value" if width == 1 else f"{width} values"
+    what = f"output '{output.name}' ({output.datatype}, {values} per row)"
     if output.datatype == "BYTES" or kind in "OSU":
         if width != 1:
             return None, f"{what} is not a class name per row"
