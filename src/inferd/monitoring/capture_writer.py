@@ -61,14 +61,16 @@ class _Flush:
 
 
 class CaptureWriter:
-    def __init__(self, settings: CaptureSettings, drops: DropCounts) -> None:
+    def __init__(
+        self, settings: CaptureSettings, drops: DropCounts, queue_items: int = QUEUE_ITEMS
+    ) -> None:
         assert settings.directory is not None
         self.directory = settings.directory
         self.max_bytes = settings.max_bytes
         self.shard_bytes = settings.shard_bytes
         self.drops = drops
         self.shards_removed = 0  # by the size bound (read by scrapes)
-        self._queue: queue.Queue[CapturedRequest | _Flush | None] = queue.Queue(QUEUE_ITEMS)
+        self._queue: queue.Queue[CapturedRequest | _Flush | None] = queue.Queue(queue_items)
         self._queued_bytes = 0
         self._bytes_lock = threading.Lock()
         self._seq = 0
