@@ -40,6 +40,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     )
     write_signed_model(repo, "quick", extra=parameters(capture_sample_rate=1, feedback_ttl_s=1e-6))
     write_signed_model(repo, "silent")  # capture_sample_rate 0
+    guarded = parameters(
+        capture_sample_rate=1,
+        canary_weights='{"2": 50, "1": 50}',
+        canary_auto_rollback="true",
+        canary_min_requests=10,
+        canary_accuracy_margin=0.1,
+        canary_p99_ratio=1e9,  # judged on accuracy alone here, never on a slow moment
+    )
+    policy = "version_policy: { all { } }\n"
+    write_signed_model(repo, "worse_canary", {1: 1.0, 2: -1.0}, policy + guarded)
+    write_signed_model(repo, "equal_canary", {1: 1.0, 2: 1.0}, policy + guarded)
     with run_server(repo) as running:  # no --capture-dir: feedback needs none
         yield running
 
@@ -202,3 +213,28 @@ def test_an_output_of_one_score_per_row_is_no_class_output(tmp_path: Path) -> No
     assert r.status_code == 400
     error = r.json()["error"]
     assert "no class output" in error and "'y'" in error and "1 value per row" in error
+
+
+@pytest.mark.parametrize(
+    ("model", "rolled_back"), [("worse_canary", True), ("equal_canary", False)]
+)
+def test_a_canary_less_accurate_by_the_margin_loses_its_traffic(
+    server: RunningServer, model: str, rolled_back: bool
+) -> None:
+    rng = np.random.default_rng(11)
+    served: Counter[str] = Counter()
+    with server.client() as http, Client("json", server) as client:
+        for _ in range(80):
+            x = rng.normal(size=(1, 4)).astype(np.float32)
+            answer = client.infer(model, x)
+            served[answer.version] += 1
+            label = int(np.argmax(x))  # version 1 is always right
+            assert _feedback(http, model, {"id": answer.id, "label": label}).status_code == 200
+            if served["1"] >= 10 and served["2"] >= 10 and rolled_back:
+                break  # both past canary_min_requests labels: judged at this label
+        routing = http.get(f"/v2/models/{model}/routing").json()
+    assert served["2"] >= 10 and served["1"] >= 10
+    if rolled_back:
+        assert routing["weights"]["2"] == 0 and routing["rollbacks"] == {"2": 1}
+    else:
+        assert routing["weights"] == {"1": 50, "2": 50} and routing["rollbacks"] == {}

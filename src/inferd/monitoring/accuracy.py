@@ -31,3 +31,16 @@ class AccuracyWindow:
         """The accuracy over the window; None before the first label."""
         right, rows = self.counts
         return right / rows if rows else None
+
+
+def canary_is_worse(
+    canary: AccuracyWindow | None, stable: AccuracyWindow | None, margin: float, min_rows: int
+) -> bool:
+    """Whether a canary's accuracy is below its stable version's by more than `margin`,
+    both over at least `min_rows` labelled rows (fewer: too early to judge)."""
+    if canary is None or stable is None:
+        return False
+    (canary_right, canary_rows), (stable_right, stable_rows) = canary.counts, stable.counts
+    if canary_rows < min_rows or stable_rows < min_rows:
+        return False
+    return canary_right / canary_rows < stable_right / stable_rows - margin

@@ -17,6 +17,7 @@ Nothing here can fail a request: a capture that cannot be kept is dropped and co
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from random import random
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inferd.errors import invalid, not_found
+from inferd.monitoring.accuracy import canary_is_worse
 from inferd.monitoring.capture_files import CapturedRequest
 from inferd.monitoring.capture_options import CaptureSettings
 from inferd.monitoring.capture_writer import CaptureWriter, DropCounts
@@ -34,6 +36,8 @@ from inferd.types import InferResponse, Tensor
 if TYPE_CHECKING:
     from inferd.events import RequestRecord
     from inferd.repository.registry import ModelRegistry
+
+log = logging.getLogger("inferd.routing")
 
 
 class Capture:
@@ -109,7 +113,45 @@ class Capture:
                 "feedback needs a server of one process: with --workers N the prediction "
                 "is kept by the worker that answered, which need not be this one"
             )
-        return self.feedback.join(model, doc)
+        answer = self.feedback.join(model, doc)
+        self._judge_canaries(model)
+        return answer
+
+    def _judge_canaries(self, name: str) -> None:
+        """With `canary_auto_rollback` and `canary_accuracy_margin`: a canary whose online
+        accuracy falls below stable's by more than the margin loses its traffic, through the
+        router's guard rollback, as the canary guard does for errors and latency. Judged at
+        each label (of stable's or a canary's: either may be the one that decides)."""
+        model = self.registry.models[name]
+        router = model.router
+        stable = router.stable
+        if not router.policy.enabled or stable is None:
+            return
+        windows = self.feedback.windows
+        base = windows.get((name, stable))
+        for version, weight in list(router.weights.items()):
+            mv = model.versions.get(version)
+            if version == stable or weight == 0 or mv is None:
+                continue
+            margin = mv.spec.capture.accuracy_margin
+            canary = windows.get((name, version))
+            if margin is None or not canary_is_worse(
+                canary, base, margin, router.policy.min_requests
+            ):
+                continue
+            router.guard_rollback(version)
+            assert canary is not None and base is not None
+            log.warning(
+                "automatic rollback: model %s version %s weight -> 0 (online accuracy %.1f%% "
+                "vs stable v%s %.1f%%, margin %.1f points)",
+                name,
+                version,
+                100 * (canary.value or 0.0),
+                stable,
+                100 * (base.value or 0.0),
+                100 * margin,
+                extra={"model": name, "version": version, "event": "canary_rollback"},
+            )
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until what was captured so far is on disk (from any thread but the loop's)."""

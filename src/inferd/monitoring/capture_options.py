@@ -13,12 +13,16 @@ DEFAULT_CAPTURE_MAX_BYTES = 1024 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class CaptureOptions:
-    """A model's `capture_sample_rate`, `accuracy_window`, `accuracy_output`, `feedback_ttl_s`."""
+    """A model's `capture_sample_rate`, `accuracy_window`, `accuracy_output`, `feedback_ttl_s`,
+    `canary_accuracy_margin`."""
 
     sample_rate: float = 0.0  # share of answered requests captured (0: none)
     accuracy_window: int = DEFAULT_ACCURACY_WINDOW  # labelled rows the accuracy is over
     accuracy_output: str = ""  # the class output feedback is judged on; "": the first output
     feedback_ttl_s: float = DEFAULT_FEEDBACK_TTL_S  # how long a prediction waits for its label
+    # With canary_auto_rollback: a canary whose accuracy is below stable's by more than this
+    # loses its traffic (None: accuracy never rolls back).
+    accuracy_margin: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

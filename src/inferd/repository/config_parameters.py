@@ -52,6 +52,10 @@ INFERD_PARAMETERS: dict[str, str] = {
     "accuracy_window": "labelled rows the online accuracy is over; default 1000 (docs/capture.md)",
     "accuracy_output": "the class output feedback labels are judged on; default the first",
     "feedback_ttl_s": "how long a captured prediction waits for its label; default 3600",
+    "canary_accuracy_margin": (
+        "with canary_auto_rollback: online accuracy a canary may fall below stable's by "
+        "(docs/capture.md)"
+    ),
     "model_checksum": (
         "set by inferd in the config it serves (the files' sha256); a value given is replaced"
     ),

@@ -222,8 +222,8 @@ def _text_inputs(config: mc.ModelConfig) -> frozenset[str]:
 
 
 def _capture_options(config: mc.ModelConfig) -> CaptureOptions:
-    """`capture_sample_rate`, `accuracy_window`, `accuracy_output`, `feedback_ttl_s`
-    (docs/capture.md)."""
+    """`capture_sample_rate`, `accuracy_window`, `accuracy_output`, `feedback_ttl_s`,
+    `canary_accuracy_margin` (docs/capture.md)."""
     where = f"{config.name}/{CONFIG_FILE}: parameters"
     raw = parameter(config, "capture_sample_rate", "0")
     rate = _number(raw)
@@ -246,7 +246,14 @@ def _capture_options(config: mc.ModelConfig) -> CaptureOptions:
     ttl_s = _number(raw)
     if not ttl_s > 0 or not math.isfinite(ttl_s):
         raise ConfigError(f"{where}.feedback_ttl_s must be a number of seconds > 0, got '{raw}'")
-    return CaptureOptions(rate, window, output or (names[0] if names else ""), ttl_s)
+    raw = parameter(config, "canary_accuracy_margin")
+    margin = _number(raw) if raw else None
+    if margin is not None and not 0 <= margin <= 1:
+        raise ConfigError(
+            f"{where}.canary_accuracy_margin must be a share within 0..1 (0.02: two points "
+            f"of accuracy), got '{raw}'"
+        )
+    return CaptureOptions(rate, window, output or (names[0] if names else ""), ttl_s, margin)
 
 
 def _number(raw: str) -> float:

@@ -65,7 +65,7 @@ def test_defaults() -> None:
     assert spec.limits.max_elements == DEFAULT_MAX_INPUT_ELEMENTS
     assert spec.limits.max_bytes_element_size == DEFAULT_MAX_BYTES_ELEMENT_SIZE
     assert not spec.canary.enabled
-    assert spec.capture == CaptureOptions(0.0, 1000, "y", 3600.0)  # the first output judged
+    assert spec.capture == CaptureOptions(0.0, 1000, "y", 3600.0, None)  # the first output judged
     assert (spec.canary.window_s, spec.canary.min_requests) == (30.0, 20)
     assert (spec.canary.error_rate_margin, spec.canary.p99_ratio) == (0.05, 2.0)
     assert spec.canary_weights is None
@@ -145,6 +145,7 @@ PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     ({"accuracy_window": "50"}, "onnxruntime", lambda s: s.capture.accuracy_window, 50),
     ({"accuracy_output": "y"}, "onnxruntime", lambda s: s.capture.accuracy_output, "y"),
     ({"feedback_ttl_s": "2.5"}, "onnxruntime", lambda s: s.capture.feedback_ttl_s, 2.5),
+    ({"canary_accuracy_margin": "0.02"}, "onnxruntime", lambda s: s.capture.accuracy_margin, 0.02),
 ]
 
 
@@ -241,6 +242,8 @@ BAD: list[tuple[dict[str, str], str, list[str]]] = [
     ({"accuracy_output": "z"}, "onnxruntime", ["parameters.accuracy_output", "'z'", "y"]),
     ({"feedback_ttl_s": "0"}, "onnxruntime", ["parameters.feedback_ttl_s", "'0'"]),
     ({"feedback_ttl_s": "inf"}, "onnxruntime", ["parameters.feedback_ttl_s", "'inf'"]),
+    ({"canary_accuracy_margin": "2"}, "onnxruntime", ["parameters.canary_accuracy_margin", "'2'"]),
+    ({"canary_accuracy_margin": "x"}, "onnxruntime", ["canary_accuracy_margin", "'x'"]),
 ]
 
 
