@@ -2,10 +2,11 @@
 
 A shard is one `.npz` (numpy's zip of arrays, uncompressed, no pickles) holding several
 captured requests: request `i`'s input `x` is the array `"{i}/in/x"`, its output `y` is
-`"{i}/out/y"`, and the array `"meta"` holds, as UTF-8 JSON, one object per request (its id,
-time, model, version, input fingerprint, tensors' names and datatypes). A BYTES tensor,
-which numpy could only store pickled, is two arrays: `"{i}/in/x.bytes"` (every element's
-bytes, concatenated, uint8) and `"{i}/in/x.lengths"` (int64, shaped as the tensor).
+`"{i}/out/y"` (a BF16 tensor's bits, as uint16), and the array `"meta"` holds, as UTF-8
+JSON, one object per request (its id, time, model, version, input fingerprint, tensors'
+names and datatypes). A BYTES tensor, which numpy could only store pickled, is two arrays:
+`"{i}/in/x.bytes"` (every element's bytes, concatenated, uint8) and `"{i}/in/x.lengths"`
+(int64, shaped as the tensor).
 
 Shards are named `capture-<UTC time>-<pid>-<seq>.npz`, so sorting names sorts them by time,
 and are written under a temporary name then renamed: a reader never sees half a shard.
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from inferd.datatypes import BF16
 from inferd.types import Tensor
 
 SHARD_GLOB = "capture-*.npz"
@@ -74,6 +76,8 @@ def shard_arrays(requests: Iterable[CapturedRequest]) -> tuple[dict[str, np.ndar
                 key = f"{i}/{part}/{t.name}"
                 if t.datatype == "BYTES" or t.data.dtype.kind in "OSU":
                     arrays[key + ".bytes"], arrays[key + ".lengths"] = _pack_bytes(t.data)
+                elif t.datatype == "BF16":  # .npy has no bfloat16: its bits, as uint16
+                    arrays[key] = np.ascontiguousarray(t.data).view(np.uint16)
                 else:
                     arrays[key] = np.ascontiguousarray(t.data)
                 tensors.append({"part": part, "name": t.name, "datatype": t.datatype})
@@ -147,6 +151,8 @@ def read_shard(path: Path) -> Iterator[Captured]:
                 key = f"{meta['key']}/{t['part']}/{t['name']}"
                 if t["datatype"] == "BYTES":
                     data = _unpack_bytes(npz[key + ".bytes"], npz[key + ".lengths"])
+                elif t["datatype"] == "BF16":
+                    data = npz[key].view(BF16)
                 else:
                     data = npz[key]
                 (row.inputs if t["part"] == "in" else row.outputs)[t["name"]] = data

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferd.datatypes import BF16
 from inferd.monitoring.accuracy import AccuracyWindow
 from inferd.monitoring.capture_files import (
     CapturedRequest,
@@ -33,9 +34,10 @@ def test_a_shard_loads_back_equal_bytes_and_numbers(tmp_path: Path) -> None:
     text = np.array([[b"a\x00", b""], [b"\xff\x00\x01", b"long " * 50]], dtype=object)
     numbers = np.arange(6, dtype=np.int16).reshape(2, 3)
     scores = np.linspace(0, 1, 4, dtype=np.float64).reshape(1, 4)
+    halves = np.array([[1.5, -2.0]], dtype=BF16)
     requests = [
         _request(0, [Tensor("t", "BYTES", (2, 2), text)], [Tensor("s", "FP64", (1, 4), scores)]),
-        _request(1, [Tensor("n", "INT16", (2, 3), numbers)]),
+        _request(1, [Tensor("n", "INT16", (2, 3), numbers), Tensor("h", "BF16", (1, 2), halves)]),
     ]
     arrays, metas = shard_arrays(requests)
     assert [m["id"] for m in metas] == ["r0", "r1"]
@@ -46,6 +48,8 @@ def test_a_shard_loads_back_equal_bytes_and_numbers(tmp_path: Path) -> None:
     np.testing.assert_array_equal(rows[0].outputs["s"], scores)
     np.testing.assert_array_equal(rows[1].inputs["n"], numbers)
     assert rows[1].inputs["n"].dtype == np.int16
+    assert rows[1].inputs["h"].dtype == BF16
+    np.testing.assert_array_equal(rows[1].inputs["h"], halves)
     assert (rows[0].model, rows[0].version, rows[0].time) == ("m", "3", 1000.0)
     assert not list(tmp_path.glob("*.tmp")), "written under a temporary name, then renamed"
     assert [r.id for r in load_capture(tmp_path)] == ["r0", "r1"]
