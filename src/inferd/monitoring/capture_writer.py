@@ -1,12 +1,14 @@
-"""The capture writer: a background thread that turns sampled requests into shards.
+"""The capture writers: background threads that store sampled requests, in batches.
 
-The event loop only offers (`offer`: a bounded queue, put without waiting); when the queue
-is full, or holds more bytes than it may, the capture is dropped and counted, and the
-request never notices. The thread fingerprints each request, gathers them into a shard of
-about `shard_bytes`, writes it (capture_files.py), appends the index lines, and keeps the
-shards in the directory under `max_bytes` by removing the oldest. A write that fails (a
-full disk, a directory it may not write) drops that shard's captures, counted by reason
-`write_error`, and is logged at most once a minute; the next shard tries again.
+The event loop only offers (`CaptureQueue.offer`: a bounded queue, put without waiting);
+when the queue is full, or holds more bytes than it may, the capture is dropped and
+counted, and the request never notices. The thread fingerprints each request and gathers
+them into batches of about `batch_bytes` (or two seconds' worth), which a subclass stores:
+`CaptureWriter` as a shard in `--capture-dir` (capture_files.py), keeping the shards under
+`--capture-max-mib` by removing the oldest; `RedisCaptureWriter` (capture_redis.py) as
+entries of a capped Redis stream. A store that fails (a full disk, a directory it may not
+write, a lost connection) drops that batch, counted by its reason, logged at most once a
+minute; the next batch tries again.
 """
 
 from __future__ import annotations
@@ -60,37 +62,41 @@ class _Flush:
         self.done = threading.Event()
 
 
-class CaptureWriter:
+class CaptureQueue:
+    """The bounded queue and the thread that drains it in batches; a subclass says how a
+    batch is stored (`store`) and what a failed store's drops are called (`error_reason`)."""
+
+    error_reason = "write_error"
+    thread_name = "inferd-capture"
+
     def __init__(
-        self, settings: CaptureSettings, drops: DropCounts, queue_items: int = QUEUE_ITEMS
+        self,
+        drops: DropCounts,
+        batch_bytes: int,
+        max_item_bytes: int | None = None,
+        queue_items: int = QUEUE_ITEMS,
     ) -> None:
-        assert settings.directory is not None
-        self.directory = settings.directory
-        self.max_bytes = settings.max_bytes
-        self.shard_bytes = settings.shard_bytes
         self.drops = drops
-        self.shards_removed = 0  # by the size bound (read by scrapes)
+        self.batch_bytes = batch_bytes
+        self.max_item_bytes = max_item_bytes  # None: no single capture is too large
         self._queue: queue.Queue[CapturedRequest | _Flush | None] = queue.Queue(queue_items)
         self._queued_bytes = 0
         self._bytes_lock = threading.Lock()
-        self._seq = 0
-        self._pid = os.getpid()
-        self._index = self.directory / f"index-{self._pid}.jsonl"
         self._warned_at = -WARN_EVERY_S
-        self._thread = threading.Thread(target=self._run, name="inferd-capture", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
     def start(self) -> None:
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # counted per capture from now on; requests are unaffected
-            log.warning("capture directory %s cannot be made: %s", self.directory, exc)
         self._thread.start()
+
+    def store(self, requests: list[CapturedRequest]) -> None:
+        """Store one batch, on the thread; an OSError drops it (counted, logged)."""
+        raise NotImplementedError
 
     # -- the event loop's side -----------------------------------------------------------
 
     def offer(self, request: CapturedRequest) -> None:
         """Queue a capture, never waiting: dropped and counted when the writer is behind."""
-        if request.nbytes > self.max_bytes:
+        if self.max_item_bytes is not None and request.nbytes > self.max_item_bytes:
             self.drops.add(request.model, "too_large")
             return
         with self._bytes_lock:
@@ -110,13 +116,13 @@ class CaptureWriter:
     # -- any thread -----------------------------------------------------------------------
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait (never on the event loop) until what was offered so far is written."""
+        """Wait (never on the event loop) until what was offered so far is stored."""
         marker = _Flush()
         self._queue.put(marker, timeout=timeout_s)
         return marker.done.wait(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is pending and stop the thread."""
+        """Store what is pending and stop the thread."""
         if self._thread.is_alive():
             try:
                 self._queue.put(None, timeout=timeout_s)
@@ -125,7 +131,7 @@ class CaptureWriter:
                 return
             self._thread.join(timeout_s)
 
-    # -- the writer thread ----------------------------------------------------------------
+    # -- the thread -----------------------------------------------------------------------
 
     def _taken(self, nbytes: int) -> None:
         with self._bytes_lock:
@@ -148,43 +154,78 @@ class CaptureWriter:
                     oldest = time.monotonic()
                 pending.append(item)
                 pending_bytes += item.nbytes
-                if pending_bytes < self.shard_bytes:
+                if pending_bytes < self.batch_bytes:
                     continue
             if pending:
-                self._write(pending)
+                self._store(pending)
                 pending, pending_bytes = [], 0
             if isinstance(item, _Flush):
                 item.done.set()
             elif item is None:
                 return
 
-    def _write(self, requests: list[CapturedRequest]) -> None:
-        self._seq += 1
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(requests[0].time))
-        micros = int(requests[0].time % 1 * 1e6)
-        name = f"capture-{stamp}.{micros:06d}Z-{self._pid}-{self._seq:06d}.npz"
+    def _store(self, requests: list[CapturedRequest]) -> None:
         try:
-            arrays, metas = shard_arrays(requests)
-            self.directory.mkdir(parents=True, exist_ok=True)
-            write_shard(self.directory / name, arrays)
-            lines = "".join(json.dumps({**m, "shard": name}) + "\n" for m in metas)
-            with open(self._index, "a", encoding="utf-8") as f:
-                f.write(lines)
-        except OSError as exc:
+            self.store(requests)
+        except Exception as exc:  # a full disk, a lost connection: never the thread's end
             for r in requests:
-                self.drops.add(r.model, "write_error")
+                self.drops.add(r.model, self.error_reason)
             now = time.monotonic()
             if now - self._warned_at >= WARN_EVERY_S:
                 self._warned_at = now
                 log.warning(
-                    "capture: cannot write a shard in %s (%s): its %d captures are dropped "
-                    '(inferd_capture_dropped_total{reason="write_error"})',
-                    self.directory,
-                    exc,
+                    "capture: cannot store %d captures in %s (%s): dropped "
+                    '(inferd_capture_dropped_total{reason="%s"})',
                     len(requests),
+                    self.where(),
+                    exc,
+                    self.error_reason,
                 )
-            return
-        self._keep_bound()
+
+    def where(self) -> str:
+        return "the capture store"
+
+
+class CaptureWriter(CaptureQueue):
+    """Shards in `--capture-dir`."""
+
+    def __init__(
+        self, settings: CaptureSettings, drops: DropCounts, queue_items: int = QUEUE_ITEMS
+    ) -> None:
+        assert settings.directory is not None
+        super().__init__(drops, settings.shard_bytes, settings.max_bytes, queue_items)
+        self.directory = settings.directory
+        self.max_bytes = settings.max_bytes
+        self.shards_removed = 0  # by the size bound (read by scrapes)
+        self._seq = 0
+        self._pid = os.getpid()
+        self._index = self.directory / f"index-{self._pid}.jsonl"
+
+    def start(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # counted per capture from now on; requests are unaffected
+            log.warning("capture directory %s cannot be made: %s", self.directory, exc)
+        super().start()
+
+    def where(self) -> str:
+        return str(self.directory)
+
+    def store(self, requests: list[CapturedRequest]) -> None:
+        self._seq += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(requests[0].time))
+        micros = int(requests[0].time % 1 * 1e6)
+        name = f"capture-{stamp}.{micros:06d}Z-{self._pid}-{self._seq:06d}.npz"
+        arrays, metas = shard_arrays(requests)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_shard(self.directory / name, arrays)
+        lines = "".join(json.dumps({**m, "shard": name}) + "\n" for m in metas)
+        with open(self._index, "a", encoding="utf-8") as f:
+            f.write(lines)
+        try:
+            self._keep_bound()
+        except OSError as exc:  # the shard is written: not a drop; the next one tries again
+            log.warning("capture: cannot keep %s within its bound: %s", self.directory, exc)
 
     def _keep_bound(self) -> None:
         """Remove the oldest shards until those left fit in `max_bytes`; drop their lines
