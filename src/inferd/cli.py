@@ -15,6 +15,7 @@ from inferd.cli_security import SecurityOptionError, add_security_options, secur
 from inferd.help_format import DefaultsOnceFormatter
 from inferd.limit_options import add_limit_options, limits_from
 from inferd.monitoring.capture_cli import add_capture_options, capture_settings
+from inferd.monitoring.capture_options import CaptureOptionError
 from inferd.settings import MIB, Settings
 from inferd_tools import commands as tools
 
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             settings = settings_from(args)
             server.access_policy(settings)  # the security options, checked before anything runs
-        except (SecurityOptionError, AccessError, TlsError) as exc:
+        except (SecurityOptionError, AccessError, TlsError, CaptureOptionError) as exc:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
         try:

@@ -29,7 +29,8 @@ from inferd.errors import invalid, not_found
 from inferd.monitoring.accuracy import canary_is_worse
 from inferd.monitoring.capture_files import CapturedRequest
 from inferd.monitoring.capture_options import CaptureSettings
-from inferd.monitoring.capture_writer import CaptureWriter, DropCounts
+from inferd.monitoring.capture_redis import RedisCaptureWriter
+from inferd.monitoring.capture_writer import CaptureQueue, CaptureWriter, DropCounts
 from inferd.monitoring.feedback import FeedbackIndex
 from inferd.types import InferResponse, Tensor
 
@@ -46,17 +47,24 @@ class Capture:
         self.settings = settings or CaptureSettings()
         self.drops = DropCounts()
         self.writer = CaptureWriter(self.settings, self.drops) if self.settings.directory else None
+        # Every store a capture goes to: the directory's shards, a Redis stream, both.
+        self.writers: list[CaptureQueue] = [self.writer] if self.writer is not None else []
+        if self.settings.redis_url:
+            s = self.settings
+            self.writers.append(
+                RedisCaptureWriter(s.redis_url, s.redis_stream, s.redis_maxlen, self.drops)
+            )
         self.feedback = FeedbackIndex()
         self.captured: dict[tuple[str, str], int] = {}  # (model, version): sampled requests
         self.single_process = True  # False in a worker of --workers N: feedback is refused
 
     def start(self) -> None:
-        if self.writer is not None:
-            self.writer.start()
+        for writer in self.writers:
+            writer.start()
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        for writer in self.writers:
+            writer.close()
 
     def observe(self, record: RequestRecord, response: InferResponse) -> None:
         """An answered request, before it is encoded: captured or not, by its version's rate."""
@@ -75,7 +83,7 @@ class Capture:
         key = (mv.name, mv.version)
         self.captured[key] = self.captured.get(key, 0) + 1
         self.feedback.remember(mv, request_id, response)
-        if self.writer is None:
+        if not self.writers:
             return
         inputs = request.inputs
         if request.uses_shared_memory:
@@ -84,18 +92,11 @@ class Capture:
         outputs = [t for t in response.outputs if t.shared_memory is None]
         nbytes = sum(t.data.nbytes for t in inputs) + sum(t.data.nbytes for t in outputs)
         wall = record.ctx.wall_start_s or time.time()
-        self.writer.offer(
-            CapturedRequest(
-                request_id,
-                wall,
-                mv.name,
-                mv.version,
-                record.ctx.protocol,
-                inputs,
-                outputs,
-                nbytes,
-            )
+        captured = CapturedRequest(
+            request_id, wall, mv.name, mv.version, record.ctx.protocol, inputs, outputs, nbytes
         )
+        for writer in self.writers:
+            writer.offer(captured)
 
     def join_feedback(self, model: str, doc: dict[str, Any]) -> dict[str, Any]:
         """`POST /v2/models/{model}/feedback`: a label joined to its captured prediction."""
@@ -154,8 +155,9 @@ class Capture:
             )
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until what was captured so far is on disk (from any thread but the loop's)."""
-        return self.writer.flush(timeout_s) if self.writer is not None else True
+        """Wait until what was captured so far is stored (from any thread but the loop's)."""
+        flushed = [writer.flush(timeout_s) for writer in self.writers]  # each, not the first
+        return all(flushed)
 
 
 def _copied(t: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -97,11 +97,15 @@ def shard_arrays(requests: Iterable[CapturedRequest]) -> tuple[dict[str, np.ndar
     return arrays, metas
 
 
-def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> int:
-    """Write the shard whole under a temporary name, then rename it; its size in bytes."""
+def npz_bytes(arrays: dict[str, np.ndarray]) -> memoryview:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
-    data = buffer.getbuffer()
+    return buffer.getbuffer()
+
+
+def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> int:
+    """Write the shard whole under a temporary name, then rename it; its size in bytes."""
+    data = npz_bytes(arrays)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
@@ -134,7 +138,9 @@ def load_capture(directory: str | os.PathLike[str], model: str = "") -> list[Cap
     return found
 
 
-def read_shard(path: Path) -> Iterator[Captured]:
+def read_shard(path: Path | IO[bytes], name: str = "") -> Iterator[Captured]:
+    """The captures of one shard: a file, or (from a Redis stream entry) its bytes."""
+    name = name or (path.name if isinstance(path, Path) else "")
     with np.load(path, allow_pickle=False) as npz:
         metas = json.loads(npz[META].tobytes())
         for meta in metas:
@@ -145,7 +151,7 @@ def read_shard(path: Path) -> Iterator[Captured]:
                 meta["version"],
                 meta["fingerprint"],
                 meta["protocol"],
-                path.name,
+                name,
             )
             for t in meta["tensors"]:
                 key = f"{meta['key']}/{t['part']}/{t['name']}"

@@ -31,7 +31,8 @@ class CaptureCollector(Collector):
         yield captured
         dropped = CounterMetricFamily(
             "inferd_capture_dropped",
-            "Sampled requests not stored, by reason: queue_full, write_error, too_large.",
+            "Sampled requests not stored, by reason: queue_full, write_error, too_large, "
+            "redis_error.",
             labels=("model", "reason"),
         )
         for labels, count in sorted(capture.drops.snapshot().items()):

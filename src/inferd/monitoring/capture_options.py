@@ -9,6 +9,12 @@ from pathlib import Path
 DEFAULT_ACCURACY_WINDOW = 1000  # labelled rows
 DEFAULT_FEEDBACK_TTL_S = 3600.0
 DEFAULT_CAPTURE_MAX_BYTES = 1024 * 1024 * 1024
+DEFAULT_REDIS_STREAM = "inferd:capture"
+DEFAULT_REDIS_MAXLEN = 10_000
+
+
+class CaptureOptionError(ValueError):
+    """A capture option inferd cannot honour; the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,10 +33,14 @@ class CaptureOptions:
 
 @dataclass(frozen=True, slots=True)
 class CaptureSettings:
-    """The server's side: where sampled requests are written, and how much may pile up."""
+    """The server's side: where sampled requests are written (`--capture-dir`, and/or
+    `--capture-redis`), and how much may pile up."""
 
     directory: Path | None = None  # None: captures feed feedback only, nothing is written
     max_bytes: int = DEFAULT_CAPTURE_MAX_BYTES  # shards on disk past it: the oldest go
+    redis_url: str = ""  # --capture-redis: also to this Redis ("": not)
+    redis_stream: str = DEFAULT_REDIS_STREAM  # the stream's key
+    redis_maxlen: int = DEFAULT_REDIS_MAXLEN  # entries the stream keeps (XADD MAXLEN)
 
     @property
     def shard_bytes(self) -> int:
