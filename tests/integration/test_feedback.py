@@ -238,3 +238,17 @@ def test_a_canary_less_accurate_by_the_margin_loses_its_traffic(
         assert routing["weights"]["2"] == 0 and routing["rollbacks"] == {"2": 1}
     else:
         assert routing["weights"] == {"1": 50, "2": 50} and routing["rollbacks"] == {}
+
+
+def test_past_the_bound_the_oldest_predictions_are_forgotten(server: RunningServer) -> None:
+    feedback = server.server.capture.feedback
+    saved, feedback.max_pending = feedback.max_pending, 3
+    try:
+        with server.client() as http, Client("json", server) as client:
+            ids = [client.infer("by_index", np.ones((1, 4), np.float32)).id for _ in range(5)]
+            oldest = _feedback(http, "by_index", {"id": ids[0], "label": 0})
+            newest = _feedback(http, "by_index", {"id": ids[-1], "label": 0})
+    finally:
+        feedback.max_pending = saved
+    assert oldest.status_code == 404 and "3 newer" in oldest.json()["error"]
+    assert newest.status_code == 200

@@ -46,7 +46,8 @@ class Prediction:
 
 
 class FeedbackIndex:
-    def __init__(self) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+        self.max_pending = max_pending  # per model
         self._pending: dict[str, OrderedDict[str, Prediction]] = {}
         self.windows: dict[tuple[str, str], AccuracyWindow] = {}
         self.counts: dict[tuple[str, str, str], int] = {}  # (model, version, outcome)
@@ -60,7 +61,7 @@ class FeedbackIndex:
         now = time.monotonic()
         while pending:  # forget the oldest: expired, or past the bound
             oldest = next(iter(pending.values()))
-            if oldest.expires > now and len(pending) < MAX_PENDING:
+            if oldest.expires > now and len(pending) < self.max_pending:
                 break
             pending.popitem(last=False)
         name = options.accuracy_output
@@ -96,8 +97,8 @@ class FeedbackIndex:
             self._count(model, "", "unknown_id")
             raise not_found(
                 f"no captured prediction of model '{model}' has id '{request_id}': it was not "
-                f"sampled (capture_sample_rate), or is forgotten ({MAX_PENDING} newer ones, "
-                "or a server restart)"
+                f"sampled (capture_sample_rate), or is forgotten ({self.max_pending} newer "
+                "ones, or a server restart)"
             )
         version = prediction.version
         if prediction.expires <= time.monotonic():
