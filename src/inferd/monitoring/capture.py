@@ -4,8 +4,8 @@
 version whose `capture_sample_rate` is 0 (the default) costs two dict lookups and nothing
 else. A sampled request:
 
-- gets an id if its client sent none (the response carries it, so a client can send
-  feedback), and keeps its own otherwise;
+- gets an id if its client sent none (16 random hex digits per process, then a counter in
+  hex; the response carries it, so a client can send feedback), and keeps its own otherwise;
 - leaves its predicted classes in the feedback index (feedback.py), with or without
   `--capture-dir`;
 - with `--capture-dir`, is offered to the writer's bounded queue (capture_writer.py), which
@@ -17,9 +17,10 @@ Nothing here can fail a request: a capture that cannot be kept is dropped and co
 
 from __future__ import annotations
 
+import itertools
 import logging
+import secrets
 import time
-import uuid
 from random import random
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,10 @@ class Capture:
         self.feedback = FeedbackIndex()
         self.captured: dict[tuple[str, str], int] = {}  # (model, version): sampled requests
         self.single_process = True  # False in a worker of --workers N: feedback is refused
+        # Server-made request ids: random per process (unique across restarts and workers),
+        # then a counter (cheaper than a uuid per sampled request).
+        self._id_prefix = secrets.token_hex(8)
+        self._ids = itertools.count(1)
 
     def start(self) -> None:
         for writer in self.writers:
@@ -78,7 +83,7 @@ class Capture:
         request = record.request
         if request is None:
             return
-        request_id = request.id or uuid.uuid4().hex
+        request_id = request.id or f"{self._id_prefix}{next(self._ids):x}"
         response.id = record.request_id = request_id
         key = (mv.name, mv.version)
         self.captured[key] = self.captured.get(key, 0) + 1

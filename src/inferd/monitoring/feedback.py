@@ -60,8 +60,7 @@ class FeedbackIndex:
             pending = self._pending[mv.name] = OrderedDict()
         now = time.monotonic()
         while pending:  # forget the oldest: expired, or past the bound
-            oldest = next(iter(pending.values()))
-            if oldest.expires > now and len(pending) < self.max_pending:
+            if len(pending) < self.max_pending and pending[next(iter(pending))].expires > now:
                 break
             pending.popitem(last=False)
         name = options.accuracy_output
