@@ -1,11 +1,14 @@
 """The capture's files: shards of sampled requests, and the index beside them (capture.md).
 
 A shard is one `.npz` (numpy's zip of arrays, uncompressed, no pickles) holding several
-captured requests: request `i`'s input `x` is the array `"{i}/in/x"`, its output `y` is
-`"{i}/out/y"` (a BF16 tensor's bits, as uint16), and the array `"meta"` holds, as UTF-8
-JSON, one object per request (its id, time, model, version, input fingerprint, tensors'
-names and datatypes). A BYTES tensor, which numpy could only store pickled, is two arrays:
-`"{i}/in/x.bytes"` (every element's bytes, concatenated, uint8) and `"{i}/in/x.lengths"`
+captured requests. Those of one model version with the same tensors (names, datatypes,
+dims past the first) form a group `g`, and each of the group's tensors is one array:
+input `x` is `"{g}/in/x"`, output `y` is `"{g}/out/y"`, the requests' tensors concatenated
+along their first dimension in order (rows = samples; a BF16 tensor's bits, as uint16).
+The array `"meta"` holds, as UTF-8 JSON, one object per request: its group, id, time,
+model, version, input fingerprint, and its tensors' names, datatypes and shapes (which say
+which rows are its). A BYTES tensor, which numpy could only store pickled, is two arrays:
+`"{g}/in/x.bytes"` (every element's bytes, concatenated, uint8) and `"{g}/in/x.lengths"`
 (int64, shaped as the tensor).
 
 Shards are named `capture-<UTC time>-<pid>-<seq>.npz`, so sorting names sorts them by time,
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import orjson
 
 from inferd.datatypes import BF16
 from inferd.types import Tensor
@@ -66,35 +70,64 @@ class Captured:
 
 
 def shard_arrays(requests: Iterable[CapturedRequest]) -> tuple[dict[str, np.ndarray], list[dict]]:  # type: ignore[type-arg]
-    """The arrays of one shard, and the meta object of each request in it."""
-    arrays: dict[str, np.ndarray] = {}
+    """The arrays of one shard, and the meta object of each request in it.
+
+    Requests with the same model, version and tensors (names, datatypes, dims past the
+    first) form a group `g`; each of its tensors is one array, `"{g}/in/x"`, the requests'
+    tensors concatenated along the first dimension in request order: rows = samples, as a
+    training set (or a drift reference) is laid out, and one `.npy` entry per tensor rather
+    than per request (an entry costs far more than its bytes).
+    """
+    groups: dict[tuple[Any, ...], list[CapturedRequest]] = {}
+    numbers: dict[tuple[Any, ...], int] = {}
     metas: list[dict[str, Any]] = []
-    for i, req in enumerate(requests):
-        tensors = []
-        for part, group in (("in", req.inputs), ("out", req.outputs)):
-            for t in group:
-                key = f"{i}/{part}/{t.name}"
-                if t.datatype == "BYTES" or t.data.dtype.kind in "OSU":
-                    arrays[key + ".bytes"], arrays[key + ".lengths"] = _pack_bytes(t.data)
-                elif t.datatype == "BF16":  # .npy has no bfloat16: its bits, as uint16
-                    arrays[key] = np.ascontiguousarray(t.data).view(np.uint16)
-                else:
-                    arrays[key] = np.ascontiguousarray(t.data)
-                tensors.append({"part": part, "name": t.name, "datatype": t.datatype})
+    for req in requests:
+        tensors = [("in", t) for t in req.inputs] + [("out", t) for t in req.outputs]
+        same = (
+            req.model,
+            req.version,
+            tuple((part, t.name, t.datatype, t.data.shape[1:]) for part, t in tensors),
+        )
+        members = groups.get(same)
+        if members is None:
+            members = groups[same] = []
+            numbers[same] = len(numbers)
+        members.append(req)
         metas.append(
             {
-                "key": i,
+                "group": numbers[same],
                 "id": req.id,
                 "time": req.time,
                 "model": req.model,
                 "version": req.version,
                 "fingerprint": req.fingerprint,
                 "protocol": req.protocol,
-                "tensors": tensors,
+                "tensors": [
+                    {"part": part, "name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+                    for part, t in tensors
+                ],
             }
         )
-    arrays[META] = np.frombuffer(json.dumps(metas).encode(), np.uint8)
+    arrays: dict[str, np.ndarray] = {}
+    for g, members in enumerate(groups.values()):
+        first = members[0]
+        for part, group_tensors in (("in", "inputs"), ("out", "outputs")):
+            for n, t in enumerate(getattr(first, group_tensors)):
+                key = f"{g}/{part}/{t.name}"
+                parts = [_rows(getattr(r, group_tensors)[n].data) for r in members]
+                data = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                if t.datatype == "BYTES" or data.dtype.kind in "OSU":
+                    arrays[key + ".bytes"], arrays[key + ".lengths"] = _pack_bytes(data)
+                elif t.datatype == "BF16":  # .npy has no bfloat16: its bits, as uint16
+                    arrays[key] = np.ascontiguousarray(data).view(np.uint16)
+                else:
+                    arrays[key] = np.ascontiguousarray(data)
+    arrays[META] = np.frombuffer(orjson.dumps(metas), np.uint8)
     return arrays, metas
+
+
+def _rows(data: np.ndarray) -> np.ndarray:
+    return data.reshape(1) if data.ndim == 0 else data
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> memoryview:
@@ -143,6 +176,8 @@ def read_shard(path: Path | IO[bytes], name: str = "") -> Iterator[Captured]:
     name = name or (path.name if isinstance(path, Path) else "")
     with np.load(path, allow_pickle=False) as npz:
         metas = json.loads(npz[META].tobytes())
+        columns: dict[str, np.ndarray] = {}
+        offsets: dict[str, int] = {}  # array -> rows taken by earlier requests of its group
         for meta in metas:
             row = Captured(
                 meta["id"],
@@ -154,16 +189,26 @@ def read_shard(path: Path | IO[bytes], name: str = "") -> Iterator[Captured]:
                 name,
             )
             for t in meta["tensors"]:
-                key = f"{meta['key']}/{t['part']}/{t['name']}"
-                if t["datatype"] == "BYTES":
-                    data = _unpack_bytes(npz[key + ".bytes"], npz[key + ".lengths"])
-                elif t["datatype"] == "BF16":
-                    data = npz[key].view(BF16)
-                else:
-                    data = npz[key]
+                key = f"{meta['group']}/{t['part']}/{t['name']}"
+                column = columns.get(key)
+                if column is None:
+                    column = columns[key] = _column(npz, key, t["datatype"])
+                shape = tuple(t["shape"])
+                start = offsets.get(key, 0)
+                rows = shape[0] if shape else 1
+                offsets[key] = start + rows
+                data = column[start : start + rows].reshape(shape)
                 (row.inputs if t["part"] == "in" else row.outputs)[t["name"]] = data
                 row.datatypes[t["name"]] = t["datatype"]
             yield row
+
+
+def _column(npz: Any, key: str, datatype: str) -> np.ndarray:
+    if datatype == "BYTES":
+        return _unpack_bytes(npz[key + ".bytes"], npz[key + ".lengths"])
+    if datatype == "BF16":
+        return np.asarray(npz[key].view(BF16))
+    return np.asarray(npz[key])
 
 
 def read_index(directory: Path) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+import orjson
+
 from inferd.monitoring.capture_files import (
     CapturedRequest,
     shard_arrays,
@@ -219,8 +221,8 @@ class CaptureWriter(CaptureQueue):
         arrays, metas = shard_arrays(requests)
         self.directory.mkdir(parents=True, exist_ok=True)
         write_shard(self.directory / name, arrays)
-        lines = "".join(json.dumps({**m, "shard": name}) + "\n" for m in metas)
-        with open(self._index, "a", encoding="utf-8") as f:
+        lines = b"".join(orjson.dumps({**m, "shard": name}) + b"\n" for m in metas)
+        with open(self._index, "ab") as f:
             f.write(lines)
         try:
             self._keep_bound()

@@ -98,3 +98,22 @@ def test_class_outputs(datatype: str, data: np.ndarray, batched: bool, expected:
     classes, problem = predicted_classes(Tensor("o", datatype, data.shape, data), batched)
     assert classes == expected
     assert bool(problem) == (expected is None)
+
+
+def test_a_group_of_alike_requests_is_one_array_per_tensor(tmp_path: Path) -> None:
+    """Rows = samples: alike requests' tensors concatenated, others in groups of their own,
+    and each request's own rows loaded back."""
+    rng = np.random.default_rng(1)
+    xs = [rng.normal(size=(rows, 4)).astype(np.float32) for rows in (1, 3, 2)]
+    wide = rng.normal(size=(2, 6)).astype(np.float32)  # other dims past the first
+    requests = [_request(i, [Tensor("x", "FP32", x.shape, x)]) for i, x in enumerate(xs)]
+    requests.insert(1, _request(7, [Tensor("x", "FP32", wide.shape, wide)]))
+    arrays, metas = shard_arrays(requests)
+    assert [m["group"] for m in metas] == [0, 1, 0, 0]
+    np.testing.assert_array_equal(arrays["0/in/x"], np.concatenate(xs))
+    np.testing.assert_array_equal(arrays["1/in/x"], wide)
+    write_shard(tmp_path / "capture-1.npz", arrays)
+    rows = {r.id: r for r in read_shard(tmp_path / "capture-1.npz")}
+    for i, x in enumerate(xs):
+        np.testing.assert_array_equal(rows[f"r{i}"].inputs["x"], x)
+    np.testing.assert_array_equal(rows["r7"].inputs["x"], wide)
