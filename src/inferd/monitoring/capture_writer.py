@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import orjson
@@ -37,6 +37,7 @@ log = logging.getLogger("inferd.capture")
 QUEUE_ITEMS = 4096
 QUEUE_BYTES = 256 * 1024 * 1024
 FLUSH_AFTER_S = 2.0  # a shard not yet full is written once its oldest capture is this old
+POLL_S = 0.25  # how often the writer looks at the queue when nobody wakes it
 WARN_EVERY_S = 60.0
 
 
@@ -81,9 +82,13 @@ class CaptureQueue:
         self.drops = drops
         self.batch_bytes = batch_bytes
         self.max_item_bytes = max_item_bytes  # None: no single capture is too large
-        self._queue: queue.Queue[CapturedRequest | _Flush | None] = queue.Queue(queue_items)
-        self._queued_bytes = 0
-        self._bytes_lock = threading.Lock()
+        self.queue_items = queue_items
+        # A deque, not a queue.Queue: an append wakes no thread (the writer polls, or is
+        # woken once a batch is full), so the loop pays no handoff per capture.
+        self._items: deque[CapturedRequest | _Flush | None] = deque()
+        self._queued = (0, 0)  # (captures, bytes) offered and not yet taken
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
         self._warned_at = -WARN_EVERY_S
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
@@ -91,80 +96,82 @@ class CaptureQueue:
         self._thread.start()
 
     def store(self, requests: list[CapturedRequest]) -> None:
-        """Store one batch, on the thread; an OSError drops it (counted, logged)."""
+        """Store one batch, on the thread; an exception drops it (counted, logged)."""
         raise NotImplementedError
 
     # -- the event loop's side -----------------------------------------------------------
 
     def offer(self, request: CapturedRequest) -> None:
         """Queue a capture, never waiting: dropped and counted when the writer is behind."""
-        if self.max_item_bytes is not None and request.nbytes > self.max_item_bytes:
+        nbytes = request.nbytes
+        if self.max_item_bytes is not None and nbytes > self.max_item_bytes:
             self.drops.add(request.model, "too_large")
             return
-        with self._bytes_lock:
-            if self._queued_bytes + request.nbytes > QUEUE_BYTES:
-                full = True
-            else:
-                full = False
-                self._queued_bytes += request.nbytes
-        if not full:
-            try:
-                self._queue.put_nowait(request)
-                return
-            except queue.Full:
-                self._taken(request.nbytes)
-        self.drops.add(request.model, "queue_full")
+        with self._lock:
+            items, queued_bytes = self._queued
+            full = items >= self.queue_items or queued_bytes + nbytes > QUEUE_BYTES
+            if not full:
+                self._queued = (items + 1, queued_bytes + nbytes)
+        if full:
+            self.drops.add(request.model, "queue_full")
+            return
+        self._items.append(request)
+        if queued_bytes + nbytes >= self.batch_bytes:
+            self._wake.set()
 
     # -- any thread -----------------------------------------------------------------------
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait (never on the event loop) until what was offered so far is stored."""
         marker = _Flush()
-        self._queue.put(marker, timeout=timeout_s)
+        self._items.append(marker)
+        self._wake.set()
         return marker.done.wait(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Store what is pending and stop the thread."""
         if self._thread.is_alive():
-            try:
-                self._queue.put(None, timeout=timeout_s)
-            except queue.Full:
-                log.warning("capture writer is stuck: its pending captures are lost")
-                return
+            self._items.append(None)
+            self._wake.set()
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("capture writer is stuck: its pending captures are lost")
 
     # -- the thread -----------------------------------------------------------------------
 
     def _taken(self, nbytes: int) -> None:
-        with self._bytes_lock:
-            self._queued_bytes -= nbytes
+        with self._lock:
+            items, queued_bytes = self._queued
+            self._queued = (items - 1, queued_bytes - nbytes)
 
     def _run(self) -> None:
         pending: list[CapturedRequest] = []
         pending_bytes = 0
         oldest = 0.0
         while True:
-            wait = None if not pending else max(0.0, oldest + FLUSH_AFTER_S - time.monotonic())
-            try:
-                item = self._queue.get(timeout=wait)
-            except queue.Empty:
-                item = _Flush()  # the oldest pending capture has waited long enough
-            if isinstance(item, CapturedRequest):
-                self._taken(item.nbytes)
-                item.fingerprint = input_fingerprint(item.inputs)
-                if not pending:
-                    oldest = time.monotonic()
-                pending.append(item)
-                pending_bytes += item.nbytes
-                if pending_bytes < self.batch_bytes:
-                    continue
-            if pending:
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+            while self._items:
+                item = self._items.popleft()
+                if isinstance(item, CapturedRequest):
+                    self._taken(item.nbytes)
+                    item.fingerprint = input_fingerprint(item.inputs)
+                    if not pending:
+                        oldest = time.monotonic()
+                    pending.append(item)
+                    pending_bytes += item.nbytes
+                    if pending_bytes < self.batch_bytes:
+                        continue
+                if pending:
+                    self._store(pending)
+                    pending, pending_bytes = [], 0
+                if item is None:
+                    return
+                if isinstance(item, _Flush):
+                    item.done.set()
+            if pending and time.monotonic() - oldest >= FLUSH_AFTER_S:
                 self._store(pending)
                 pending, pending_bytes = [], 0
-            if isinstance(item, _Flush):
-                item.done.set()
-            elif item is None:
-                return
 
     def _store(self, requests: list[CapturedRequest]) -> None:
         try:
