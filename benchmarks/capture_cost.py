@@ -8,7 +8,9 @@
    `capture_sample_rate` 0, 1 with no `--capture-dir` (id + predicted classes kept for
    feedback), and 1 with `--capture-dir` (also offered to the writer's queue; the writer
    thread runs meanwhile, on the same cores).
-2. End to end: sequential v2 JSON requests from one client to three copies of the model in
+2. The writer thread's CPU per capture (fingerprint, the shard's arrays and file, the index
+   line), on a batch of 2,000 of those requests.
+3. End to end: sequential v2 JSON requests from one client to three copies of the model in
    one server with `--capture-dir`, at rates 0, 0.01 and 1, in rounds that alternate
    between them so a change in the machine's load hits all three; the median over rounds
    of the mean time per request (wall, and CPU of the whole process: client, server and
@@ -33,7 +35,10 @@ from tests.servers import run_server  # noqa: E402
 
 from inferd.events import CallContext, RequestRecord  # noqa: E402
 from inferd.monitoring.capture import Capture  # noqa: E402
+from inferd.monitoring.capture_files import CapturedRequest  # noqa: E402
 from inferd.monitoring.capture_options import CaptureSettings  # noqa: E402
+from inferd.monitoring.capture_writer import CaptureWriter, DropCounts  # noqa: E402
+from inferd.request_log import input_fingerprint  # noqa: E402
 from inferd.types import InferRequest, InferResponse, Tensor  # noqa: E402
 
 RATES = {"r0": 0, "r001": 0.01, "r1": 1}
@@ -49,6 +54,27 @@ def observe_us(capture: Capture, model: str, calls: int) -> float:
     for _ in range(calls):
         capture.observe(record, InferResponse(model, "1", [y, cls]))
     return (time.thread_time() - started) / calls * 1e6
+
+
+def writer_us(directory: Path, captures: int) -> float:
+    """The writer thread's CPU per capture: fingerprint, shard, index line (one batch)."""
+    x = np.ones((8, 4), np.float32)
+    outputs = [
+        Tensor("y", "FP32", (8, 4), x),
+        Tensor("cls", "INT64", (8, 1), np.zeros((8, 1), np.int64)),
+    ]
+    batch = [
+        CapturedRequest(
+            f"w{i}", time.time(), "r1", "1", "http", [Tensor("x", "FP32", (8, 4), x)], outputs, 320
+        )
+        for i in range(captures)
+    ]
+    writer = CaptureWriter(CaptureSettings(directory, max_bytes=64 * 1024 * 1024), DropCounts())
+    started = time.thread_time()
+    for request in batch:
+        request.fingerprint = input_fingerprint(request.inputs)
+    writer.store(batch)
+    return (time.thread_time() - started) / captures * 1e6
 
 
 def main() -> None:
@@ -77,9 +103,11 @@ def main() -> None:
                 micro["rate 1, --capture-dir"].append(observe_us(writing, "r1", args.calls))
                 writing.flush()
             writing.close()
-            print("Capture.observe, µs per call (median of rounds):")
+            print("Capture.observe (the event loop's share), CPU µs per call (median of rounds):")
             for label, values in micro.items():
                 print(f"  {label:<24} {statistics.median(values):7.2f}")
+            stores = [writer_us(Path(tmp) / f"w{i}", 2000) for i in range(args.rounds)]
+            print(f"The writer thread, CPU µs per capture: {statistics.median(stores):.1f}")
             doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [8, 4], "data": [1] * 32}]}
             e2e: dict[str, list[float]] = {name: [] for name in RATES}
             cpu: dict[str, list[float]] = {name: [] for name in RATES}
