@@ -1,15 +1,19 @@
 """Sampled capture (docs/capture.md): what a client sent and got back, loaded back from the
 shards equal, over JSON, binary HTTP and gRPC; the size bound removes the oldest shards; a
 directory that cannot be written drops and counts every capture while every request still
-succeeds; a model that samples nothing captures nothing and adds no id."""
+succeeds; a model that samples nothing captures nothing and adds no id; an input in shared
+memory is captured as it was when served."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
 
 from inferd.monitoring.capture_files import load_capture, read_index, shards
 from inferd.monitoring.capture_options import CaptureSettings
@@ -142,3 +146,35 @@ def test_an_unwritable_directory_drops_and_counts_and_every_request_succeeds(
     assert value(samples, "inferd_captured_total", model="all", version="1") == 12
     dropped = value(samples, "inferd_capture_dropped_total", model="all", reason="write_error")
     assert dropped == 12
+
+
+def test_an_input_in_shared_memory_is_captured_as_it_was_when_served(
+    captured: RunningServer,
+) -> None:
+    """The client may reuse its region once answered: the capture holds a copy, and an
+    output placed in shared memory (the response carries no data for it) is left out."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    key = f"/inferd_capture_{uuid.uuid4().hex[:12]}"
+    region = shm.create_shared_memory_region(key.lstrip("/"), key, 2 * x.nbytes)
+    client = grpcclient.InferenceServerClient(captured.grpc_address)
+    try:
+        shm.set_shared_memory_region(region, [x])
+        client.register_system_shared_memory("cap", key, 2 * x.nbytes)
+        inp = grpcclient.InferInput("x", [2, 4], "FP32")
+        inp.set_shared_memory("cap", x.nbytes)
+        y = grpcclient.InferRequestedOutput("y")
+        y.set_shared_memory("cap", x.nbytes, offset=x.nbytes)
+        cls = grpcclient.InferRequestedOutput("cls")
+        result = client.infer("all", [inp], outputs=[y, cls], request_id="in-shm")
+        shm.set_shared_memory_region(region, [np.full_like(x, -1)])  # reused at once
+        client.unregister_system_shared_memory("cap")
+    finally:
+        client.close()
+        shm.destroy_shared_memory_region(region)
+    assert captured.server.capture.flush()
+    directory = captured.server.settings.capture.directory
+    assert directory is not None
+    row = next(r for r in load_capture(directory, model="all") if r.id == "in-shm")
+    np.testing.assert_array_equal(row.inputs["x"], x)
+    assert set(row.outputs) == {"cls"}
+    np.testing.assert_array_equal(row.outputs["cls"], result.as_numpy("cls"))

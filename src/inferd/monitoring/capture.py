@@ -33,10 +33,11 @@ from inferd.monitoring.capture_options import CaptureSettings
 from inferd.monitoring.capture_redis import RedisCaptureWriter
 from inferd.monitoring.capture_writer import CaptureQueue, CaptureWriter, DropCounts
 from inferd.monitoring.feedback import FeedbackIndex
-from inferd.types import InferResponse, Tensor
+from inferd.types import InferRequest, InferResponse, Tensor
 
 if TYPE_CHECKING:
     from inferd.events import RequestRecord
+    from inferd.repository.model_state import ModelVersion
     from inferd.repository.registry import ModelRegistry
 
 log = logging.getLogger("inferd.routing")
@@ -62,6 +63,7 @@ class Capture:
         # then a counter (cheaper than a uuid per sampled request).
         self._id_prefix = secrets.token_hex(8)
         self._ids = itertools.count(1)
+        self._logged_at = -60.0
 
     def start(self) -> None:
         for writer in self.writers:
@@ -83,6 +85,22 @@ class Capture:
         request = record.request
         if request is None:
             return
+        try:
+            self._capture(mv, record, request, response)
+        except Exception:  # a bug here must cost the capture, never the request
+            self.drops.add(mv.name, "internal")
+            now = time.monotonic()
+            if now - self._logged_at >= 60:
+                self._logged_at = now
+                log.exception("capture of a request of model %s failed: dropped", mv.name)
+
+    def _capture(
+        self,
+        mv: ModelVersion,
+        record: RequestRecord,
+        request: InferRequest,
+        response: InferResponse,
+    ) -> None:
         request_id = request.id or f"{self._id_prefix}{next(self._ids):x}"
         response.id = record.request_id = request_id
         key = (mv.name, mv.version)

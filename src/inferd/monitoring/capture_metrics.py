@@ -32,7 +32,7 @@ class CaptureCollector(Collector):
         dropped = CounterMetricFamily(
             "inferd_capture_dropped",
             "Sampled requests not stored, by reason: queue_full, write_error, too_large, "
-            "redis_error.",
+            "redis_error, internal.",
             labels=("model", "reason"),
         )
         for labels, count in sorted(capture.drops.snapshot().items()):

@@ -68,6 +68,8 @@ class FeedbackIndex:
         classes: list[int] | list[str] | None = None
         if output is None:
             problem = f"the request did not ask for output '{name}', which feedback judges"
+        elif output.shared_memory is not None:
+            problem = f"the request placed output '{name}' in shared memory, out of reach"
         else:
             classes, problem = predicted_classes(output, mv.signature.is_batched)
         labels = mv.signature.labels.get(name, ())
@@ -145,6 +147,8 @@ class FeedbackIndex:
 def predicted_classes(output: Tensor, batched: bool) -> tuple[list[int] | list[str] | None, str]:
     """The class of each row of a class output, or (None, why it is not one)."""
     data = output.data
+    if data.size == 0:
+        return None, f"output '{output.name}' has no values"
     rows = data.reshape(data.shape[0] if batched and data.ndim else 1, -1)
     width = rows.shape[1]
     kind = data.dtype.kind

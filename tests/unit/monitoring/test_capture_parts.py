@@ -92,6 +92,7 @@ def test_the_accuracy_window_holds_the_last_rows() -> None:
         ("BYTES", np.array([[b"cat"], [b"dog"]], object), True, ["cat", "dog"]),
         ("FP32", np.array([[0.5], [0.1]], np.float32), True, None),  # one score per row
         ("INT64", np.array([[1, 2]], np.int64), True, None),
+        ("FP32", np.zeros((0, 4), np.float32), True, None),
     ],
 )
 def test_class_outputs(datatype: str, data: np.ndarray, batched: bool, expected: object) -> None:
