@@ -155,7 +155,6 @@ class CaptureQueue:
                 item = self._items.popleft()
                 if isinstance(item, CapturedRequest):
                     self._taken(item.nbytes)
-                    item.fingerprint = input_fingerprint(item.inputs)
                     if not pending:
                         oldest = time.monotonic()
                     pending.append(item)
@@ -175,6 +174,8 @@ class CaptureQueue:
 
     def _store(self, requests: list[CapturedRequest]) -> None:
         try:
+            for r in requests:
+                r.fingerprint = input_fingerprint(r.inputs)
             self.store(requests)
         except Exception as exc:  # a full disk, a lost connection: never the thread's end
             for r in requests:
