@@ -252,3 +252,16 @@ def test_past_the_bound_the_oldest_predictions_are_forgotten(server: RunningServ
         feedback.max_pending = saved
     assert oldest.status_code == 404 and "3 newer" in oldest.json()["error"]
     assert newest.status_code == 200
+
+
+def test_feedback_needs_the_inference_credential(tmp_path: Path) -> None:
+    """A data-plane call: a credential on the `inference` API group guards it as infer."""
+    write_signed_model(tmp_path, "m", extra=parameters(capture_sample_rate=1))
+    restricted = ("inference:infer-key=s3cret",)
+    with run_server(tmp_path, http_restricted_api=restricted) as running, running.client() as http:
+        refused = _feedback(http, "m", {"id": "x", "label": 0})
+        allowed = http.post(
+            "/v2/models/m/feedback", json={"id": "x", "label": 0}, headers={"infer-key": "s3cret"}
+        )
+    assert refused.status_code == 401, refused.text
+    assert allowed.status_code == 404  # through the gate: the id is unknown
