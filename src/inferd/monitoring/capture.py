@@ -8,9 +8,10 @@ else. A sampled request:
   hex; the response carries it, so a client can send feedback), and keeps its own otherwise;
 - leaves its predicted classes in the feedback index (feedback.py), with or without
   `--capture-dir`;
-- with `--capture-dir`, is offered to the writer's bounded queue (capture_writer.py), which
-  writes it to disk on its own thread. Nothing is copied on the event loop except inputs
-  in shared memory, which the client may overwrite once answered.
+- with `--capture-dir` (and/or `--capture-redis`), is offered to each writer's bounded
+  queue (capture_writer.py, capture_redis.py), which stores it on its own thread. Nothing
+  is copied on the event loop except inputs in shared memory, which the client may
+  overwrite once answered.
 
 Nothing here can fail a request: a capture that cannot be kept is dropped and counted.
 """
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     from inferd.repository.model_state import ModelVersion
     from inferd.repository.registry import ModelRegistry
 
-log = logging.getLogger("inferd.routing")
+log = logging.getLogger("inferd.capture")
+routing_log = logging.getLogger("inferd.routing")  # rollbacks log where the guard's do
 
 
 class Capture:
@@ -165,7 +167,7 @@ class Capture:
                 continue
             router.guard_rollback(version)
             assert canary is not None and base is not None
-            log.warning(
+            routing_log.warning(
                 "automatic rollback: model %s version %s weight -> 0 (online accuracy %.1f%% "
                 "vs stable v%s %.1f%%, margin %.1f points)",
                 name,

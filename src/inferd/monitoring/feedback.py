@@ -2,7 +2,7 @@
 
 Every captured request (capture.py: sampled at the model's `capture_sample_rate`, with or
 without `--capture-dir`) leaves its predicted classes here, by request id, for at most
-`feedback_ttl_s` and among at most `MAX_PENDING` per model (the oldest are forgotten
+`feedback_ttl_s` and among at most `max_pending` per model (the oldest are forgotten
 first). `POST /v2/models/{m}/feedback {"id": ..., "label": ...}` joins a label to them: each
 row right or wrong goes into the serving version's accuracy window. Everything runs on the
 event loop: no lock; scrapes read the counts through snapshots.
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from inferd.repository.model_state import ModelVersion
 
 MAX_PENDING = 50_000  # predictions per model waiting for a label
-OUTCOMES = ("joined", "unknown_id", "expired", "duplicate", "invalid")
 
 
 @dataclass(slots=True)
