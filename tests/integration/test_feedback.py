@@ -265,3 +265,17 @@ def test_feedback_needs_the_inference_credential(tmp_path: Path) -> None:
         )
     assert refused.status_code == 401, refused.text
     assert allowed.status_code == 404  # through the gate: the id is unknown
+
+
+def test_a_worker_of_several_refuses_feedback(server: RunningServer) -> None:
+    """With --workers N the answering worker holds the prediction: another may not join it."""
+    capture = server.server.capture
+    with server.client() as http, Client("json", server) as client:
+        answer = client.infer("by_index", np.ones((1, 4), np.float32))
+        capture.single_process = False  # as in a worker of --workers 2
+        try:
+            r = _feedback(http, "by_index", {"id": answer.id, "label": 0})
+        finally:
+            capture.single_process = True
+    assert r.status_code == 400
+    assert "--workers" in r.json()["error"]
