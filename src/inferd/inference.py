@@ -22,6 +22,7 @@ from inferd.errors import ErrorKind, InferdError, shed, unavailable
 from inferd.events import CallContext, RequestRecord, Telemetry
 from inferd.infer_call import InferCall
 from inferd.limits import check_response_size
+from inferd.monitoring.capture import Capture
 from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.admission import scheduling_parameters
@@ -38,6 +39,7 @@ class InferenceSteps:
     registry: ModelRegistry
     telemetry: Telemetry
     shared_memory: SharedMemoryRegistry
+    capture: Capture
     is_shutting_down: bool
     max_inflight: int
     max_response_bytes: int
@@ -87,6 +89,7 @@ class InferenceSteps:
         if self.max_response_bytes:
             size = min_wire_bytes(response.outputs)
             check_response_size(size, self.max_response_bytes, at_least=True)
+        self.capture.observe(call.record, response)  # sampled: by the model's rate
         return response
 
     def _request_over(self) -> None:
