@@ -73,6 +73,15 @@ class ResponseTimes:
     output_ns: int  # checking its outputs against the config
 
 
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One step of an ensemble request (pipelines/ensemble.py): its model and latency."""
+
+    number: int  # 1-based, as the ensemble's config lists it
+    model: str
+    duration_ns: int
+
+
 @dataclass(slots=True)
 class RequestRecord:
     model: str  # "" when the name is not a model of the repository (bounded label values)
@@ -89,6 +98,7 @@ class RequestRecord:
     # the responses the model sent that never reached the client (it had gone).
     responses: list[ResponseTimes] | None = None
     dropped: int = 0
+    steps: list[StepTiming] | None = None  # an ensemble's request: its steps, as they ended
 
     @property
     def is_success(self) -> bool:
