@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,17 +38,26 @@ def server(root: Path) -> Iterator[RunningServer]:
         yield running
 
 
-def _client(protocol: str, server: RunningServer) -> httpclient.InferenceServerClient:
-    if protocol == "http":
-        return httpclient.InferenceServerClient(server.url.removeprefix("http://"))
-    return grpcclient.InferenceServerClient(server.grpc_address)
+@contextlib.contextmanager
+def _client(protocol: str, server: RunningServer) -> Iterator[Any]:
+    """tritonclient's client for `protocol`, closed after use."""
+    client: Any = (
+        httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        if protocol == "http"
+        else grpcclient.InferenceServerClient(server.grpc_address)
+    )
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 def _infer(protocol: str, server: RunningServer, model: str, x: np.ndarray) -> np.ndarray:
     module = httpclient if protocol == "http" else grpcclient
     inp = module.InferInput("IN", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
-    result = _client(protocol, server).infer(model, [inp])
+    with _client(protocol, server) as client:
+        result = client.infer(model, [inp])
     out: np.ndarray = result.as_numpy("OUT")
     return out
 
@@ -101,7 +111,8 @@ async def _bad_shape(protocol: str, server: RunningServer) -> tuple[str, str]:
     inp = module.InferInput("IN", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     try:
-        _client(protocol, server).infer("narrow", [inp])
+        with _client(protocol, server) as client:
+            client.infer("narrow", [inp])
     except Exception as exc:  # tritonclient's InferenceServerException
         status = str(getattr(exc, "status")()).removeprefix("StatusCode.")  # noqa: B009
         return status, str(getattr(exc, "message")())  # noqa: B009
