@@ -176,7 +176,7 @@ def test_a_graph_error_fails_the_load_naming_step_and_tensor(
 
 def _state(server: RunningServer, name: str) -> tuple[str, str]:
     rows = httpx.post(f"{server.url}/v2/repository/index").json()
-    row = next((r for r in rows if r["name"] == name), {})
+    row: dict[str, str] = next((r for r in rows if r["name"] == name), {})
     return row.get("state", ""), row.get("reason", "")
 
 
