@@ -147,7 +147,7 @@ class InferenceSteps:
             if mv.ensemble is not None:  # its steps go through their models' schedulers
                 record.steps = []
                 outputs, times = await mv.ensemble.run(
-                    cast("ModelCalls", self), bound, ctx, timeout_us, record.steps
+                    cast("ModelCalls", self), bound, ctx, priority, timeout_us, record.steps
                 )
             else:
                 assert mv.batcher is not None  # a READY version always has one

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from inferd.pipelines.ensemble import Ensemble
-from tests.async_infer import DEADLINE, FAILED, OK, PROTOCOLS, AsyncInfer
+from tests.async_infer import BAD_REQUEST, DEADLINE, FAILED, OK, PROTOCOLS, AsyncInfer
 from tests.ensemble_models import calls, write_ensemble_models
 from tests.integration.test_metrics import scrape
 from tests.servers import RunningServer, batcher_of, run_server, wait_for
@@ -117,6 +117,23 @@ async def _bad_shape(protocol: str, server: RunningServer) -> tuple[str, str]:
         status = str(getattr(exc, "status")()).removeprefix("StatusCode.")  # noqa: B009
         return status, str(getattr(exc, "message")())  # noqa: B009
     return "OK", ""
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_priority_goes_to_every_step(server: RunningServer, protocol: str) -> None:
+    async def go() -> tuple[list[float], str, str]:
+        async with AsyncInfer(protocol, server) as infer:
+            ok = await infer("chain", 1, priority=1)
+            beyond = await infer("chain", 1, priority=2)  # the steps have one level
+            return ok.data, beyond.status, beyond.message
+
+    data, status, message = asyncio.run(go())
+    assert data == [144.0]
+    assert status == BAD_REQUEST[protocol]
+    assert message == (
+        "ensemble 'chain' step 1 (double): priority 2 is outside 1..1 (priority_levels of "
+        "model 'double')"
+    )
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import CallContext, ExecutionTimes, StepTiming
@@ -40,6 +41,7 @@ class EnsembleRun:
     tensors: dict[str, Array]
     datatypes: dict[str, str]
     steps: list[StepTiming] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)  # each step request's
 
 
 class Ensemble:
@@ -61,11 +63,13 @@ class Ensemble:
         calls: ModelCalls,
         bound: BoundRequest,
         ctx: CallContext,
+        priority: int,
         timeout_us: int,
         steps: list[StepTiming],
     ) -> Outcome:
         """The requested outputs of `bound` (the ensemble's checked request); each step's
-        timing is appended to `steps`."""
+        timing is appended to `steps`. The request's `priority` goes to every step (as
+        Triton's ensembles do): each composing model queues it at that level."""
         started = time.perf_counter_ns()
         deadline = ctx.deadline_ns
         if timeout_us:
@@ -75,6 +79,8 @@ class Ensemble:
         # (its id is the one echoed to the client), so each step's span nests under it.
         parent = replace(ctx, deadline_ns=deadline, traceparent=echo(ctx) or ctx.traceparent)
         run = EnsembleRun(dict(bound.inputs), dict(self.input_datatypes), steps)
+        if priority:
+            run.parameters["priority"] = priority
         needed = self.graph.needed_steps(bound.output_names)
         self._inflight += 1
         self._idle.clear()
@@ -114,6 +120,7 @@ class Ensemble:
             inputs=inputs,
             id=rid,
             outputs=[RequestedOutput(name) for name in step.output_map],
+            parameters=dict(run.parameters) if run.parameters else {},
         )
         started = time.perf_counter_ns()
         try:
