@@ -5,10 +5,12 @@
   `fused`, one Python model doing the same three stages in one `predict` (the same table, the
   same ONNX ranker, the same top-k);
 - `chain3`, an ensemble of three Python models that each copy their input, against `one`, a
-  single model making the three copies: the difference is what the ensemble adds per step, with no work in it.
+  single model making the three copies: what a step costs when the models do no work.
 
 One request at a time, the two of each pair alternating, so the machine's noise hits both;
 per step = (ensemble - the one model) / 3, in wall time (median) and in CPU time (mean).
+And `chain3` against its three models called one after the other by the caller: what the
+ensemble itself adds per step, beyond the steps' own requests.
 
 .venv/bin/python benchmarks/ensemble_overhead.py [rounds]
 """
@@ -34,7 +36,7 @@ from inferd.types import InferRequest, Tensor
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
-FUSED_PY = '''
+FUSED_PY = """
 import numpy as np
 import onnxruntime as ort
 
@@ -62,7 +64,7 @@ class Model(PythonModel):
             "IDS": np.take_along_axis(top.astype(np.int64), best, axis=1),
             "SCORES": np.take_along_axis(ranked, best, axis=1),
         }
-'''
+"""
 
 FUSED_CONFIG = """
 name: "fused"
@@ -158,6 +160,33 @@ async def measure(repo: Path, rounds: int) -> None:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
         await call_model(dataplane, request, CallContext("bench"))
         return time.perf_counter_ns() - start, time.process_time_ns() - cpu
+
+    async def three(x: np.ndarray) -> tuple[int, int]:
+        """copy_a, copy_b, copy_c called one after the other by the caller: chain3's steps
+        without the ensemble around them."""
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for model in ("copy_a", "copy_b", "copy_c"):
+            request = InferRequest(model, "", [Tensor("IN", "FP32", x.shape, x)])
+            x = (await call_model(dataplane, request, CallContext("bench"))).outputs[0].data
+        return time.perf_counter_ns() - start, time.process_time_ns() - cpu
+
+    wall3: list[int] = []
+    chain_wall: list[int] = []
+    cpu3 = chain_cpu = 0
+    for k in range(rounds + 20):
+        w, c = await three(small)
+        cw, cc = await once("chain3", "IN", small)
+        if k >= 20:  # after a warm-up
+            wall3.append(w)
+            chain_wall.append(cw)
+            cpu3 += c
+            chain_cpu += cc
+    m3, mc = statistics.median(wall3) / 1000, statistics.median(chain_wall) / 1000
+    print(
+        f"chain3       wall p50 {mc:8.1f} us, CPU {chain_cpu / rounds / 1000:8.1f} us | 3 calls "
+        f"wall p50 {m3:8.1f} us, CPU {cpu3 / rounds / 1000:8.1f} us | the ensemble itself per "
+        f"step: wall {(mc - m3) / 3:6.1f} us, CPU {(chain_cpu - cpu3) / rounds / 3000:6.1f} us"
+    )
 
     pairs = [("recall_rank", "fused", "USER", users), ("chain3", "one", "IN", small)]
     for ensemble, alone, name, x in pairs:
