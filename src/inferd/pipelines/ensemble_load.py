@@ -82,11 +82,15 @@ class Composing:
 Lookup = Callable[[str, str], Composing]
 
 
+# What keeps an ensemble from serving: a composing model not ready (yet), one that does not
+# exist (or no longer), or a graph that does not fit the composing models' configs.
+WAITING, UNKNOWN, MISMATCH = "waiting", "unknown", "mismatch"
+
+
 def composing_problem(
     graph: EnsembleGraph, config: mc.ModelConfig, lookup: Lookup
-) -> tuple[str, bool]:
-    """("", False) when the ensemble can serve; else (why not, whether it only waits for a
-    composing model to become ready, as opposed to a graph that cannot work)."""
+) -> tuple[str, str]:
+    """("", "") when the ensemble can serve; else (why not, WAITING, UNKNOWN or MISMATCH)."""
     composing: dict[int, mc.ModelConfig] = {}
     for step in graph.steps:
         found = lookup(step.model, step.version)
@@ -95,17 +99,17 @@ def composing_problem(
             return (
                 f"ensemble '{graph.name}' {step.label}: unknown composing model "
                 f"'{step.model}'{version}: {found.reason}",
-                False,
+                UNKNOWN,
             )
         if found.config is None:
             return (
                 f"ensemble '{graph.name}' {step.label}: composing model '{step.model}'"
                 f"{version} is not ready" + (f": {found.reason}" if found.reason else ""),
-                True,
+                WAITING,
             )
         composing[step.number] = found.config
     try:
         check_composing(graph, config, composing)
     except GraphError as exc:
-        return str(exc), False
-    return "", False
+        return str(exc), MISMATCH
+    return "", ""

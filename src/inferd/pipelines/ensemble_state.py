@@ -11,7 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from inferd.pipelines.ensemble_load import Composing, composing_problem, ensemble_runner
+from inferd.pipelines.ensemble_load import (
+    UNKNOWN,
+    WAITING,
+    Composing,
+    composing_problem,
+    ensemble_runner,
+)
 from inferd.repository.model_state import Model, ModelVersion, State
 
 log = logging.getLogger("inferd.repository")
@@ -57,13 +63,19 @@ def start_ensemble(mv: ModelVersion, find: Callable[[str, str], Composing]) -> N
     """Give a freshly loaded ensemble version its runner, and its state."""
     mv.ensemble = ensemble_runner(mv.config, mv.version)
     mv.batcher = mv.ensemble
-    _settle(mv, find)
+    _settle(mv, find, loading=True)
+    # A load that failed stays failed (until the ensemble is loaded again); one that loaded,
+    # READY or waiting, follows its composing models from now on.
+    mv.ensemble.follows = mv.is_ready or bool(mv.waits_for)
 
 
-def _settle(mv: ModelVersion, find: Callable[[str, str], Composing]) -> bool:
-    """Set the version's state from its composing models; whether it changed."""
+def _settle(mv: ModelVersion, find: Callable[[str, str], Composing], loading: bool) -> bool:
+    """Set the version's state from its composing models; whether it changed. A composing
+    model unknown at the ensemble's load fails that load; one that is gone later (deleted
+    from the repository in poll mode) leaves the ensemble waiting for it, like an unload."""
     assert mv.ensemble is not None
-    problem, waiting = composing_problem(mv.ensemble.graph, mv.config, find)
+    problem, kind = composing_problem(mv.ensemble.graph, mv.config, find)
+    waiting = kind == WAITING or (kind == UNKNOWN and not loading)
     before = (mv.state, mv.reason)
     if problem:
         mv.state = State.UNAVAILABLE
@@ -88,10 +100,12 @@ def refresh_ensembles(models: dict[str, Model], find: Callable[[str, str], Compo
         mv
         for model in models.values()
         for mv in model.versions.values()
-        if mv.ensemble is not None and mv.state in (State.READY, State.UNAVAILABLE)
+        if mv.ensemble is not None and mv.ensemble.follows and mv.state is not State.UNLOADING
     ]
     for _ in range(len(versions) + 1):
-        changed = [_settle(mv, find) for mv in versions]  # every one settles, each pass
+        changed = [
+            _settle(mv, find, loading=False) for mv in versions
+        ]  # every one settles, each pass
         if not any(changed):
             return
 
