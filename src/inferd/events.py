@@ -50,6 +50,10 @@ class CallContext:
     start_ns: int = 0  # time.perf_counter_ns() at arrival
     routing_key: str = ""  # makes canary routing sticky (inferd-routing-key header/metadata)
     deadline_ns: int | None = None  # perf_counter_ns by which the client wants its answer
+    # The traceparent was made by the server for a request that carried none (an ensemble's,
+    # so that its steps' spans nest under its own): its span starts the trace, and nothing
+    # is echoed to the client.
+    trace_root: bool = False
 
 
 @dataclass(slots=True)

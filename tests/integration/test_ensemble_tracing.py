@@ -1,9 +1,9 @@
-"""A traced ensemble request: one span per step, each under the ensemble's span."""
+"""A traced ensemble request: one span per step, each under the ensemble's span (the
+client's traceparent's child, or the root of a trace of the server's when it sent none)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,21 +34,24 @@ def collector() -> Iterator[Collector]:
     c.close()
 
 
-def _send(protocol: str, server: RunningServer, traceparent: str) -> None:
+def _send(protocol: str, server: RunningServer, traceparent: str = "") -> str:
+    """The traceparent the response echoed ("": none)."""
+    headers = {"traceparent": traceparent} if traceparent else {}
     if protocol == "http":
         with server.client() as c:
-            headers = {"traceparent": traceparent}
-            assert c.post("/v2/models/chain/infer", json=BODY, headers=headers).status_code == 200
-        return
+            r = c.post("/v2/models/chain/infer", json=BODY, headers=headers)
+            assert r.status_code == 200
+            return r.headers.get("traceparent", "")
     with grpcclient.InferenceServerClient(server.grpc_address) as client:
         inp = grpcclient.InferInput("IN", [1, 1], "FP32")
         inp.set_data_from_numpy(np.full((1, 1), 2.0, np.float32))
-        client.infer("chain", [inp], headers={"traceparent": traceparent})
+        client.infer("chain", [inp], headers=headers)
+        return ""
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_each_step_has_a_span_under_the_ensembles(
-    server: RunningServer, collector: Collector, protocol: str, tmp_path: Path
+    server: RunningServer, collector: Collector, protocol: str
 ) -> None:
     trace_id = ("a1" if protocol == "http" else "b2") * 16
     sink = TraceSink(collector.endpoint)
@@ -58,7 +61,27 @@ def test_each_step_has_a_span_under_the_ensembles(
             assert sink.force_flush()
     finally:
         sink.shutdown()
-    spans = [s for s in collector.spans() if s.trace_id.hex() == trace_id]
+    _check_tree(collector.spans(), trace_id, PARENT_ID)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_without_a_traceparent_the_ensembles_span_is_the_root(
+    server: RunningServer, collector: Collector, protocol: str
+) -> None:
+    sink = TraceSink(collector.endpoint)
+    try:
+        with added(server, sink):
+            assert _send(protocol, server) == ""  # nothing echoed: the client sent none
+            assert sink.force_flush()
+    finally:
+        sink.shutdown()
+    [ensemble] = [s for s in collector.spans() if s.name == "inferd.infer chain"]
+    assert not ensemble.parent_span_id
+    _check_tree(collector.spans(), ensemble.trace_id.hex(), "")
+
+
+def _check_tree(spans: list[Any], trace_id: str, parent_id: str) -> None:
+    spans = [s for s in spans if s.trace_id.hex() == trace_id]
     servers: dict[str, Any] = {s.name: s for s in spans if s.name.startswith("inferd.infer")}
     assert set(servers) == {
         "inferd.infer chain",
@@ -67,7 +90,7 @@ def test_each_step_has_a_span_under_the_ensembles(
         "inferd.infer square",
     }
     ensemble = servers["inferd.infer chain"]
-    assert ensemble.parent_span_id.hex() == PARENT_ID
+    assert ensemble.parent_span_id.hex() == parent_id
     for name in ("double", "add_ten", "square"):
         step = servers[f"inferd.infer {name}"]
         assert step.parent_span_id == ensemble.span_id, f"{name}'s span is not under the ensemble's"

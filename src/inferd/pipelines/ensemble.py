@@ -26,7 +26,7 @@ from inferd.pipelines.ensemble_config import EnsembleGraph, Step
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import Outcome
 from inferd.signature import BoundRequest
-from inferd.tracing import echo
+from inferd.tracing import span_header, start_trace
 from inferd.types import Array, InferRequest, RequestedOutput, Tensor
 
 # A step's NOT_FOUND (its model was unloaded a moment ago) is the ensemble's UNAVAILABLE:
@@ -79,8 +79,10 @@ class Ensemble:
             own = started + timeout_us * 1000
             deadline = own if deadline is None else min(deadline, own)
         # The steps' context: the ensemble's deadline; as trace parent the ensemble's span
-        # (its id is the one echoed to the client), so each step's span nests under it.
-        parent = replace(ctx, deadline_ns=deadline, traceparent=echo(ctx) or ctx.traceparent)
+        # (a request without a traceparent gets one of the server's: its span is the root),
+        # so each step's span nests under it.
+        start_trace(ctx)
+        parent = replace(ctx, deadline_ns=deadline, traceparent=span_header(ctx), trace_root=False)
         run = EnsembleRun(dict(bound.inputs), dict(self.input_datatypes), steps)
         if priority:
             run.parameters["priority"] = priority
