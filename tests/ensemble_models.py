@@ -64,7 +64,7 @@ backend: "python"
 max_batch_size: 64
 input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ {dims} ] }} ]
 output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ {dims} ] }} ]
-dynamic_batching {{ }}
+dynamic_batching {{ {batching} }}
 """
 
 ADD_CONFIG = """
@@ -86,6 +86,7 @@ def write_op(
     records: Path,
     gates: Path | None = None,
     dims: str = "-1",
+    batching: str = "",
     **extra: object,
 ) -> None:
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
@@ -94,7 +95,9 @@ def write_op(
         params += param("gate_path", gates / name)
     for key, value in extra.items():
         params += param(key, value)
-    (repo / name / "config.pbtxt").write_text(OP_CONFIG.format(name=name, dims=dims) + params)
+    (repo / name / "config.pbtxt").write_text(
+        OP_CONFIG.format(name=name, dims=dims, batching=batching) + params
+    )
     (repo / name / "1" / "model.py").write_text(OP_PY)
 
 
@@ -179,6 +182,10 @@ def write_ensemble_models(root: Path) -> None:
             write_op(repo, f"last_{tag}", "square", records)
             models = [f"first_{tag}", f"held_{tag}", f"last_{tag}"]
             write_ensemble(repo, f"pipe_{tag}", chain(f"pipe_{tag}", models))
+        # A gated step whose queue holds one request: the ensemble's request is shed.
+        queue = "default_queue_policy { max_queue_size: 1 }"
+        write_op(repo, f"busy_{protocol}", "double", records, gates, batching=queue)
+        write_ensemble(repo, f"shed_{protocol}", chain(f"shed_{protocol}", [f"busy_{protocol}"]))
 
 
 def calls(root: Path, model: str) -> list[list[float]]:

@@ -19,10 +19,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from inferd.pipelines.ensemble import Ensemble
-from tests.async_infer import BAD_REQUEST, DEADLINE, FAILED, OK, PROTOCOLS, AsyncInfer
+from tests.async_infer import BAD_REQUEST, DEADLINE, FAILED, OK, PROTOCOLS, SHED, AsyncInfer
 from tests.ensemble_models import calls, write_ensemble_models
 from tests.integration.test_metrics import scrape
-from tests.servers import RunningServer, batcher_of, run_server, wait_for
+from tests.servers import RunningServer, batcher_of, run_server, until, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +117,34 @@ async def _bad_shape(protocol: str, server: RunningServer) -> tuple[str, str]:
         status = str(getattr(exc, "status")()).removeprefix("StatusCode.")  # noqa: B009
         return status, str(getattr(exc, "message")())  # noqa: B009
     return "OK", ""
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_step_that_sheds_answers_429_naming_it(
+    server: RunningServer, root: Path, protocol: str
+) -> None:
+    busy = batcher_of(server, f"busy_{protocol}")
+    gate = root / "gates" / f"busy_{protocol}"
+
+    async def go() -> tuple[str, str]:
+        async with AsyncInfer(protocol, server) as infer:
+            running = asyncio.create_task(infer(f"busy_{protocol}", 1))
+            await until(busy, lambda b: b.inflight() == 1 and not b.queue_depth(), "1 runs")
+            queued = asyncio.create_task(infer(f"busy_{protocol}", 2))
+            await until(busy, lambda b: b.queue_depth() == 1, "2 queued")
+            shed = await infer(f"shed_{protocol}", 3)
+            gate.unlink()
+            assert [(await t).status for t in (running, queued)] == [OK[protocol]] * 2
+            return shed.status, shed.message
+
+    gate.touch()
+    try:
+        status, message = asyncio.run(go())
+    finally:
+        gate.unlink(missing_ok=True)
+    assert status == SHED[protocol]
+    assert message.startswith(f"ensemble 'shed_{protocol}' step 1 (busy_{protocol}): ")
+    assert "queue is full" in message
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
