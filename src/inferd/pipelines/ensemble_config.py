@@ -110,6 +110,8 @@ def parse_graph(config: mc.ModelConfig, where: str) -> EnsembleGraph:
     for number, raw in enumerate(config.ensemble_scheduling.step, start=1):
         if not raw.model_name:
             raise GraphError(f"{prefix} step {number}: model_name is not set")
+        if raw.model_name == name:
+            raise GraphError(f"{prefix} step {number}: an ensemble cannot be its own step")
         if raw.model_namespace:
             raise GraphError(f"{prefix} step {number}: model_namespace: not implemented")
         if raw.model_version < -1 or raw.model_version == 0:
@@ -226,6 +228,16 @@ def check_composing(
     }
     for step in graph.steps:
         config = composing[step.number]
+        if config.model_transaction_policy.decoupled:
+            raise GraphError(
+                f"{prefix} {step.label}: model '{step.model}' is decoupled; an ensemble's "
+                "step takes one response (decoupled steps are not implemented)"
+            )
+        if config.HasField("sequence_batching"):
+            raise GraphError(
+                f"{prefix} {step.label}: model '{step.model}' is a sequence model; passing "
+                "sequence ids through an ensemble is not implemented"
+            )
         if ensemble.max_batch_size > 0 and config.max_batch_size < ensemble.max_batch_size:
             raise GraphError(
                 f"{prefix} {step.label}: the ensemble's max_batch_size "

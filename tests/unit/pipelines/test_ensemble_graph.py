@@ -81,3 +81,25 @@ def test_a_required_input_left_unmapped_is_named() -> None:
     graph = parse_graph(_config(text), "e/config.pbtxt")
     with pytest.raises(GraphError, match=r"step 1 \(join\): model 'join''s input 'B' is not"):
         check_composing(graph, _config(text), {1: join})
+
+
+def test_an_ensemble_is_not_its_own_step() -> None:
+    text = ensemble_config("e", [step("e", {"IN": "IN"}, {"OUT": "OUT"})])
+    with pytest.raises(GraphError, match=r"step 1: an ensemble cannot be its own step"):
+        parse_graph(_config(text), "e/config.pbtxt")
+
+
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        ("model_transaction_policy { decoupled: true }", "is decoupled"),
+        ("sequence_batching { }", "is a sequence model"),
+    ],
+)
+def test_steps_that_need_more_than_one_request_are_refused(extra: str, refusal: str) -> None:
+    text = ensemble_config("e", [step("m", {"IN": "IN"}, {"OUT": "OUT"})])
+    composing = _op("m")
+    text_format.Parse(extra, composing)
+    graph = parse_graph(_config(text), "e/config.pbtxt")
+    with pytest.raises(GraphError, match=rf"step 1 \(m\): model 'm' {refusal}"):
+        check_composing(graph, _config(text), {1: composing})
