@@ -172,6 +172,12 @@ def write_ensemble_models(root: Path) -> None:
         step("add", {"A": "a", "B": "b"}, {"OUT": "OUT"}),
     ]
     write_ensemble(repo, "diamond", ensemble_config("diamond", diamond))
+    branch_fails = [
+        step("double", {"IN": "IN"}, {"OUT": "a"}),
+        step("unlucky", {"IN": "IN"}, {"OUT": "b"}),
+        step("add", {"A": "a", "B": "b"}, {"OUT": "OUT"}),
+    ]
+    write_ensemble(repo, "diamond_fails", ensemble_config("diamond_fails", branch_fails))
     # Per protocol (a gated model must not have timed an execution before its test): a
     # three-step chain whose middle step waits on its gate.
     for protocol in ("http", "grpc"):

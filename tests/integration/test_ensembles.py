@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from inferd.pipelines.ensemble import Ensemble
-from tests.async_infer import BAD_REQUEST, DEADLINE, FAILED, OK, PROTOCOLS, SHED, AsyncInfer
+from tests.async_infer import BAD_REQUEST, DEADLINE, FAILED, OK, PROTOCOLS, SHED, AsyncInfer, Reply
 from tests.ensemble_models import calls, write_ensemble_models
 from tests.integration.test_metrics import scrape
 from tests.servers import RunningServer, batcher_of, run_server, until, wait_for
@@ -96,12 +96,20 @@ def test_a_failing_step_is_named_and_keeps_its_status(server: RunningServer, pro
             return failed.status, failed.message, bad[0], bad[1]
 
     status, message, bad_status, bad_message = asyncio.run(go())
+    branch = asyncio.run(_one(protocol, server, "diamond_fails", 13))
+    assert branch.status == FAILED[protocol]  # a concurrent step's failure, not a group's
+    assert branch.message.startswith("ensemble 'diamond_fails' step 2 (unlucky): ")
     assert status == FAILED[protocol]
     assert message.startswith("ensemble 'failing' step 2 (unlucky): ")
     assert "13 is unlucky" in message
     # A step's 400 stays a 400 (`narrow` takes [-1] wide rows, its step [1] wide ones).
     assert bad_status in ("400", "INVALID_ARGUMENT")
     assert bad_message.startswith("ensemble 'narrow' step 1 (single): input 'IN'")
+
+
+async def _one(protocol: str, server: RunningServer, model: str, value: float) -> Reply:
+    async with AsyncInfer(protocol, server) as infer:
+        return await infer(model, value)
 
 
 async def _bad_shape(protocol: str, server: RunningServer) -> tuple[str, str]:

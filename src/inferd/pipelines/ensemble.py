@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -188,8 +189,12 @@ class Ensemble:
         await self._idle.wait()
 
 
-async def _all(steps: object) -> None:
-    """Run a wave's steps concurrently; the first failure cancels the others."""
-    async with asyncio.TaskGroup() as group:
-        for coro in steps:  # type: ignore[attr-defined]
-            group.create_task(coro)
+async def _all(steps: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run a wave's steps concurrently; the first failure cancels the others and is the
+    wave's error (the step's own, status and all, not a group of them)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for coro in steps:
+                group.create_task(coro)
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
