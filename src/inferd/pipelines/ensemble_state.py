@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
+from inferd.pipelines.ensemble_config import is_ensemble
 from inferd.pipelines.ensemble_load import (
     UNKNOWN,
     WAITING,
@@ -18,6 +20,7 @@ from inferd.pipelines.ensemble_load import (
     composing_problem,
     ensemble_runner,
 )
+from inferd.repository.config import ConfigError, read_config
 from inferd.repository.model_state import Model, ModelVersion, State
 
 log = logging.getLogger("inferd.repository")
@@ -114,3 +117,17 @@ def only_waits(model: Model) -> bool:
     """An ensemble whose every version only waits for composing models: not counted against
     the server's readiness (the composing model's own state is)."""
     return bool(model.versions) and all(v.waits_for for v in model.versions.values())
+
+
+def ensembles_among(repository: Path, names: list[str]) -> list[str]:
+    """Which of the models `names` are ensembles (loaded last at start). Reads the configs:
+    run it off the event loop."""
+    found = []
+    for name in names:
+        try:
+            config, _ = read_config(repository / name)
+        except (ConfigError, OSError):
+            continue  # its own load reports it
+        if is_ensemble(config):
+            found.append(name)
+    return found

@@ -28,9 +28,15 @@ from inferd.events import Telemetry
 from inferd.memory import MemoryReleaser, rss_bytes
 from inferd.pipelines.ensemble_config import is_ensemble
 from inferd.pipelines.ensemble_load import Composing
-from inferd.pipelines.ensemble_state import lookup, only_waits, refresh_ensembles, start_ensemble
+from inferd.pipelines.ensemble_state import (
+    ensembles_among,
+    lookup,
+    only_waits,
+    refresh_ensembles,
+    start_ensemble,
+)
 from inferd.repository.checksum import checksum, file_checksum, fingerprint
-from inferd.repository.config import CONFIG_FILE, ConfigError, read_config
+from inferd.repository.config import CONFIG_FILE, ConfigError
 from inferd.repository.loader import prepare
 from inferd.repository.model_state import (
     Model,
@@ -169,20 +175,9 @@ class ModelRegistry:
         others load regardless."""
         wanted = self.model_names_on_disk() if names is None else names
         # Ensembles after the models they are made of, so they start READY.
-        ensembles = set(await asyncio.to_thread(self._ensembles_among, wanted))
+        ensembles = set(await asyncio.to_thread(ensembles_among, self.repository, wanted))
         await asyncio.gather(*(self._load_logged(n) for n in wanted if n not in ensembles))
         await asyncio.gather(*(self._load_logged(n) for n in wanted if n in ensembles))
-
-    def _ensembles_among(self, names: list[str]) -> list[str]:
-        found = []
-        for name in names:
-            try:
-                config, _ = read_config(self.repository / name)
-            except (ConfigError, OSError):
-                continue  # its own load reports it
-            if is_ensemble(config):
-                found.append(name)
-        return found
 
     def _composing(self) -> Callable[[str, str], Composing]:
         return lookup(self.models, self.model_names_on_disk)
