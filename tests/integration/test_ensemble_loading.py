@@ -125,6 +125,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_op(lifecycle, "late_double", "double", records)
     write_op(lifecycle, "late_add", "add_ten", records)
     write_ensemble(lifecycle, "waiting", chain("waiting", ["late_double", "late_add"]))
+    write_ensemble(lifecycle, "healing", chain("healing", ["missing"]))
     return root
 
 
@@ -224,3 +225,17 @@ def _follows(server: RunningServer, repository: Any) -> None:
     repository.load_model("late_add")  # reloading it brings the ensemble back
     assert _state(server, "waiting") == ("READY", "")
     np.testing.assert_array_equal(_infer(server).json()["outputs"][0]["data"], [12.0])
+
+
+def test_an_unknown_composing_model_fails_the_load_until_it_appears(
+    root: Path, lifecycle_server: RunningServer
+) -> None:
+    with _repository("http", lifecycle_server) as repository:
+        with pytest.raises(InferenceServerException) as caught:
+            repository.load_model("healing")
+        assert "step 1 (missing): unknown composing model 'missing'" in caught.value.message()
+        assert not repository.is_server_ready()  # a failed load, as any model's
+        write_op(root / "lifecycle", "missing", "add_ten", root / "records")
+        repository.load_model("missing")
+        assert _state(lifecycle_server, "healing") == ("READY", "")
+        assert repository.is_server_ready()

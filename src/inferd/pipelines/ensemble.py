@@ -58,9 +58,6 @@ class Ensemble:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = False
-        # Its state follows its composing models' (ensemble_state.py); False for a version
-        # whose load failed.
-        self.follows = False
 
     async def run(
         self,

@@ -66,19 +66,22 @@ def start_ensemble(mv: ModelVersion, find: Callable[[str, str], Composing]) -> N
     """Give a freshly loaded ensemble version its runner, and its state."""
     mv.ensemble = ensemble_runner(mv.config, mv.version)
     mv.batcher = mv.ensemble
-    _settle(mv, find, loading=True)
-    # A load that failed stays failed (until the ensemble is loaded again); one that loaded,
-    # READY or waiting, follows its composing models from now on.
-    mv.ensemble.follows = mv.is_ready or bool(mv.waits_for)
+    _settle(mv, find)
 
 
-def _settle(mv: ModelVersion, find: Callable[[str, str], Composing], loading: bool) -> bool:
-    """Set the version's state from its composing models; whether it changed. A composing
-    model unknown at the ensemble's load fails that load; one that is gone later (deleted
-    from the repository in poll mode) leaves the ensemble waiting for it, like an unload."""
+def _settle(mv: ModelVersion, find: Callable[[str, str], Composing]) -> bool:
+    """Set the version's state from its composing models; whether it changed.
+
+    Not ready (yet) is waiting. A composing model unknown, or a graph that does not fit the
+    composing models, fails the ensemble's load, and holds the server's readiness down like
+    any failed load, until it is fixed (the model appears, the composing model is reloaded
+    with a config that fits): then the ensemble is READY without being loaded again. A
+    composing model that is gone after the ensemble served (deleted from the repository in
+    poll mode) leaves it waiting, as an unload does."""
     assert mv.ensemble is not None
     problem, kind = composing_problem(mv.ensemble.graph, mv.config, find)
-    waiting = kind == WAITING or (kind == UNKNOWN and not loading)
+    served = mv.is_ready or bool(mv.waits_for)
+    waiting = kind == WAITING or (kind == UNKNOWN and served)
     before = (mv.state, mv.reason)
     if problem:
         mv.state = State.UNAVAILABLE
@@ -103,12 +106,10 @@ def refresh_ensembles(models: dict[str, Model], find: Callable[[str, str], Compo
         mv
         for model in models.values()
         for mv in model.versions.values()
-        if mv.ensemble is not None and mv.ensemble.follows and mv.state is not State.UNLOADING
+        if mv.ensemble is not None and mv.state is not State.UNLOADING
     ]
     for _ in range(len(versions) + 1):
-        changed = [
-            _settle(mv, find, loading=False) for mv in versions
-        ]  # every one settles, each pass
+        changed = [_settle(mv, find) for mv in versions]  # each settles, every pass
         if not any(changed):
             return
 
