@@ -58,6 +58,22 @@ class Model:
         return {"OUT": (inputs["A"] + inputs["B"]).astype(np.float32)}
 """
 
+# OUT = IN * the request's `scale` parameter (a Triton Python model reads its requests').
+SCALE_PY = """
+import json
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            scale = float(json.loads(request.parameters()).get("scale", 1))
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            out = pb_utils.Tensor("OUT", (x * scale).astype(x.dtype))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
 OP_CONFIG = """
 name: "{name}"
 backend: "python"
@@ -172,6 +188,12 @@ def write_ensemble_models(root: Path) -> None:
         step("add", {"A": "a", "B": "b"}, {"OUT": "OUT"}),
     ]
     write_ensemble(repo, "diamond", ensemble_config("diamond", diamond))
+    (repo / "scale" / "1").mkdir(parents=True)
+    (repo / "scale" / "config.pbtxt").write_text(
+        OP_CONFIG.format(name="scale", dims="-1", batching="")
+    )
+    (repo / "scale" / "1" / "model.py").write_text(SCALE_PY)
+    write_ensemble(repo, "scaled", chain("scaled", ["double", "scale"]))
     branch_fails = [
         step("double", {"IN": "IN"}, {"OUT": "a"}),
         step("unlucky", {"IN": "IN"}, {"OUT": "b"}),

@@ -173,6 +173,17 @@ def test_the_priority_goes_to_every_step(server: RunningServer, protocol: str) -
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_requests_parameters_reach_the_steps(server: RunningServer, protocol: str) -> None:
+    x = np.array([[1.5]], np.float32)
+    module = httpclient if protocol == "http" else grpcclient
+    inp = module.InferInput("IN", [1, 1], "FP32")
+    inp.set_data_from_numpy(x)
+    with _client(protocol, server) as client:
+        result = client.infer("scaled", [inp], parameters={"scale": 10})
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2 * 10)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_the_deadline_covers_the_pipeline_and_names_the_step(
     server: RunningServer, root: Path, protocol: str
 ) -> None:

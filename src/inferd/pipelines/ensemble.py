@@ -69,8 +69,9 @@ class Ensemble:
         steps: list[StepTiming],
     ) -> Outcome:
         """The requested outputs of `bound` (the ensemble's checked request); each step's
-        timing is appended to `steps`. The request's `priority` goes to every step (as
-        Triton's ensembles do): each composing model queues it at that level."""
+        timing is appended to `steps`. The request's `priority` and its own parameters go
+        to every step (as Triton's ensembles do): each composing model queues it at that
+        level, and a Python model sees the parameters."""
         started = time.perf_counter_ns()
         deadline = ctx.deadline_ns
         if timeout_us:
@@ -82,6 +83,7 @@ class Ensemble:
         start_trace(ctx)
         parent = replace(ctx, deadline_ns=deadline, traceparent=span_header(ctx), trace_root=False)
         run = EnsembleRun(dict(bound.inputs), dict(self.input_datatypes), steps)
+        run.parameters.update(bound.parameters)  # the client's own (not Triton's reserved)
         if priority:
             run.parameters["priority"] = priority
         needed = self.graph.needed_steps(bound.output_names)

@@ -36,6 +36,8 @@ class EnsemblePlatform:
     model_file = ""
     model_files: tuple[str, ...] = ()
     decodes_bytes_as_text = False
+    # The request's own parameters are checked and handed to every step (as Triton does).
+    passes_request_parameters = True
 
     def complete_config(self, config: mc.ModelConfig, version_dir: Path) -> None:
         pass
