@@ -29,15 +29,19 @@ log = logging.getLogger("inferd.repository")
 def lookup(
     models: dict[str, Model], on_disk: Callable[[], list[str]]
 ) -> Callable[[str, str], Composing]:
-    """What the registry knows of a composing model (name, version or "" for its default)."""
+    """What the registry knows of a composing model (name, version or "" for its default).
+    The repository directory is listed at most once per lookup, only for a model not loaded."""
+    listed: list[set[str]] = []
 
     def find(name: str, version: str) -> Composing:
         model = models.get(name)
         if model is None:
-            try:
-                present = name in on_disk()
-            except OSError:
-                present = False
+            if not listed:
+                try:
+                    listed.append(set(on_disk()))
+                except OSError:
+                    listed.append(set())
+            present = name in listed[0]
             if not present:
                 return Composing(None, "no such model in the repository", known=False)
             return Composing(None, "not loaded")
