@@ -6,6 +6,8 @@ it is back) without holding the server's readiness down."""
 from __future__ import annotations
 
 import contextlib
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -239,3 +241,35 @@ def test_an_unknown_composing_model_fails_the_load_until_it_appears(
         repository.load_model("missing")
         assert _state(lifecycle_server, "healing") == ("READY", "")
         assert repository.is_server_ready()
+
+
+def _until_state(server: RunningServer, name: str, state: str) -> str:
+    """The model's reason once the index shows `state` (the poller works in the background)."""
+    deadline = time.monotonic() + 30
+    while (found := _state(server, name))[0] != state:
+        assert time.monotonic() < deadline, f"{name} never became {state}: {found}"
+        time.sleep(0.02)
+    return found[1]
+
+
+def test_poll_mode_follows_composing_models_added_and_removed(tmp_path: Path) -> None:
+    repo, records = tmp_path / "models", tmp_path / "records"
+    records.mkdir()
+    write_op(repo, "zz_double", "double", records)
+    # Named to sort first: the poller loads a round's new models in name order.
+    write_ensemble(repo, "aa_pipeline", chain("aa_pipeline", ["zz_double"]))
+    with run_server(repo, model_control_mode="poll", repository_poll_s=0.05) as server:
+        assert _state(server, "aa_pipeline") == ("READY", "")  # loaded after zz_double
+        shutil.rmtree(repo / "zz_double")
+        reason = _until_state(server, "aa_pipeline", "UNAVAILABLE")
+        assert "composing model 'zz_double'" in reason
+        assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+        write_op(repo, "zz_double", "double", records)
+        _until_state(server, "aa_pipeline", "READY")
+        # Added in one round with a model it needs, loaded before it: it waits, then serves.
+        write_op(repo, "zz_add", "add_ten", records)
+        write_ensemble(repo, "ab_pipeline", chain("ab_pipeline", ["zz_double", "zz_add"]))
+        _until_state(server, "ab_pipeline", "READY")
+        body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}
+        r = httpx.post(f"{server.url}/v2/models/ab_pipeline/infer", json=body)
+        assert r.json()["outputs"][0]["data"] == [12.0]
