@@ -14,6 +14,7 @@ the model it was sent to, failures included.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, cast
 
 from inferd import classification
 from inferd.conformance import OutputMismatchError, conform_output
@@ -31,6 +32,9 @@ from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.shared_memory import SharedMemoryRegistry
 from inferd.streaming import unary_to_decoupled
 from inferd.types import InferRequest, InferResponse, min_wire_bytes
+
+if TYPE_CHECKING:
+    from inferd.internal_call import ModelCalls
 
 
 class InferenceSteps:
@@ -143,8 +147,16 @@ class InferenceSteps:
                 bound.correlation_id, bound.flags = sequence_parameters(
                     request, mv.name, mv.sequence is not None
                 )
-            assert mv.batcher is not None  # a READY version always has one
-            outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+            if mv.ensemble is not None:  # its steps go through their models' schedulers
+                record.steps = []
+                outputs, times = await mv.ensemble.run(
+                    cast("ModelCalls", self), bound, ctx, priority, timeout_us, record.steps
+                )
+            else:
+                assert mv.batcher is not None  # a READY version always has one
+                outputs, times = await mv.batcher.submit(
+                    bound, priority, timeout_us, ctx.deadline_ns
+                )
             record.times = times
             t0 = time.perf_counter_ns()
             signature = mv.signature

@@ -17,6 +17,8 @@ from inferd.backends import BACKENDS, get_backend
 from inferd.backends.base import AnyInstance, Backend, LoadContext
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.errors import InferdError
+from inferd.pipelines.ensemble_config import is_ensemble
+from inferd.pipelines.ensemble_load import prepare_ensemble
 from inferd.repository.config import (
     PLATFORM_TO_BACKEND,
     ConfigError,
@@ -85,6 +87,8 @@ def prepare(
         raise ConfigError(
             f"{model_dir.name}: no numeric version directory (e.g. {model_dir.name}/1/)"
         )
+    if is_ensemble(config):  # no files, no backend: its steps' models have them
+        return prepare_ensemble(config, model_dir, select_versions(config, available))
     name = backend_name(config)
     if not name and not config.platform:
         # No config (or one without platform/backend): infer the backend from the file.

@@ -123,7 +123,7 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     if unload_dependents:
         raise TritonModelException(
             "pb_utils.unload_model(unload_dependents=True) is not supported by inferd: "
-            "it has no ensembles whose members could be unloaded with a model"
+            "an ensemble made of the model stays loaded, UNAVAILABLE until the model is back"
         )
     current_host("pb_utils.unload_model").unload_model(model_name)
 
