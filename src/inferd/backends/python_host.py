@@ -1,4 +1,5 @@
-"""The server's side of `pb_utils`' model loading and custom metrics calls (`ModelHost`).
+"""The server's side of `pb_utils`' model loading, custom metrics and BLS calls
+(`ModelHost`).
 
 `ServerHost` is one per server: it runs repository calls on the server's event loop (model
 code runs in worker threads; it waits for the answer there, never on the loop) and keeps the
@@ -9,12 +10,15 @@ errors and releases the instance's metric series when it unloads.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import MetricKind
+from inferd.bls_call import BlsCall, BlsResult, current_callers
+from inferd.bls_runner import BlsError, BlsRunner
 from inferd.custom_metrics import CustomMetrics, MetricError
 from inferd.errors import ErrorKind, InferdError
 
@@ -28,11 +32,13 @@ class ServerHost:
     def __init__(self, dataplane: DataPlane, metrics: CustomMetrics) -> None:
         self.dataplane = dataplane
         self.metrics = metrics
+        self.bls = BlsRunner(dataplane, dataplane.registry)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The loop the repository calls run on (the server's, once it runs)."""
+        """The loop the repository and BLS calls run on (the server's, once it runs)."""
         self._loop = loop
+        self.bls.bind_loop(loop)
 
     def for_instance(self, model_name: str) -> InstanceHost:
         return InstanceHost(self, model_name)
@@ -105,6 +111,19 @@ class InstanceHost:
                 ) from None
 
         return self._server.on_loop("pb_utils.is_model_ready", ready)
+
+    def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+        """A BLS call, for the requests this thread executes (bls_call.executing)."""
+        try:
+            return self._server.bls.submit(call, current_callers())
+        except BlsError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def infer_stream(self, call: BlsCall) -> Iterator[BlsResult]:
+        try:
+            return self._server.bls.stream(call, current_callers())
+        except BlsError as exc:
+            raise TritonModelException(str(exc)) from None
 
     def metric_family(self, name: str, description: str, kind: MetricKind) -> None:
         try:

@@ -47,6 +47,7 @@ from inferd.backends.model_calls import READY_TIMEOUT_S, ReadinessCheck
 from inferd.backends.pb_utils.host import InstanceModelHost
 from inferd.backends.worker_pipe import STOP_TIMEOUT_S, Worker, WorkerDiedError, start_worker
 from inferd.backends.worker_spec import WorkerSpec
+from inferd.bls_call import current_callers
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import RequestInfo
@@ -149,6 +150,7 @@ class ProcessInstance:
         """Send one batch and wait for its answer; a dead worker fails it and restarts.
         `before(worker)` runs before the send, `on_poll(worker)` while it waits."""
         worker = self._ready_worker()
+        worker.bls.callers = current_callers()  # the model's BLS calls are made for them
         if before is not None:
             before(worker)
         try:

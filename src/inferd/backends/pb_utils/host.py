@@ -10,6 +10,7 @@ worker's pipe.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import enum
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from inferd.backends.pb_utils.errors import TritonModelException
+from inferd.bls_call import BlsCall, BlsResult
 
 _current = threading.local()
 
@@ -45,6 +47,15 @@ class ModelHost(Protocol):
     ) -> int: ...
 
     def metric_op(self, handle: int, op: str, value: float) -> float | None: ...
+
+    def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+        """A call to another model (BLS): its response, as a future (never an exception:
+        a failure is a result holding the error)."""
+        ...
+
+    def infer_stream(self, call: BlsCall) -> Iterator[BlsResult]:
+        """A decoupled call: its responses as they come, the last one `final`."""
+        ...
 
 
 class InstanceModelHost(ModelHost, Protocol):

@@ -7,13 +7,16 @@ final flag, from any thread; the responses go to the request's response stream
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from inferd.backends.pb_utils.errors import TritonError, TritonModelException, not_supported
+from inferd.backends.pb_utils.host import current_host
 from inferd.backends.pb_utils.tensor import Tensor
+from inferd.bls_call import BlsCall, BlsResult
 from inferd.errors import InferdError
 from inferd.streams import ResponseSink, StreamClosedError
 from inferd.types import Array
@@ -35,7 +38,8 @@ TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
 
 
 class PreferredMemory:
-    """Where a BLS request would like its outputs (kept; BLS itself is not supported yet)."""
+    """Where a BLS request would like its outputs: the CPU (TRITONSERVER_MEMORY_CPU) is
+    what inferd gives; asking for GPU memory fails the call naming the keyword."""
 
     def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
         self.preferred_memory_type = preferred_memory_type
@@ -65,9 +69,9 @@ def parameters_json(parameters: Mapping[str, Any] | None, where: str) -> str:
 
 
 class InferenceRequest:
-    """One client request as `execute` receives it (or one built for BLS, which inferd does
-    not run yet: `exec` and `async_exec` raise saying so). A decoupled model answers it
-    through `get_response_sender()`."""
+    """One client request as `execute` receives it, or one the model builds to call another
+    model (BLS: `exec`, `async_exec`). A decoupled model answers it through
+    `get_response_sender()`."""
 
     def __init__(
         self,
@@ -85,6 +89,19 @@ class InferenceRequest:
     ) -> None:
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, int | str):
             raise TritonModelException("Correlation ID must be integer or string")
+        for keyword, value in (("model_version", model_version), ("flags", flags)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TritonModelException(f"InferenceRequest: {keyword} must be an int")
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+            raise TritonModelException(
+                "InferenceRequest: timeout must be a non-negative int (microseconds)"
+            )
+        if isinstance(requested_output_names, str) or not all(
+            isinstance(n, str) for n in requested_output_names
+        ):
+            raise TritonModelException(
+                "InferenceRequest: requested_output_names must be a list of str"
+            )
         self._inputs = list(inputs)
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -188,17 +205,105 @@ class InferenceRequest:
             "it needs sequence_batching { iterative_sequence: true }",
         )
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise TritonModelException(
-            "BLS (InferenceRequest.exec) is not supported yet: a Python model cannot call "
-            "another model in inferd"
+    def exec(self, decoupled: bool = False) -> Any:
+        """BLS: run this request on `model_name` and wait for its response (from `execute`
+        in the instance's thread). A failure (no such model, a bad input, the deadline
+        passed) comes back as a response whose `has_error()` is True; `decoupled=True`
+        returns an iterator of the model's responses instead, the last one possibly empty
+        (the final flag alone)."""
+        host = current_host("InferenceRequest.exec")
+        call = self._bls_call(decoupled)
+        if decoupled:
+            return ResponseIterator(host.infer_stream(call))
+        return bls_response(host.infer(call).result())
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """`exec` for an `async def execute`: awaits the response on the instance's own
+        loop, so several calls can be gathered."""
+        host = current_host("InferenceRequest.async_exec")
+        call = self._bls_call(decoupled)
+        if decoupled:
+            return ResponseIterator(host.infer_stream(call))
+        return bls_response(await asyncio.wrap_future(host.infer(call)))
+
+    def _bls_call(self, decoupled: bool) -> BlsCall:
+        api = "InferenceRequest"
+        if not self._model_name:
+            raise TritonModelException(f"{api}: model_name must name the model to call")
+        memory = self._preferred_memory
+        if memory is not None and memory.preferred_memory_type != TRITONSERVER_MEMORY_CPU:
+            raise TritonModelException(
+                f"{api}(preferred_memory=...): inferd serves Python models on the CPU; only "
+                "TRITONSERVER_MEMORY_CPU outputs can be given"
+            )
+        parameters: dict[str, Any] = dict(self._parameters)
+        if self._correlation_id:
+            parameters["sequence_id"] = self._correlation_id
+        if self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+            parameters["sequence_start"] = True
+        if self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+            parameters["sequence_end"] = True
+        inputs: dict[str, Array] = {}
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"{api}: inputs must be pb_utils.Tensor objects, found {type(tensor).__name__}"
+                )
+            inputs[tensor.name()] = tensor.as_numpy()
+        version = "" if self._model_version in (-1, "", None) else str(self._model_version)
+        return BlsCall(
+            self._model_name,
+            version,
+            inputs,
+            list(self._requested_output_names) or None,
+            self._request_id,
+            parameters,
+            self._timeout,
+            decoupled,
         )
 
-    def async_exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException(
-            "BLS (InferenceRequest.async_exec) is not supported yet: a Python model cannot "
-            "call another model in inferd"
-        )
+
+# What a BLS failure's ErrorKind (its name) becomes in the response's TritonError.
+_BLS_CODES = {
+    "NOT_FOUND": TritonError.NOT_FOUND,
+    "INVALID_ARGUMENT": TritonError.INVALID_ARG,
+    "PAYLOAD_TOO_LARGE": TritonError.INVALID_ARG,
+    "UNSUPPORTED": TritonError.UNSUPPORTED,
+    "UNAVAILABLE": TritonError.UNAVAILABLE,
+    "RESOURCE_EXHAUSTED": TritonError.UNAVAILABLE,
+    "DEADLINE_EXCEEDED": TritonError.UNAVAILABLE,  # Triton's code for a timed-out request
+    "ALREADY_EXISTS": TritonError.ALREADY_EXISTS,
+    "CANCELLED": TritonError.CANCELLED,
+}
+
+
+def bls_response(result: BlsResult) -> InferenceResponse:
+    """A BLS call's result as the model reads it."""
+    if result.error_kind:
+        code = _BLS_CODES.get(result.error_kind, TritonError.INTERNAL)
+        return InferenceResponse(error=TritonError(result.error, code))
+    tensors = [Tensor(name, array) for name, array in (result.outputs or {}).items()]
+    return InferenceResponse(tensors, parameters=result.parameters)
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call, as they come (Triton's ResponseIterator): the
+    last one may hold no outputs (the final flag alone)."""
+
+    def __init__(self, results: Iterator[BlsResult]) -> None:
+        self._results = results
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        return bls_response(next(self._results))
+
+    def cancel(self) -> None:
+        """Stop the call: responses not yet taken are dropped."""
+        close = getattr(self._results, "close", None)
+        if close is not None:
+            close()
 
 
 class InferenceResponse:

@@ -1,0 +1,135 @@
+"""The parent's end of a worker process's BLS pipe: the calls a model in the worker makes to
+other models (worker_child_bls.py is the child's end).
+
+Child → parent: `("infer", id, BlsCall)`, `("stream", id, BlsCall)` (a decoupled call),
+`("close", id)` (the model stopped reading a stream); parent → child: `("result", id,
+BlsResult)`, once per call, or once per response of a stream (the last one `final`). Calls
+are answered as they finish, in any order, so a model's gathered `async_exec`s run at once.
+
+Each call runs through the instance's host (python_host.InstanceHost: the server's event
+loop) for the requests the instance is executing (`callers`, set by the executing thread):
+their deadline and trace carry over, and the call ends if their clients leave. The answers
+are sent by a thread of this end's own: a pipe write can block, the server's loop must not.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import threading
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+from inferd.backends.pb_utils.errors import TritonModelException
+from inferd.backends.pb_utils.host import InstanceModelHost
+from inferd.bls_call import BlsCall, BlsResult, Caller, executing
+
+log = logging.getLogger("inferd.backends.python")
+
+
+class BlsServer:
+    def __init__(self, conn: Connection, host: InstanceModelHost | None, name: str) -> None:
+        self._conn = conn
+        self._host = host
+        self.callers: tuple[Caller, ...] = ()  # of the batch the worker executes now
+        self._streams: dict[int, Iterator[BlsResult]] = {}
+        self._lock = threading.Lock()
+        # Answers wait here for the sending thread: one per call in flight; a stream's
+        # responses as fast as the called model sends them (the child queues them too).
+        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._name = name
+        for target, role in ((self._serve, "bls"), (self._send_answers, "bls-send")):
+            threading.Thread(target=target, name=f"{name}-{role}", daemon=True).start()
+
+    def close(self) -> None:
+        self._outbox.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):  # the worker is gone (or stopped)
+                break
+            except Exception:  # a message that did not unpickle
+                log.exception("model %s: an unreadable BLS message", self._name)
+                continue
+            kind, call_id = message[0], message[1]
+            if kind == "close":
+                with self._lock:
+                    stream = self._streams.pop(call_id, None)
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+                continue
+            self._start(kind, call_id, message[2])
+        self.close()
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+
+    def _start(self, kind: str, call_id: int, call: BlsCall) -> None:
+        host = self._host
+        if host is None:
+            self._answer(call_id, _error("BLS needs the inferd server the model runs in"))
+            return
+        try:
+            with executing(self.callers):
+                if kind == "stream":
+                    stream = host.infer_stream(call)
+                else:
+                    future = host.infer(call)
+        except TritonModelException as exc:
+            self._answer(call_id, _error(exc.message()))
+            return
+        if kind == "stream":
+            with self._lock:
+                self._streams[call_id] = stream
+            threading.Thread(
+                target=self._relay,
+                args=(call_id, stream),
+                name=f"{self._name}-bls-stream",
+                daemon=True,
+            ).start()
+        else:
+            future.add_done_callback(lambda f: self._answer(call_id, f.result()))
+
+    def _relay(self, call_id: int, stream: Iterator[BlsResult]) -> None:
+        """A decoupled call's responses, one by one, as the server's loop gives them."""
+        try:
+            for item in stream:
+                self._answer(call_id, item)
+        except Exception as exc:
+            self._answer(call_id, _error(f"the call's stream failed: {exc}"))
+        finally:
+            with self._lock:
+                self._streams.pop(call_id, None)
+
+    def _answer(self, call_id: int, result: BlsResult) -> None:
+        self._outbox.put(("result", call_id, result))  # never blocks: safe on the loop
+
+    def _send_answers(self) -> None:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            try:
+                data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+                self._conn.send_bytes(data)
+            except (OSError, ValueError):  # the worker is gone: its calls with it
+                return
+            except Exception as exc:  # outputs that do not pickle: the call fails alone
+                log.warning("model %s: a BLS answer could not be sent: %s", self._name, exc)
+                fallback = ("result", message[1], _error(f"the answer could not be sent: {exc}"))
+                try:
+                    self._conn.send_bytes(pickle.dumps(fallback))
+                except (OSError, ValueError):
+                    return
+
+
+def _error(message: str) -> BlsResult:
+    return BlsResult(None, "INTERNAL", message)
