@@ -20,6 +20,7 @@ See docs/python-models.md.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from inferd.backends.pb_utils.errors import TritonModelException
-from inferd.backends.pb_utils.host import current_host
 from inferd.bls_call import BlsCall, BlsResult
 from inferd.errors import ErrorKind, InferdError
 from inferd.streams import ResponseSink
@@ -66,7 +65,7 @@ class ModelContext:
         waiting for them. Raises `ModelCallError` (its `status`: NOT_FOUND, INVALID_ARGUMENT,
         DEADLINE_EXCEEDED, ...) when the call fails; `timeout_us` tightens the deadline."""
         call = _call(model, inputs, outputs, version, timeout_us, parameters, False)
-        return _outputs(_host("infer").infer(call).result())
+        return _outputs(_submit("infer", call).result())
 
     async def infer_async(
         self,
@@ -80,7 +79,7 @@ class ModelContext:
     ) -> dict[str, Array]:
         """`infer` for an `async def predict`: several can be gathered."""
         call = _call(model, inputs, outputs, version, timeout_us, parameters, False)
-        return _outputs(await asyncio.wrap_future(_host("infer_async").infer(call)))
+        return _outputs(await asyncio.wrap_future(_submit("infer_async", call)))
 
     def infer_stream(
         self,
@@ -112,9 +111,23 @@ class ModelCallError(Exception):
 
 
 def _host(method: str) -> Any:
+    """The server's side of the calls; imported here: `import inferd` stays light (the
+    command line loads no backend)."""
+    from inferd.backends.pb_utils.errors import TritonModelException
+    from inferd.backends.pb_utils.host import current_host
+
     try:
         return current_host(f"ModelContext.{method}")
     except TritonModelException as exc:
+        raise ModelCallError("UNAVAILABLE", exc.message()) from None
+
+
+def _submit(method: str, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+    from inferd.backends.pb_utils.errors import TritonModelException
+
+    try:
+        return _host(method).infer(call)  # type: ignore[no-any-return]
+    except TritonModelException as exc:  # called from the server's loop, or it stopped
         raise ModelCallError("UNAVAILABLE", exc.message()) from None
 
 

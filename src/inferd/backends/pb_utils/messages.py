@@ -211,8 +211,8 @@ class InferenceRequest:
         passed) comes back as a response whose `has_error()` is True; `decoupled=True`
         returns an iterator of the model's responses instead, the last one possibly empty
         (the final flag alone)."""
-        host = current_host("InferenceRequest.exec")
         call = self._bls_call(decoupled)
+        host = current_host("InferenceRequest.exec")
         if decoupled:
             return ResponseIterator(host.infer_stream(call))
         return bls_response(host.infer(call).result())
@@ -220,8 +220,8 @@ class InferenceRequest:
     async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` for an `async def execute`: awaits the response on the instance's own
         loop, so several calls can be gathered."""
-        host = current_host("InferenceRequest.async_exec")
         call = self._bls_call(decoupled)
+        host = current_host("InferenceRequest.async_exec")
         if decoupled:
             return ResponseIterator(host.infer_stream(call))
         return bls_response(await asyncio.wrap_future(host.infer(call)))
