@@ -75,31 +75,31 @@ class BlsRunner:
         return _StreamReader(loop, self._pump(call, callers))
 
     async def _one(self, call: BlsCall, callers: tuple[Caller, ...]) -> BlsResult:
-        with _Watched(callers):
-            try:
+        try:
+            with _Watched(callers):
                 parent = parent_context(callers, call.timeout_us)
                 self._refuse_decoupled(call)
                 response = await call_model(self._calls, to_request(call), parent)
                 return _result(response, True)
-            except InferdError as exc:
-                return _failed(exc.kind, exc.message)
-            except asyncio.CancelledError:
-                return _cancelled(call)
+        except InferdError as exc:
+            return _failed(exc.kind, exc.message)
+        except asyncio.CancelledError:
+            return _cancelled(call)
 
     async def _pump(
         self, call: BlsCall, callers: tuple[Caller, ...]
     ) -> AsyncGenerator[BlsResult, None]:
-        with _Watched(callers):
-            try:
+        try:
+            with _Watched(callers):
                 parent = parent_context(callers, call.timeout_us)
                 async for item in stream_model(self._calls, to_request(call), parent):
                     yield _item(item)
                     if item.final:
                         return
-            except InferdError as exc:
-                yield _failed(exc.kind, exc.message)
-            except asyncio.CancelledError:
-                yield _cancelled(call)
+        except InferdError as exc:
+            yield _failed(exc.kind, exc.message)
+        except asyncio.CancelledError:
+            yield _cancelled(call)
 
     def _refuse_decoupled(self, call: BlsCall) -> None:
         try:

@@ -14,6 +14,7 @@ are sent by a thread of this end's own: a pipe write can block, the server's loo
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import pickle
 import queue
@@ -96,7 +97,7 @@ class BlsServer:
                 daemon=True,
             ).start()
         else:
-            future.add_done_callback(lambda f: self._answer(call_id, f.result()))
+            future.add_done_callback(lambda f: self._answer(call_id, _outcome(f)))
 
     def _relay(self, call_id: int, stream: Iterator[BlsResult]) -> None:
         """A decoupled call's responses, one by one, as the server's loop gives them."""
@@ -129,6 +130,13 @@ class BlsServer:
                     self._conn.send_bytes(pickle.dumps(fallback))
                 except (OSError, ValueError):
                     return
+
+
+def _outcome(future: concurrent.futures.Future[BlsResult]) -> BlsResult:
+    if future.cancelled():  # the server is stopping
+        return BlsResult(None, "UNAVAILABLE", "the server is shutting down")
+    exc = future.exception()
+    return _error(f"the call failed: {exc}") if exc is not None else future.result()
 
 
 def _error(message: str) -> BlsResult:

@@ -150,9 +150,9 @@ class ProcessInstance:
         """Send one batch and wait for its answer; a dead worker fails it and restarts.
         `before(worker)` runs before the send, `on_poll(worker)` while it waits."""
         worker = self._ready_worker()
-        worker.bls.callers = current_callers()  # the model's BLS calls are made for them
         if before is not None:
             before(worker)
+        worker.bls.callers = current_callers()  # the model's BLS calls are made for them
         try:
             worker.send(request)
             message = worker.receive(on_poll=None if on_poll is None else lambda: on_poll(worker))
@@ -163,6 +163,8 @@ class ProcessInstance:
                 f"the model's worker process died ({exc}) while executing this batch; "
                 "it is being restarted",
             ) from None
+        finally:
+            worker.bls.callers = ()
         if message[0] != "ok":
             raise InferdError(ErrorKind.MODEL_ERROR, str(message[1]))
         return message
