@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +23,11 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from inferd.request_log import RequestLogSink
 from tests.admission_models import executed, gate_closed
 from tests.async_infer import OK, PROTOCOLS, AsyncInfer
 from tests.bls_models import GUARD, ISOLATIONS, write_bls_models
+from tests.integration.test_logging_tracing import TRACE_ID, TRACEPARENT, Captured, added
 from tests.integration.test_protocols import Client
 from tests.servers import RunningServer, batcher_of, run_server, until, wait_for
 
@@ -181,3 +184,22 @@ def test_a_client_that_leaves_cancels_its_calls_not_yet_run(
         asyncio.run(scenario())
     wait_for(batcher, lambda b: b.inflight() == 0 and b.queue_depth() == 0, "target idle")
     assert value not in executed(root, "target")
+
+
+@pytest.mark.parametrize("iso", ISOLATIONS)
+def test_a_call_carries_the_callers_trace(server: RunningServer, client: Client, iso: str) -> None:
+    handler = Captured()
+    logger = logging.getLogger(f"test.bls.requests.{client.protocol}.{iso}")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    with added(server, RequestLogSink(1.0, logger.name)):
+        ask(client, f"relay_{iso}", 3, headers={"traceparent": TRACEPARENT})
+        deadline = time.monotonic() + 30  # the lines are written as the requests end
+        while len(handler.records) < 2:
+            assert time.monotonic() < deadline, [r.getMessage() for r in handler.records]
+            time.sleep(0.01)
+    lines = {r.model: r for r in handler.records}  # type: ignore[attr-defined]
+    assert set(lines) == {f"relay_{iso}", "double"}
+    assert lines["double"].trace_id == lines[f"relay_{iso}"].trace_id == TRACE_ID  # type: ignore[attr-defined]
+    assert lines["double"].protocol == client.protocol  # type: ignore[attr-defined]
