@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from inferd.events import CallContext
 from inferd.types import Array
@@ -59,21 +59,47 @@ class Caller:
     given_up: asyncio.Future[Any] | None
 
 
-_callers: contextvars.ContextVar[tuple[Caller, ...]] = contextvars.ContextVar(
-    "inferd_bls_callers", default=()
+class _Request(Protocol):
+    @property
+    def ctx(self) -> CallContext | None: ...
+
+    @property
+    def responses(self) -> object: ...  # a decoupled request's stream; None otherwise
+
+
+class Executing(Protocol):
+    """What the scheduler holds for a request of the batch (scheduling.pending.Pending)."""
+
+    @property
+    def request(self) -> _Request: ...
+
+    @property
+    def future(self) -> asyncio.Future[Any]: ...
+
+
+# The batch this thread executes, as the scheduler holds it (run_batch sets it: read only
+# when a call is made, so an execution that makes none pays one set and one reset), or the
+# callers a thread relaying a worker process's calls acts for.
+EXECUTING: contextvars.ContextVar[Sequence[Executing | Caller]] = contextvars.ContextVar(
+    "inferd_bls_executing", default=()
 )
-
-
-@contextlib.contextmanager
-def executing(callers: tuple[Caller, ...]) -> Iterator[None]:
-    """Mark this thread (and coroutines started from it) as executing for `callers`."""
-    token = _callers.set(callers)
-    try:
-        yield
-    finally:
-        _callers.reset(token)
 
 
 def current_callers() -> tuple[Caller, ...]:
     """The callers of the batch this thread executes; () outside an execution."""
-    return _callers.get()
+    return tuple(
+        c
+        if isinstance(c, Caller)
+        else Caller(c.request.ctx, c.future if c.request.responses is None else None)
+        for c in EXECUTING.get()
+    )
+
+
+@contextlib.contextmanager
+def executing(callers: tuple[Caller, ...]) -> Iterator[None]:
+    """Mark this thread as executing for `callers`."""
+    token = EXECUTING.set(callers)
+    try:
+        yield
+    finally:
+        EXECUTING.reset(token)

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from inferd.backends.base import AnyInstance, Instance, RequestInfoInstance, RequestListInstance
-from inferd.bls_call import Caller, executing
+from inferd.bls_call import EXECUTING
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import RequestInfo
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
@@ -44,13 +44,11 @@ def run_batch(
     """Merge, execute, split: runs in the instance's worker thread, never on the loop.
     Calls the model makes meanwhile to other models (BLS) are made for the batch's requests:
     they carry their deadline and trace, and end when their clients give up (bls_call.py)."""
-    with executing(tuple(_caller(p) for p in batch)):
+    token = EXECUTING.set(batch)
+    try:
         return _run_batch(instance, batch, batched, by_request, with_info, ragged)
-
-
-def _caller(p: Pending) -> Caller:
-    # A decoupled request's future resolves when execute returns; its stream goes on.
-    return Caller(p.request.ctx, p.future if p.request.responses is None else None)
+    finally:
+        EXECUTING.reset(token)
 
 
 def _run_batch(
