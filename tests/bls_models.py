@@ -4,7 +4,8 @@ from their `execute` / `predict`, each written once and served in-process and wi
 
 Callers take `IN` (FP32 [1]) and answer `OUT` (FP32 [1]) and `MSG` (BYTES [1]): what the
 call gave, or, when it failed, OUT = -1 and MSG = "<TritonError code> <message>" (the model
-read the error and went on). The called models: `double` (OUT = 2 * IN), `repeat`
+read the error and went on). The called models: `double` (OUT = 2 * IN), `broken` (its
+load fails: UNAVAILABLE), `repeat`
 (decoupled: IN responses OUT = 1..IN, then the final flag alone) and `target` (records what
 it executed, held by a gate file: tests.admission_models.gate_closed).
 """
@@ -210,6 +211,12 @@ class Model:
                 "MSG": np.array([[f"{len(streamed)} streamed".encode()]], object)}
 """
 
+BROKEN_PY = """
+class Model:
+    def load(self, context):
+        raise RuntimeError("this model never loads")
+"""
+
 DOUBLE_PY = """
 import numpy as np
 
@@ -273,6 +280,7 @@ def write_bls_models(root: Path) -> Path:
         )
         _write(repo, guard, CALLER_CONFIG.format(name=guard, extra=extra), RELAY_PY)
     write_model(repo, "double", DOUBLE_PY, max_batch_size=8)
+    write_model(repo, "broken", BROKEN_PY)  # UNAVAILABLE: its load raises
     (repo / "repeat" / "1").mkdir(parents=True)
     (repo / "repeat" / "config.pbtxt").write_text(REPEAT_CONFIG)
     (repo / "repeat" / "1" / "model.py").write_text(REPEAT_PY)

@@ -78,6 +78,7 @@ def test_decoupled_exec_iterates_the_responses(client: Client, iso: str) -> None
 # (case, request parameters for the relay, TritonError code, words of the message)
 ERRORS = [
     ("missing model", {"target": "nope"}, 2, ["unknown model 'nope'"]),
+    ("unready model", {"target": "broken"}, 4, ["'broken'", "this model never loads"]),
     ("unknown input", {"input": "X"}, 3, ["'X'"]),
     ("wrong datatype", {"fp64": True}, 3, ["FP64"]),
     ("decoupled model", {"target": "repeat"}, 5, ["decoupled", "exec(decoupled=True)"]),
