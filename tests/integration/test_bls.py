@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from inferd.events import BatchRecord, RequestRecord
 from inferd.request_log import RequestLogSink
 from tests.admission_models import executed, gate_closed
 from tests.async_infer import OK, PROTOCOLS, AsyncInfer
@@ -204,3 +205,46 @@ def test_a_call_carries_the_callers_trace(server: RunningServer, client: Client,
     assert set(lines) == {f"relay_{iso}", "double"}
     assert lines["double"].trace_id == lines[f"relay_{iso}"].trace_id == TRACE_ID  # type: ignore[attr-defined]
     assert lines["double"].protocol == client.protocol  # type: ignore[attr-defined]
+
+
+class Records:
+    """A telemetry sink keeping every request's record (its context included)."""
+
+    def __init__(self) -> None:
+        self.requests: list[RequestRecord] = []
+
+    def on_request(self, record: RequestRecord) -> None:
+        self.requests.append(record)
+
+    def on_batch(self, record: BatchRecord) -> None:
+        pass
+
+
+@pytest.mark.parametrize("iso", ISOLATIONS)
+def test_a_call_gets_the_callers_deadline_or_its_own_shorter_timeout(
+    server: RunningServer, client: Client, iso: str
+) -> None:
+    deadline = (
+        {"client_timeout": 30.0}
+        if client.protocol == "grpc"
+        else {"headers": {"inferd-timeout-ms": "30000"}}
+    )
+    records = Records()
+    with added(server, records):
+        ask(client, f"relay_{iso}", 3, **deadline)
+        ask(client, f"relay_{iso}", 3, parameters={"timeout_us": 20_000_000}, **deadline)
+        give_up = time.monotonic() + 30  # each record is told as its request ends
+        while len(records.requests) < 4:
+            assert time.monotonic() < give_up, records.requests
+            time.sleep(0.01)
+    by_model: dict[str, list[RequestRecord]] = {}
+    for record in records.requests:
+        by_model.setdefault(record.model, []).append(record)
+    callers, calls = by_model[f"relay_{iso}"], by_model["double"]
+    assert len(callers) == len(calls) == 2
+    # gRPC's deadline reaches the server as what is left of it: compare, don't assume.
+    first, second = (c.ctx.deadline_ns for c in callers)
+    assert first is not None and second is not None
+    assert calls[0].ctx.deadline_ns == first  # what is left of the caller's
+    own = calls[1].ctx.deadline_ns
+    assert own is not None and own < second  # its own 20 s, inside the caller's 30 s
