@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inferd.backends import pb_utils
-from inferd.backends.pb_utils.messages import ResponseIterator, bls_response
+from inferd.backends.pb_utils.responses import ResponseIterator, bls_response
 from inferd.bls_call import BlsResult, Caller
 from inferd.bls_runner import parent_context
 from inferd.events import CallContext

@@ -30,18 +30,17 @@ from inferd.backends.pb_utils.messages import (
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceRequest,
-    InferenceResponse,
     InferenceResponseSender,
     InferenceTrace,
     PreferredMemory,
     get_input_config_by_name,
     get_input_tensor_by_name,
     get_output_config_by_name,
-    get_output_tensor_by_name,
     using_decoupled_model_transaction_policy,
 )
 from inferd.backends.pb_utils.metrics import Metric, MetricFamily
 from inferd.backends.pb_utils.model_config import ModelConfig
+from inferd.backends.pb_utils.responses import InferenceResponse, get_output_tensor_by_name
 from inferd.backends.pb_utils.tensor import (
     TRITON_STRING_TO_NUMPY,
     Tensor,
