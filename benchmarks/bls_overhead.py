@@ -1,9 +1,10 @@
 """What one BLS call costs a Python model, end to end through a real server: a
 `TritonPythonModel` that computes `2 * IN + 1` itself (`local_*`) against one that asks the
 `double` model for `2 * IN` with `InferenceRequest(...).exec()` and adds one (`relay_*`),
-in the server process and with `isolation: "process"`. Sequential HTTP requests, the cases
-alternating round by round (the machine is noisy); the median of each case, and the
-difference: the call's cost (the called model's own scheduling and execution included).
+in the server process and with `isolation: "process"`. Sequential HTTP requests, one of
+each case in turn (the machine is noisy: the noise hits every case alike); the median of
+each case, and the difference: the call's cost (the called model's own scheduling and
+execution included).
 
 .venv/bin/python benchmarks/bls_overhead.py [requests per case per round] [rounds]
 """
@@ -80,13 +81,12 @@ def main(per_round: int, rounds: int) -> None:
             for case in CASES:  # warm up each path
                 for _ in range(50):
                     client.post(f"/v2/models/{case}/infer", json=body).raise_for_status()
-            for _ in range(rounds):
-                for case in CASES:
-                    for _ in range(per_round):
-                        start = time.perf_counter()
-                        r = client.post(f"/v2/models/{case}/infer", json=body)
-                        times[case].append(time.perf_counter() - start)
-                        assert r.json()["outputs"][0]["data"] == [7.0], r.text
+            for _ in range(rounds * per_round):
+                for case in CASES:  # one request of each case in turn: the noise hits all
+                    start = time.perf_counter()
+                    r = client.post(f"/v2/models/{case}/infer", json=body)
+                    times[case].append(time.perf_counter() - start)
+                    assert r.json()["outputs"][0]["data"] == [7.0], r.text
         median = {case: statistics.median(t) * 1e6 for case, t in times.items()}
         for case in CASES:
             print(f"{case:14} median {median[case]:8.1f} us  ({len(times[case])} requests)")
