@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,8 @@ from inferd.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 if TYPE_CHECKING:
     from inferd.repository.registry import ModelRegistry
+
+log = logging.getLogger("inferd.bls")
 
 # How many responses of a decoupled call wait for the model to take them: the pump stops
 # reading the called model's stream meanwhile (whose own bounded queue then holds its sender).
@@ -85,6 +88,9 @@ class BlsRunner:
             return _failed(exc.kind, exc.message)
         except asyncio.CancelledError:
             return _cancelled(call)
+        except Exception as exc:  # a bug of inferd's: the model reads it, the server goes on
+            log.exception("BLS call to model '%s' failed", call.model_name)
+            return _failed(ErrorKind.INTERNAL, f"the call to model '{call.model_name}': {exc}")
 
     async def _pump(
         self, call: BlsCall, callers: tuple[Caller, ...]
@@ -100,6 +106,9 @@ class BlsRunner:
             yield _failed(exc.kind, exc.message)
         except asyncio.CancelledError:
             yield _cancelled(call)
+        except Exception as exc:
+            log.exception("BLS stream from model '%s' failed", call.model_name)
+            yield _failed(ErrorKind.INTERNAL, f"the call to model '{call.model_name}': {exc}")
 
     def _refuse_decoupled(self, call: BlsCall) -> None:
         try:
@@ -223,11 +232,15 @@ class _StreamReader:
         )
 
     async def _run(self, pump: AsyncGenerator[BlsResult, None]) -> None:
+        final = False
         async with contextlib.aclosing(pump):
             async for item in pump:
                 if self._closed:  # the model stopped reading: nobody takes the rest
                     return
+                final = item.final
                 await self._queue.put(item)
+        if not final:  # a stream that ended without its final flag: the model must not wait
+            await self._queue.put(_failed(ErrorKind.INTERNAL, "the stream ended unfinished"))
 
     def __iter__(self) -> _StreamReader:
         return self
