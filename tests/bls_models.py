@@ -117,7 +117,8 @@ class TritonPythonModel:
 )
 
 # exec(decoupled=True): OUT the sum of `repeat`'s responses; MSG how many came and whether
-# the last was empty (the final flag alone, as in Triton).
+# the last was empty (the final flag alone, as in Triton). Parameter `take`: stop reading
+# after that many.
 STREAMSUM_PY = (
     _TRITON_COMMON
     + """
@@ -131,10 +132,13 @@ class TritonPythonModel:
                 requested_output_names=["OUT"],
                 inputs=[pb_utils.Tensor("IN", np.array([value_of(request)], np.float32))],
             )
+            take = int(json.loads(request.parameters()).get("take", 0))
             total, count, last_empty, error = 0.0, 0, False, None
             for response in bls.exec(decoupled=True):
                 if response.has_error():
                     error = response
+                    break
+                if take and count == take:  # dropping the iterator ends the call
                     break
                 count += 1
                 last_empty = len(response.output_tensors()) == 0

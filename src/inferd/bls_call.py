@@ -21,6 +21,11 @@ from typing import Any, Protocol
 from inferd.events import CallContext
 from inferd.types import Array
 
+# How many responses of a decoupled call may wait for the model to take them (on the
+# server's loop, and again in a worker process): past that, the call stops reading the
+# called model's stream, whose own bounded queue then holds its sender.
+STREAM_AHEAD = 8
+
 
 @dataclass(slots=True)
 class BlsCall:

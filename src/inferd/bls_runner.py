@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from inferd.bls_call import BlsCall, BlsResult, Caller
+from inferd.bls_call import STREAM_AHEAD, BlsCall, BlsResult, Caller
 from inferd.datatypes import v2_datatype
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import CallContext
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from inferd.repository.registry import ModelRegistry
 
 log = logging.getLogger("inferd.bls")
-
-# How many responses of a decoupled call wait for the model to take them: the pump stops
-# reading the called model's stream meanwhile (whose own bounded queue then holds its sender).
-STREAM_AHEAD = 8
 
 
 class BlsError(Exception):

@@ -94,9 +94,15 @@ class ModelContext:
         """A decoupled model's responses, each as it comes (a model that is not decoupled
         gives one); an error response raises `ModelCallError` where it comes."""
         call = _call(model, inputs, outputs, version, timeout_us, parameters, True)
-        for result in _host("infer_stream").infer_stream(call):
-            if result.error_kind or result.outputs is not None:
-                yield _outputs(result)
+        results = _host("infer_stream").infer_stream(call)
+        try:
+            for result in results:
+                if result.error_kind or result.outputs is not None:
+                    yield _outputs(result)
+        finally:  # the model stopped early: the call ends
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()
 
 
 class ModelCallError(Exception):

@@ -74,6 +74,17 @@ def test_decoupled_exec_iterates_the_responses(client: Client, iso: str) -> None
     # repeat sends 1, 2, 3, then the final flag alone: Triton's empty last response.
     assert ask(client, f"streamsum_{iso}", 3) == (6.0, "4 responses, last empty: True")
     assert ask(client, f"streamsum_{iso}", 0) == (0.0, "1 responses, last empty: True")
+    # More responses than the call lets wait for the model (bls_call.STREAM_AHEAD).
+    assert ask(client, f"streamsum_{iso}", 40) == (820.0, "41 responses, last empty: True")
+
+
+@pytest.mark.parametrize("iso", ISOLATIONS)
+def test_a_stream_the_model_stops_reading_ends(client: Client, iso: str) -> None:
+    # repeat would send 500; the model takes 2 and drops the iterator: the call ends, and
+    # repeat's one instance is free for the next call (else this would wait for good).
+    out, message = ask(client, f"streamsum_{iso}", 500, parameters={"take": 2})
+    assert (out, message) == (3.0, "2 responses, last empty: False")
+    assert ask(client, f"streamsum_{iso}", 3) == (6.0, "4 responses, last empty: True")
 
 
 # (case, request parameters for the relay, TritonError code, words of the message)

@@ -2,9 +2,12 @@
 other models (worker_child_bls.py is the child's end).
 
 Child → parent: `("infer", id, BlsCall)`, `("stream", id, BlsCall)` (a decoupled call),
-`("close", id)` (the model stopped reading a stream); parent → child: `("result", id,
-BlsResult)`, once per call, or once per response of a stream (the last one `final`). Calls
-are answered as they finish, in any order, so a model's gathered `async_exec`s run at once.
+`("more", id)` (the model took one of a stream's responses), `("close", id)` (the model
+stopped reading a stream); parent → child: `("result", id, BlsResult)`, once per call, or
+once per response of a stream (the last one `final`). Calls are answered as they finish, in
+any order, so a model's gathered `async_exec`s run at once. A stream sends at most
+`STREAM_AHEAD` responses the model has not taken: then it waits (and the called model's own
+bounded stream holds its sender), so no queue on either side grows without bound.
 
 Each call runs through the instance's host (python_host.InstanceHost: the server's event
 loop) for the requests the instance is executing (`callers`, set by the executing thread):
@@ -25,7 +28,7 @@ from typing import Any
 
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import InstanceModelHost
-from inferd.bls_call import BlsCall, BlsResult, Caller, executing
+from inferd.bls_call import STREAM_AHEAD, BlsCall, BlsResult, Caller, executing
 
 log = logging.getLogger("inferd.backends.python")
 
@@ -35,10 +38,10 @@ class BlsServer:
         self._conn = conn
         self._host = host
         self.callers: tuple[Caller, ...] = ()  # of the batch the worker executes now
-        self._streams: dict[int, Iterator[BlsResult]] = {}
+        self._streams: dict[int, _Relayed] = {}
         self._lock = threading.Lock()
-        # Answers wait here for the sending thread: one per call in flight; a stream's
-        # responses as fast as the called model sends them (the child queues them too).
+        # Answers wait here for the sending thread: one per call in flight, up to
+        # STREAM_AHEAD per stream.
         self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._name = name
         for target, role in ((self._serve, "bls"), (self._send_answers, "bls-send")):
@@ -57,21 +60,18 @@ class BlsServer:
                 log.exception("model %s: an unreadable BLS message", self._name)
                 continue
             kind, call_id = message[0], message[1]
-            if kind == "close":
+            if kind in ("more", "close"):
                 with self._lock:
-                    stream = self._streams.pop(call_id, None)
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
+                    relayed = self._streams.get(call_id)
+                if relayed is not None:
+                    relayed.taken() if kind == "more" else relayed.close()
                 continue
             self._start(kind, call_id, message[2])
         self.close()
         with self._lock:
             streams, self._streams = list(self._streams.values()), {}
-        for stream in streams:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+        for relayed in streams:
+            relayed.close()
 
     def _start(self, kind: str, call_id: int, call: BlsCall) -> None:
         host = self._host
@@ -88,22 +88,26 @@ class BlsServer:
             self._answer(call_id, _error(exc.message()))
             return
         if kind == "stream":
+            relayed = _Relayed(stream)
             with self._lock:
-                self._streams[call_id] = stream
+                self._streams[call_id] = relayed
             threading.Thread(
                 target=self._relay,
-                args=(call_id, stream),
+                args=(call_id, relayed),
                 name=f"{self._name}-bls-stream",
                 daemon=True,
             ).start()
         else:
             future.add_done_callback(lambda f: self._answer(call_id, _outcome(f)))
 
-    def _relay(self, call_id: int, stream: Iterator[BlsResult]) -> None:
-        """A decoupled call's responses, one by one, as the server's loop gives them."""
+    def _relay(self, call_id: int, relayed: _Relayed) -> None:
+        """A decoupled call's responses, one by one, as the server's loop gives them and
+        the model takes them."""
         try:
-            for item in stream:
+            for item in relayed.stream:
                 self._answer(call_id, item)
+                if item.final or not relayed.wait_credit():
+                    break
         except Exception as exc:
             self._answer(call_id, _error(f"the call's stream failed: {exc}"))
         finally:
@@ -130,6 +134,30 @@ class BlsServer:
                     self._conn.send_bytes(pickle.dumps(fallback))
                 except (OSError, ValueError):
                     return
+
+
+class _Relayed:
+    """A stream being relayed: how many more responses may go before the model takes one."""
+
+    def __init__(self, stream: Iterator[BlsResult]) -> None:
+        self.stream = stream
+        self._credit = threading.Semaphore(STREAM_AHEAD)
+        self._closed = False
+
+    def wait_credit(self) -> bool:
+        """Wait until the model may be sent another response; False once it stopped reading."""
+        self._credit.acquire()
+        return not self._closed
+
+    def taken(self) -> None:
+        self._credit.release()
+
+    def close(self) -> None:
+        self._closed = True
+        self._credit.release()  # a relay waiting for credit wakes, and stops
+        close = getattr(self.stream, "close", None)
+        if close is not None:
+            close()
 
 
 def _outcome(future: concurrent.futures.Future[BlsResult]) -> BlsResult:

@@ -1,6 +1,7 @@
 """The child's end of the BLS pipe (worker_bls.py has the protocol): a model's calls to
 other models, from any thread of the worker, each with an id; a reader thread hands each
-answer to the call that waits for it."""
+answer to the call that waits for it (a stream's: into its queue, which holds at most
+STREAM_AHEAD responses the model has not taken: it says when it took one)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ class BlsClient:
                 _deliver(waiter, _GONE)
         return call_id
 
+    def took(self, call_id: int) -> None:
+        """The model took one of a stream's responses: the parent may send one more."""
+        with self._lock:
+            if self._gone or call_id not in self._waiting:
+                return
+            with contextlib.suppress(OSError, ValueError):
+                self._conn.send_bytes(pickle.dumps(("more", call_id)))
+
     def close_stream(self, call_id: int) -> None:
         with self._lock:
             if self._waiting.pop(call_id, None) is None or self._gone:
@@ -114,9 +123,14 @@ class _PipeStream:
             raise StopIteration
         item = self._answers.get()
         self._done = item.final
+        if not item.final:
+            self._client.took(self._id)
         return item
 
     def close(self) -> None:
         if not self._done:
             self._done = True
             self._client.close_stream(self._id)
+
+    def __del__(self) -> None:  # the model dropped the iterator before its end
+        self.close()
