@@ -11,17 +11,18 @@ execution included).
 
 from __future__ import annotations
 
+import http.client
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.servers import run_server  # noqa: E402
+from tests.server_process import check_still_serving, free_port, wait_until_serving  # noqa: E402
 
 CODE = """
 import numpy as np
@@ -75,18 +76,40 @@ def main(per_round: int, rounds: int) -> None:
         for case in CASES:
             extra = process if case.endswith("process") else ""
             write(repo, case, CODE.format(call=case.startswith("relay")), extra)
-        body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [3]}]}
+        body = json.dumps(
+            {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [3]}]}
+        )
+        port = free_port()
+        server = subprocess.Popen(
+            [
+                sys.executable, "-m", "inferd", "serve", "--model-repository", str(repo),
+                "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
+                "--log-level", "WARNING",
+            ],
+        )  # fmt: skip
         times: dict[str, list[float]] = {case: [] for case in CASES}
-        with run_server(repo) as server, httpx.Client(base_url=server.url) as client:
+        try:
+            wait_until_serving(server.pid, port, exit_code=server.poll, timeout_s=120)
+            client = http.client.HTTPConnection("127.0.0.1", port)  # one keep-alive connection
+
+            def infer(case: str) -> float:
+                start = time.perf_counter()
+                client.request("POST", f"/v2/models/{case}/infer", body)
+                answer = client.getresponse().read()
+                took = time.perf_counter() - start
+                assert json.loads(answer)["outputs"][0]["data"] == [7.0], answer
+                return took
+
             for case in CASES:  # warm up each path
                 for _ in range(50):
-                    client.post(f"/v2/models/{case}/infer", json=body).raise_for_status()
+                    infer(case)
             for _ in range(rounds * per_round):
                 for case in CASES:  # one request of each case in turn: the noise hits all
-                    start = time.perf_counter()
-                    r = client.post(f"/v2/models/{case}/infer", json=body)
-                    times[case].append(time.perf_counter() - start)
-                    assert r.json()["outputs"][0]["data"] == [7.0], r.text
+                    times[case].append(infer(case))
+            check_still_serving(server.pid, port, server.poll)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
         median = {case: statistics.median(t) * 1e6 for case, t in times.items()}
         for case in CASES:
             print(f"{case:14} median {median[case]:8.1f} us  ({len(times[case])} requests)")
