@@ -13,6 +13,8 @@
 A decoupled model (`model_transaction_policy { decoupled: true }`) defines `predict_stream`
 instead of `predict`: called once per request, it sends any number of responses and then the
 final flag through a `ResponseSender`. `load`, `predict` and `unload` may be `async def`.
+A model calls other models of the repository through the `ModelContext` given to `load`
+(`context.infer`, `await context.infer_async`, `context.infer_stream`; BLS).
 
 See docs/python-models.md.
 """
