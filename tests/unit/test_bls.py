@@ -31,7 +31,7 @@ def _request(**kwargs: object) -> pb_utils.InferenceRequest:
     ("kwargs", "words"),
     [
         ({"timeout": -1}, "timeout must be a non-negative int"),
-        ({"model_version": "2"}, "model_version must be an int"),
+        ({"model_version": 2.0}, "model_version must be an int"),
         ({"flags": 1.5}, "flags must be an int"),
         ({"requested_output_names": "OUT"}, "requested_output_names must be a list of str"),
     ],
@@ -72,6 +72,7 @@ def test_a_request_becomes_the_call_triton_would_make() -> None:
     assert call.timeout_us == 2500
     every = _request(requested_output_names=[])._bls_call(decoupled=True)
     assert every.output_names is None and every.model_version == "" and every.decoupled
+    assert _request(model_version="2")._bls_call(decoupled=False).model_version == "2"
 
 
 def _ctx(deadline_ns: int | None, trace: str = "") -> CallContext:

@@ -72,7 +72,7 @@ class InferenceRequest:
         inputs: Sequence[Tensor] = (),
         requested_output_names: Sequence[str] = (),
         model_name: str = "",
-        model_version: int = -1,
+        model_version: int | str = -1,
         flags: int = 0,
         timeout: int = 0,
         preferred_memory: PreferredMemory | None = None,
@@ -81,9 +81,13 @@ class InferenceRequest:
     ) -> None:
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, int | str):
             raise TritonModelException("Correlation ID must be integer or string")
-        for keyword, value in (("model_version", model_version), ("flags", flags)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TritonModelException(f"InferenceRequest: {keyword} must be an int")
+        if isinstance(flags, bool) or not isinstance(flags, int):
+            raise TritonModelException("InferenceRequest: flags must be an int")
+        # Triton's is an int (-1: the default version); a version string is taken too.
+        if isinstance(model_version, bool) or not isinstance(model_version, int | str):
+            raise TritonModelException(
+                "InferenceRequest: model_version must be an int (-1: the default version)"
+            )
         if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
             raise TritonModelException(
                 "InferenceRequest: timeout must be a non-negative int (microseconds)"
