@@ -249,10 +249,16 @@ class _StreamReader:
         return item
 
     def close(self) -> None:
-        """The model stops reading: the call ends (its pump is cancelled)."""
+        """The model stops reading: the call ends (its pump is cancelled, and a thread
+        still waiting in `__next__` wakes)."""
         self._done = self._closed = True
         with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to cancel
             self._task.cancel()
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        if not self._queue.full():  # full: nobody waits for an item
+            self._queue.put_nowait(BlsResult(None, "CANCELLED", "the stream was closed"))
 
     def __del__(self) -> None:
         if not self._done:
