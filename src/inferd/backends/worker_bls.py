@@ -47,7 +47,8 @@ class BlsServer:
         for target, role in ((self._serve, "bls"), (self._send_answers, "bls-send")):
             threading.Thread(target=target, name=f"{name}-{role}", daemon=True).start()
 
-    def close(self) -> None:
+    def _finish(self) -> None:
+        """Once the child's end closed: the sending thread stops and closes the pipe."""
         self._outbox.put(None)
 
     def _serve(self) -> None:
@@ -67,7 +68,7 @@ class BlsServer:
                     relayed.taken() if kind == "more" else relayed.close()
                 continue
             self._start(kind, call_id, message[2])
-        self.close()
+        self._finish()
         with self._lock:
             streams, self._streams = list(self._streams.values()), {}
         for relayed in streams:
@@ -120,7 +121,8 @@ class BlsServer:
     def _send_answers(self) -> None:
         while True:
             message = self._outbox.get()
-            if message is None:
+            if message is None:  # the worker is gone: nothing reads or writes the pipe now
+                self._conn.close()
                 return
             try:
                 data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)

@@ -114,7 +114,6 @@ class Worker:
         log_write.close()
         ready_child.close()
         bls_child.close()
-        self._bls_conn = bls_conn
         self.bls = BlsServer(
             bls_conn, host, f"inferd-model-{spec.model_name}-{spec.instance_index}"
         )
@@ -275,8 +274,7 @@ class Worker:
                 pass
         self.reap()
         self._conn.close()
-        self._ready_conn.close()
-        self._bls_conn.close()
+        self._ready_conn.close()  # (the BLS pipe closes itself once the child is gone)
         return unload_error
 
     def reap(self) -> None:
