@@ -64,6 +64,12 @@ def test_exec_answers_with_the_called_models_outputs(client: Client, iso: str) -
     assert ask(client, f"relay_{iso}", 3) == (7.0, "ok")  # double's 6, plus one
 
 
+def test_calls_nest_across_isolations(client: Client) -> None:
+    # relay_process calls relay_inproc, which calls double: (2 * 3 + 1) + 1.
+    assert ask(client, "relay_process", 3, parameters={"target": "relay_inproc"}) == (8.0, "ok")
+    assert ask(client, "relay_inproc", 3, parameters={"target": "relay_process"}) == (8.0, "ok")
+
+
 @pytest.mark.parametrize("iso", ISOLATIONS)
 def test_async_exec_calls_gathered_run_together(client: Client, iso: str) -> None:
     assert ask(client, f"fanout_{iso}", 1) == (2.0 + 4.0 + 6.0, "3 calls")
