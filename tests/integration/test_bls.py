@@ -185,7 +185,9 @@ def test_a_client_that_leaves_cancels_its_calls_not_yet_run(
     async def scenario() -> None:
         async with AsyncInfer(protocol, server) as keeper, AsyncInfer(protocol, server) as gone:
             busy = asyncio.create_task(keeper("target", 51))  # holds target's one instance
-            await until(batcher, lambda b: b.inflight() == 1, "request 51 executing")
+            await until(
+                batcher, lambda b: b.inflight() == 1 and b.queue_depth() == 0, "51 executing"
+            )
             leaving = asyncio.create_task(gone(f"{GUARD}_{iso}", value))
             await until(batcher, lambda b: b.queue_depth() == 1, "the BLS call queued")
             leaving.cancel()  # the client gives up while its execute awaits the call
