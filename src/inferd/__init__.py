@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 from inferd.python_model import (  # noqa: E402
     SEQUENCE_END,
     SEQUENCE_START,
+    ModelCallError,
     ModelContext,
     PythonModel,
     RequestInfo,
@@ -17,6 +18,7 @@ from inferd.shared_arrays import SharedArrayError, shared_array  # noqa: E402
 __all__ = [
     "SEQUENCE_END",
     "SEQUENCE_START",
+    "ModelCallError",
     "ModelContext",
     "PythonModel",
     "RequestInfo",

@@ -1,4 +1,4 @@
-"""The server's side of `pb_utils`' model loading and custom metrics calls, and of
+"""The server's side of `pb_utils`' model loading, custom metrics and BLS calls, and of
 `inferd.shared_array` (`ModelHost`).
 
 `ServerHost` is one per server: it runs repository calls on the server's event loop (model
@@ -11,12 +11,15 @@ when it unloads.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import MetricKind
+from inferd.bls_call import BlsCall, BlsResult, current_callers
+from inferd.bls_runner import BlsError, BlsRunner
 from inferd.custom_metrics import CustomMetrics, MetricError
 from inferd.errors import ErrorKind, InferdError
 from inferd.shared_array_store import ArrayScope, SharedArrayStore
@@ -32,11 +35,13 @@ class ServerHost:
         self.dataplane = dataplane
         self.metrics = metrics
         self.arrays = SharedArrayStore()  # inferd.shared_array's segments
+        self.bls = BlsRunner(dataplane, dataplane.registry)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The loop the repository calls run on (the server's, once it runs)."""
+        """The loop the repository and BLS calls run on (the server's, once it runs)."""
         self._loop = loop
+        self.bls.bind_loop(loop)
 
     def for_instance(self, model_name: str, scope: ArrayScope) -> InstanceHost:
         return InstanceHost(self, model_name, scope)
@@ -110,6 +115,19 @@ class InstanceHost:
                 ) from None
 
         return self._server.on_loop("pb_utils.is_model_ready", ready)
+
+    def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+        """A BLS call, for the requests this thread executes (bls_call.executing)."""
+        try:
+            return self._server.bls.submit(call, current_callers())
+        except BlsError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def infer_stream(self, call: BlsCall) -> Iterator[BlsResult]:
+        try:
+            return self._server.bls.stream(call, current_callers())
+        except BlsError as exc:
+            raise TritonModelException(str(exc)) from None
 
     def metric_family(self, name: str, description: str, kind: MetricKind) -> None:
         try:

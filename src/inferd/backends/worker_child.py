@@ -12,6 +12,7 @@ while the model's initialize, execute or finalize runs (`PipeHost`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import faulthandler
@@ -31,8 +32,10 @@ from inferd.backends.python_autocomplete import completed_config
 from inferd.backends.python_import import import_model_module
 from inferd.backends.python_instantiate import instantiate
 from inferd.backends.triton_python import TritonPythonInstance
+from inferd.backends.worker_child_bls import BlsClient
 from inferd.backends.worker_child_stream import PipeSender, serve_stream
 from inferd.backends.worker_spec import WorkerSpec
+from inferd.bls_call import BlsCall, BlsResult
 from inferd.errors import InferdError
 from inferd.shared_array_store import ArrayScope, SharedArrayError
 from inferd.signature import BoundRequest
@@ -41,9 +44,10 @@ from inferd.signature import BoundRequest
 class PipeHost:
     """A model's `ModelHost` in a worker process: each call is answered by the server."""
 
-    def __init__(self, conn: Connection, pipe: PipeSender) -> None:
+    def __init__(self, conn: Connection, pipe: PipeSender, bls: BlsClient | None = None) -> None:
         self._conn = conn
         self.pipe = pipe  # every send to the parent, from any thread, goes through it
+        self._bls = bls  # calls to other models: a pipe of their own, any time, many at once
         self._lock = threading.Lock()  # model threads may call too: one exchange at a time
         self._parent_waits = False
 
@@ -124,6 +128,17 @@ class PipeHost:
                 "model's load, predict or unload (initialize, execute or finalize) runs"
             )
 
+    def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+        return self._bls_client().infer(call)
+
+    def infer_stream(self, call: BlsCall) -> Iterator[BlsResult]:
+        return self._bls_client().infer_stream(call)
+
+    def _bls_client(self) -> BlsClient:
+        if self._bls is None:
+            raise TritonModelException("BLS needs the inferd server the model runs in")
+        return self._bls
+
 
 class _PipeLogHandler(logging.Handler):
     """Sends each record, formatted, to the parent (`Handler.handle` serialises the sends)."""
@@ -165,6 +180,7 @@ def worker_main(
     ready_conn: Connection,
     cancelled: Any,
     spec: WorkerSpec,
+    bls_conn: Connection | None = None,
 ) -> None:
     """The child process: load the model, then answer batches until told to stop."""
     faulthandler.enable()  # a segfault's traceback goes to the inherited stderr
@@ -177,7 +193,7 @@ def worker_main(
     logging.getLogger("inferd.model").setLevel(logging.DEBUG)
     model_output.install()
 
-    host = PipeHost(conn, PipeSender(conn))
+    host = PipeHost(conn, PipeSender(conn), None if bls_conn is None else BlsClient(bls_conn))
     ctx = dataclasses.replace(spec.load_context(), host=host)
     if spec.task == "auto_complete":
         try:

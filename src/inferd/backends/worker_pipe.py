@@ -11,6 +11,8 @@ threads, so it never forks) and its pipes:
 - the log pipe, child → parent: records re-emitted by the parent's logging;
 - the readiness pipe: `(question id,)` → `(question id, answer)` for `is_ready()`, answered
   by a thread of the child while its main thread may be executing;
+- the BLS pipe: the model's calls to other models, answered by id, many at once
+  (worker_bls.py);
 - `cancelled`: one shared flag per request of the batch executing, set by the parent when a
   client gives up, read by `request.is_cancelled()` in the child.
 
@@ -37,6 +39,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import InstanceModelHost, MetricKind
+from inferd.backends.worker_bls import BlsServer
 from inferd.backends.worker_child import worker_main  # the child's side
 from inferd.backends.worker_spec import WorkerSpec
 from inferd.shared_array_store import SharedArrayError
@@ -92,6 +95,7 @@ class Worker:
         self._conn, child_conn = ctx.Pipe(duplex=True)
         log_read, log_write = ctx.Pipe(duplex=False)
         self._ready_conn, ready_child = ctx.Pipe(duplex=True)
+        bls_conn, bls_child = ctx.Pipe(duplex=True)
         self._ready_lock = threading.Lock()
         self._questions = itertools.count(1)
         # A batch holds at most max_batch_size requests (one when the model does not batch).
@@ -102,7 +106,7 @@ class Worker:
         # terminates the child instead of waiting for it.
         self.process: BaseProcess = ctx.Process(
             target=worker_main,
-            args=(child_conn, log_write, ready_child, self.cancelled, spec),
+            args=(child_conn, log_write, ready_child, self.cancelled, spec, bls_child),
             name=f"inferd-model-{spec.model_name}-{spec.instance_index}",
             daemon=True,
         )
@@ -113,6 +117,10 @@ class Worker:
         child_conn.close()
         log_write.close()
         ready_child.close()
+        bls_child.close()
+        self.bls = BlsServer(
+            bls_conn, host, f"inferd-model-{spec.model_name}-{spec.instance_index}"
+        )
         self._relay = threading.Thread(
             target=self._relay_logs,
             args=(log_read, spec.model_name),
@@ -297,7 +305,7 @@ class Worker:
                 pass
         self.reap()
         self._conn.close()
-        self._ready_conn.close()
+        self._ready_conn.close()  # (the BLS pipe closes itself once the child is gone)
         return unload_error
 
     def reap(self) -> None:

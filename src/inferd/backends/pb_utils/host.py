@@ -10,6 +10,7 @@ worker's pipe.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import enum
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from inferd.backends.pb_utils.errors import TritonModelException
+from inferd.bls_call import BlsCall, BlsResult
 from inferd.shared_array_store import ArrayScope
 
 _current = threading.local()
@@ -53,6 +55,14 @@ class ModelHost(Protocol):
         ...
 
     def shared_array_built(self, name: str, error: str | None) -> None: ...
+    def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+        """A call to another model (BLS): its response, as a future (never an exception:
+        a failure is a result holding the error)."""
+        ...
+
+    def infer_stream(self, call: BlsCall) -> Iterator[BlsResult]:
+        """A decoupled call: its responses as they come, the last one `final`."""
+        ...
 
 
 class InstanceModelHost(ModelHost, Protocol):
