@@ -21,6 +21,8 @@ from inferd.monitoring.reference import (
     tensor_plans,
 )
 from inferd.repository.model_state import ModelVersion
+from inferd.scheduling.batcher import DynamicBatcher
+from inferd.scheduling.sequence_batcher import SequenceBatcher
 
 WHERE = "the reference in the request"
 
@@ -142,11 +144,16 @@ def install_reference(mv: ModelVersion, reference: Reference) -> dict[str, Any]:
     the loop, since its thread may hold the lock for a window's test)."""
     monitor: DriftMonitor | None = mv.drift
     if monitor is None:
-        if mv.batcher is None:
-            raise invalid(f"model '{mv.name}' version {mv.version} is not serving")
+        batcher = mv.batcher
+        if not isinstance(batcher, DynamicBatcher | SequenceBatcher):
+            # An ensemble executes no batch of its own: its composing models do.
+            raise invalid(
+                f"model '{mv.name}' version {mv.version} executes no batches of its own (an "
+                "ensemble): set drift references on its composing models"
+            )
         monitor = new_monitor(mv.name, mv.version, mv.config, mv.spec.drift, reference)
         monitor.start()
-        mv.batcher.observe(monitor)
+        batcher.observe(monitor)
         mv.drift = monitor
     else:
         monitor.set_reference(reference)

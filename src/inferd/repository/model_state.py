@@ -20,6 +20,7 @@ from inferd.signature import ModelSignature
 
 if TYPE_CHECKING:
     from inferd.monitoring.drift_sampler import DriftMonitor
+    from inferd.pipelines.ensemble import Ensemble
 
 
 class State(enum.Enum):
@@ -46,6 +47,11 @@ class ModelVersion:
     checksum: str = ""  # of the version directory's files
     execution_timeout_s: float = 0.0  # 0: none (docs/reliability.md)
     load_duration_s: float = 0.0
+    # An ensemble's runner (also its `batcher`); None for a model with instances.
+    ensemble: Ensemble | None = None
+    # An ensemble UNAVAILABLE only until a composing model is ready: the reason. It neither
+    # fails its load nor holds the server's readiness down (the composing model does).
+    waits_for: str = ""
     warmup_duration_s: float = 0.0
     drift: DriftMonitor | None = None  # its drift monitor (docs/monitoring.md)
     # model_transaction_policy { decoupled: true }: answers through a response stream.

@@ -34,6 +34,13 @@ class DriftOptions:
 
 def read_drift_options(config: mc.ModelConfig) -> DriftOptions:
     where = f"{config.name}/{CONFIG_FILE}: parameters"
+    if config.platform == "ensemble":
+        for key in sorted(k for k in config.parameters if k.startswith("drift_")):
+            # An ensemble executes no batch of its own: nothing would be monitored.
+            raise ConfigError(
+                f"{where}.{key}: an ensemble is not drift-monitored itself; set drift "
+                "parameters (or a reference.npz) on its composing models"
+            )
     reference, first_rows = _reference(config, where)
     outputs = {o.name for o in config.output}
     classes = frozenset(

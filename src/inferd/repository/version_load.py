@@ -101,7 +101,7 @@ async def load_version(
             mv.signature.ragged,
             execution_timeout_s=mv.execution_timeout_s,
         )
-    if drift is not None:
+    if drift is not None and isinstance(mv.batcher, DynamicBatcher | SequenceBatcher):
         drift.start()
         mv.batcher.observe(drift)
         mv.drift = drift

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from inferd.scheduling.execution import BatchObserver
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import Outcome
 from inferd.signature import BoundRequest
@@ -42,10 +41,6 @@ class Scheduler(Protocol):
 
     def unhealthy_instances(self) -> int:
         """Instances stuck past the execution timeout or with a dead worker process."""
-        ...
-
-    def observe(self, observer: BatchObserver) -> None:
-        """Hand each executed batch to `observer` too (drift monitoring)."""
         ...
 
     async def stop(self) -> None: ...

@@ -19,7 +19,8 @@ from inferd.monitoring.reference import (
     read_reference_file,
     tensor_plans,
 )
-from inferd.repository.spec_drift import DriftOptions
+from inferd.repository.config import ConfigError
+from inferd.repository.spec_drift import DriftOptions, read_drift_options
 
 OPTIONS = DriftOptions(class_outputs=frozenset({"probs"}))
 WHERE = "m/1/reference.npz"
@@ -129,3 +130,11 @@ def test_without_scipy_a_model_asking_for_drift_fails_saying_what_to_install(
         )
     # A model that asks for none loads as before.
     assert monitor_for_load("m", "1", config(), DriftOptions(reference="none"), tmp_path) is None
+
+
+def test_an_ensemble_refuses_drift_parameters() -> None:
+    ensemble = mc.ModelConfig(name="e", platform="ensemble")
+    ensemble.parameters["drift_window"].string_value = "100"
+    with pytest.raises(ConfigError, match=r"e/config.pbtxt: parameters.drift_window: an ensemble"):
+        read_drift_options(ensemble)
+    assert read_drift_options(mc.ModelConfig(name="e", platform="ensemble")) == DriftOptions()
