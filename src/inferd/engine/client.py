@@ -105,13 +105,11 @@ class EngineClient(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         while True:
             try:
-                transport, _ = await loop.create_unix_connection(
-                    lambda: self, str(self.socket_path)
-                )
+                raw, _ = await loop.create_unix_connection(lambda: self, str(self.socket_path))
                 break
             except (FileNotFoundError, ConnectionRefusedError):
                 await asyncio.sleep(RECONNECT_S)
-        assert isinstance(transport, asyncio.Transport)
+        transport = raw
         n = next(self._connections)
         stem = f"inferd-fe{os.getpid()}-{n}"
         requests = Slab(self.slab_directory / f"{stem}-req", self.slab_bytes, create=True)

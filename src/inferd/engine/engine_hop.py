@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from inferd.dataplane import DataPlane
 from inferd.engine import hop
@@ -57,9 +57,8 @@ class _FrontEndLink(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.writer = hop.FrameWriter(transport)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self.writer = hop.FrameWriter(self.transport)
         self.owner.links.add(self)
 
     def data_received(self, data: bytes) -> None:

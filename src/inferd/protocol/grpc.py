@@ -225,7 +225,7 @@ def build_server(
     servicer = InferenceServicer(dataplane, limits, offload, max_send_bytes)
     add_inference_servicer(servicer, server)
     server.add_generic_rpc_handlers((AdminService(dataplane).handler(),))
-    address = f"{host}:{port}"
+    address = host if host.startswith("unix:") else f"{host}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)
     else:
