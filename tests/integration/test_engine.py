@@ -1,0 +1,243 @@
+"""`inferd serve --workers 2 --engine`: two front ends sharing the ports, one engine.
+
+Every test runs the real command. Requests go over both protocols through the shared case
+table (tests/async_infer.py); a sequence's requests arrive on new connections (the kernel
+spreads them over the front ends) and still accumulate in the one engine; statistics are
+exact without summing anything; explicit control mode and the repository API work; killing
+a front end or the engine under load loses nothing that was accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.async_infer import OK, PROTOCOLS, UNAVAILABLE, AsyncInfer
+from tests.integration.test_metrics import scrape_url, value
+from tests.models import builders
+from tests.sequence_models import ACC_ONNX_CONFIG, accumulator_onnx
+from tests.servers import CliServer, free_port, run_cli_server
+
+START_S = 60
+
+
+@dataclass
+class Engine:
+    cli: CliServer
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def url(self) -> str:
+        return self.cli.url
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def pid(self, child: str) -> int:
+        """The live pid of child "0", "1" (front ends) or "2" (the engine), from the log."""
+        found = re.findall(rf"worker {child} started \(pid (\d+)\)", self.cli.output())
+        assert found, self.cli.output()
+        return int(found[-1])
+
+
+def _write_repo(root: Path) -> Path:
+    models = root / "models"
+    builders._save(
+        builders.identity(TensorProto.FLOAT, ["batch", "n"]),
+        models / "identity" / "1" / "model.onnx",
+    )
+    # `IN` [1, 1] -> `OUT`: what the case table sends; `spare` is loaded by a test.
+    echo = helper.make_graph(
+        [helper.make_node("Identity", ["IN"], ["OUT"])],
+        "echo",
+        [helper.make_tensor_value_info("IN", TensorProto.FLOAT, ["batch", 1])],
+        [helper.make_tensor_value_info("OUT", TensorProto.FLOAT, ["batch", 1])],
+    )
+    builders._save(builders._ir(echo), models / "echo" / "1" / "model.onnx")
+    builders._save(
+        builders.identity(TensorProto.FLOAT, ["batch", "n"]), models / "spare" / "1" / "model.onnx"
+    )
+    (models / "acc_onnx").mkdir()
+    (models / "acc_onnx" / "config.pbtxt").write_text(ACC_ONNX_CONFIG)
+    builders._save(accumulator_onnx(), models / "acc_onnx" / "1" / "model.onnx")
+    return models
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    root = tmp_path_factory.mktemp("engine")
+    models = _write_repo(root)
+    grpc_port, metrics_port = free_port(), free_port()
+    with run_cli_server(
+        models, root / "server.log", "--workers", "2", "--engine",
+        "--model-control-mode", "explicit", "--load-model", "identity",
+        "--load-model", "acc_onnx", "--load-model", "echo", "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
+    ) as cli:  # fmt: skip
+        yield Engine(cli, grpc_port, metrics_port)
+
+
+def _infer(
+    url: str, model: str, values: list[float], name: str = "INPUT0", **params: Any
+) -> httpx.Response:
+    doc: dict[str, Any] = {
+        "inputs": [{"name": name, "datatype": "FP32", "shape": [1, len(values)], "data": values}]
+    }
+    if params:
+        doc["parameters"] = params
+    # A new connection each time: the kernel may hand it to either front end.
+    with httpx.Client(base_url=url, timeout=10) as client:
+        return client.post(f"/v2/models/{model}/infer", json=doc)
+
+
+def _inference_count(url: str, model: str) -> int:
+    doc = httpx.get(f"{url}/v2/models/{model}/stats", timeout=10).json()
+    return int(doc["model_stats"][0]["inference_count"])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_infer_on_every_front_end_and_statistics_exact(engine: Engine, protocol: str) -> None:
+    before = _inference_count(engine.url, "echo")
+
+    async def scenario() -> list[Any]:
+        # Eight clients, eight connections (gRPC: channels): both front ends take some.
+        clients = [AsyncInfer(protocol, engine, connections=1) for _ in range(8)]
+        try:
+            return await asyncio.gather(*(c("echo", float(i)) for i, c in enumerate(clients)))
+        finally:
+            for c in clients:
+                await c.__aexit__(None, None, None)
+
+    replies = asyncio.run(scenario())
+    assert [r.status for r in replies] == [OK[protocol]] * 8
+    assert [r.data for r in replies] == [[float(i)] for i in range(8)]
+    # The engine's own count: no sibling to sum, nothing missed or counted twice.
+    assert _inference_count(engine.url, "echo") == before + 8
+    samples = scrape_url(f"http://127.0.0.1:{engine.metrics_port}/metrics")
+    assert value(samples, "inferd_request_success_total", model="echo", version="1") >= 8
+
+
+def test_an_error_in_the_engine_reads_as_in_one_process(engine: Engine) -> None:
+    r = _infer(engine.url, "nope", [1.0])
+    assert (r.status_code, r.json()) == (404, {"error": "unknown model 'nope'"})
+    r = _infer(engine.url, "identity", [])  # shape [1, 0] is fine; a wrong dtype is not
+    assert r.status_code == 200
+    bad = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1], "data": [1]}]}
+    r = httpx.post(f"{engine.url}/v2/models/identity/infer", json=bad, timeout=10)
+    assert r.status_code == 400 and "INPUT0" in r.json()["error"]
+
+
+def test_a_sequence_spread_over_front_ends_accumulates_in_the_engine(engine: Engine) -> None:
+    sums = []
+    for i, x in enumerate([1.0, 2.0, 3.0, 4.0]):
+        r = _infer(engine.url, "acc_onnx", [x], "IN", sequence_id=4242, sequence_start=i == 0)
+        assert r.status_code == 200, r.text
+        sums.append(r.json()["outputs"][0]["data"][0])
+    assert sums == [1.0, 3.0, 6.0, 10.0]
+
+
+def test_explicit_mode_and_the_repository_api_work(engine: Engine) -> None:
+    with httpx.Client(base_url=engine.url, timeout=30) as client:
+        assert client.get("/v2/models/spare/ready").status_code != 200
+        assert client.post("/v2/repository/models/spare/load").status_code == 200
+        # Loaded once, in the engine: every front end serves it at once.
+        for _ in range(4):
+            assert _infer(engine.url, "spare", [5.0]).status_code == 200
+        assert client.post("/v2/repository/models/spare/unload").status_code == 200
+        assert _infer(engine.url, "spare", [5.0]).status_code in (404, 503)
+
+
+def test_a_killed_front_end_loses_only_its_connections(engine: Engine) -> None:
+    victim = engine.pid("0")
+    answered, lost = _under_load(engine, lambda: os.kill(victim, signal.SIGKILL))
+    assert answered > 0
+    _wait_until(lambda: engine.pid("0") != victim, "front end 0 restarted")
+    _wait_until(lambda: _ready(engine.url), "ready again")
+    assert _infer(engine.url, "identity", [1.0]).status_code == 200
+
+
+def test_a_killed_engine_answers_503_at_once_then_comes_back(engine: Engine) -> None:
+    victim = engine.pid("2")
+    os.kill(victim, signal.SIGKILL)
+    _wait_until(lambda: not _ready(engine.url), "not ready while the engine is away")
+
+    async def while_away() -> list[str]:
+        async with AsyncInfer("http", engine, timeout_s=5) as h, AsyncInfer("grpc", engine) as g:
+            return [(await h("echo", 1.0)).status, (await g("echo", 1.0)).status]
+
+    statuses = asyncio.run(while_away())
+    if _ready(engine.url):  # the new engine was quicker than this test
+        pytest.skip("the engine restarted before the test could ask")
+    assert statuses in ([UNAVAILABLE["http"], UNAVAILABLE["grpc"]], [OK["http"], OK["grpc"]])
+    _wait_until(lambda: _ready(engine.url), "ready once the engine is back")
+    # It reloaded what the command line loads (explicit mode: --load-model).
+    assert _infer(engine.url, "identity", [2.0]).json()["outputs"][0]["data"] == [2.0]
+
+
+def _under_load(engine: Engine, kill: Any) -> tuple[int, int]:
+    """Requests from 8 connections while `kill` runs; every one gets exactly one outcome:
+    an answer (200, or 503 while an engine is away) or, for the killed front end's own
+    connections only, a lost connection. None hangs."""
+
+    async def scenario() -> tuple[int, int]:
+        answered = lost = 0
+        async with httpx.AsyncClient(base_url=engine.url, timeout=10) as client:
+
+            async def one(i: int) -> str:
+                doc = {
+                    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [i]}]
+                }
+                try:
+                    r = await client.post("/v2/models/identity/infer", json=doc)
+                except httpx.TransportError:
+                    return "lost"
+                assert r.status_code in (200, 503), r.text
+                return "answered"
+
+            for round_ in range(20):
+                if round_ == 5:
+                    kill()
+                outcomes = await asyncio.gather(*(one(i) for i in range(8)))
+                answered += outcomes.count("answered")
+                lost += outcomes.count("lost")
+        return answered, lost
+
+    return asyncio.run(scenario())
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _wait_until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + START_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        time.sleep(0.05)
+
+
+def test_sigterm_drains_front_ends_then_the_engine_and_exits_0(tmp_path: Path) -> None:
+    models = _write_repo(tmp_path)
+    with run_cli_server(models, tmp_path / "server.log", "--workers", "2", "--engine") as cli:
+        assert _infer(cli.url, "identity", [1.0]).status_code == 200
+        assert cli.stop() == 0
+        out = cli.output()
+    # Front ends first (their open requests finish in the engine), then the engine.
+    stopped = re.findall(r"all workers stopped \(exit codes (\[[^\]]*\])\)", out)
+    assert stopped == ["[0, 0]", "[0]"], out
