@@ -8,7 +8,6 @@ once and read in place as an `np.ndarray` over the mapping: no pickling, no seco
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import mmap
 import os
@@ -20,6 +19,7 @@ import numpy as np
 from inferd.types import Array
 
 ALIGN = 64  # a cache line: every tensor starts on one (numpy and the backends like aligned data)
+MIN_CLASS = 256  # the smallest region (a multiple of ALIGN: every offset stays aligned)
 DEFAULT_SLAB_BYTES = 64 << 20
 
 
@@ -47,8 +47,10 @@ class Slab:
 
     def write(self, offset: int, array: Array) -> None:
         """`array`'s bytes at `offset` (one copy, C order)."""
-        view = np.ndarray(array.shape, array.dtype, self.buffer, offset)
-        view[...] = array
+        if array.flags.c_contiguous:
+            self.buffer[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8)
+        else:
+            np.ndarray(array.shape, array.dtype, self.buffer, offset)[...] = array
 
     def view(self, offset: int, dtype: Any, shape: tuple[int, ...]) -> Array:
         """The array at `offset`, read in place (valid until its region is freed)."""
@@ -61,46 +63,37 @@ class Slab:
 
 
 class SlabAllocator:
-    """First fit over a sorted list of free extents, neighbours merged on free. A request
-    holds a handful of tensors, so lists beat anything cleverer."""
+    """Size classes (powers of two from MIN_CLASS) over a bump pointer: a freed region goes
+    on its class's free list and is the next of that class to be handed out. O(1) each way
+    (a first-fit list cost microseconds per request); the price is up to 2x per region and
+    no merging, bounded by the slab: past it `alloc` says -1 and the tensor goes inline."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._starts: list[int] = [0]  # free extents, by start
-        self._sizes: list[int] = [size]
-        self._used: dict[int, int] = {}  # offset -> size, of allocated regions
+        self._top = 0  # the bump pointer: never handed out at or past it
+        self._free: dict[int, list[int]] = {}  # class size -> free offsets of that size
+        self._used: dict[int, int] = {}  # offset -> class size, of allocated regions
         self.used_bytes = 0
 
     def alloc(self, nbytes: int) -> int:
-        """The offset of a free region of `nbytes` (rounded up to ALIGN), or -1 if none."""
-        need = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
-        for i, free in enumerate(self._sizes):
-            if free >= need:
-                start = self._starts[i]
-                if free == need:
-                    del self._starts[i], self._sizes[i]
-                else:
-                    self._starts[i] = start + need
-                    self._sizes[i] = free - need
-                self._used[start] = need
-                self.used_bytes += need
-                return start
-        return -1
+        """The offset of a free region of at least `nbytes`, or -1 if there is none."""
+        size = MIN_CLASS if nbytes <= MIN_CLASS else 1 << (nbytes - 1).bit_length()
+        free = self._free.get(size)
+        if free:
+            offset = free.pop()
+        elif self._top + size <= self.size:
+            offset = self._top
+            self._top += size
+        else:
+            return -1
+        self._used[offset] = size
+        self.used_bytes += size
+        return offset
 
     def free(self, offset: int) -> None:
         size = self._used.pop(offset)
         self.used_bytes -= size
-        i = bisect.bisect(self._starts, offset)
-        starts, sizes = self._starts, self._sizes
-        if i > 0 and starts[i - 1] + sizes[i - 1] == offset:  # merge with the one before
-            i -= 1
-            sizes[i] += size
-        else:
-            starts.insert(i, offset)
-            sizes.insert(i, size)
-        if i + 1 < len(starts) and starts[i] + sizes[i] == starts[i + 1]:  # and the one after
-            sizes[i] += sizes[i + 1]
-            del starts[i + 1], sizes[i + 1]
+        self._free.setdefault(size, []).append(offset)
 
     @property
     def regions(self) -> int:

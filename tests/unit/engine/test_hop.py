@@ -19,24 +19,25 @@ from inferd.dataplane import DataPlane
 from inferd.engine import hop
 from inferd.engine.client import EngineClient
 from inferd.engine.engine_hop import EngineHop
-from inferd.engine.slab import ALIGN, Slab, SlabAllocator
+from inferd.engine.slab import ALIGN, MIN_CLASS, Slab, SlabAllocator
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
 from inferd.types import InferRequest, SharedMemoryRef, Tensor
 
 
-def test_the_allocator_reuses_and_merges_what_is_freed() -> None:
-    a = SlabAllocator(4 * ALIGN)
-    first, second, third = a.alloc(1), a.alloc(ALIGN + 1), a.alloc(ALIGN)
-    assert (first, second, third) == (0, ALIGN, 3 * ALIGN)
-    assert a.alloc(1) == -1  # full
+def test_the_allocator_hands_out_aligned_regions_and_reuses_freed_ones() -> None:
+    a = SlabAllocator(4 * MIN_CLASS)
+    first, second = a.alloc(1), a.alloc(MIN_CLASS + 1)  # classes MIN_CLASS and 2 * MIN_CLASS
+    assert (first, second) == (0, MIN_CLASS)
+    assert all(offset % ALIGN == 0 for offset in (first, second))
+    assert a.alloc(MIN_CLASS) == 3 * MIN_CLASS
+    assert a.alloc(1) == -1  # full: the caller sends the tensor inline
     a.free(second)
-    assert a.alloc(3 * ALIGN) == -1  # the hole is two lines
+    assert a.alloc(2 * MIN_CLASS) == MIN_CLASS  # the freed region of that class, again
     a.free(first)
-    a.free(third)  # every hole merged back into one
-    assert a.used_bytes == 0 and a.regions == 0
-    assert a.alloc(4 * ALIGN) == 0
+    assert a.alloc(MIN_CLASS - 1) == 0
+    assert a.regions == 3 and a.used_bytes == 4 * MIN_CLASS
 
 
 def test_tensors_cross_a_slab_in_place(tmp_path: Path) -> None:
