@@ -214,7 +214,8 @@ def main() -> None:
             print(f"   round {r + 1} {name:22s} p50 {p50:6.0f} µs  ({cpu})")
     one, two = (statistics.median(v) for v in p50s.values())
     print(
-        f"   median p50: one process {one:.0f} µs, engine {two:.0f} µs: the hop adds {two - one:.0f} µs"
+        f"   median p50: one process {one:.0f} µs, engine {two:.0f} µs: "
+        f"the hop adds {two - one:.0f} µs"
     )
 
 
