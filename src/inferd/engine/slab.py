@@ -48,9 +48,7 @@ class Slab:
     def write(self, offset: int, array: Array) -> None:
         """`array`'s bytes at `offset` (one copy, C order)."""
         if array.flags.c_contiguous:
-            self.buffer[offset : offset + array.nbytes] = memoryview(
-                array.reshape(-1).view(np.uint8)
-            )
+            self.buffer[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8).data
         else:
             np.ndarray(array.shape, array.dtype, self.buffer, offset)[...] = array
 
