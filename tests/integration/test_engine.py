@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import re
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -20,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 
 from tests.async_infer import OK, PROTOCOLS, UNAVAILABLE, AsyncInfer
 from tests.integration.test_metrics import scrape_url, value
-from tests.models import builders
+from tests.models import EXAMPLES, builders
 from tests.sequence_models import ACC_ONNX_CONFIG, accumulator_onnx
 from tests.servers import CliServer, free_port, run_cli_server
 
@@ -70,6 +74,8 @@ def _write_repo(root: Path) -> Path:
     builders._save(
         builders.identity(TensorProto.FLOAT, ["batch", "n"]), models / "spare" / "1" / "model.onnx"
     )
+    # A decoupled model (examples/models/word_stream: one response per word).
+    shutil.copytree(EXAMPLES / "models" / "word_stream", models / "word_stream")
     (models / "acc_onnx").mkdir()
     (models / "acc_onnx" / "config.pbtxt").write_text(ACC_ONNX_CONFIG)
     builders._save(accumulator_onnx(), models / "acc_onnx" / "1" / "model.onnx")
@@ -84,8 +90,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     with run_cli_server(
         models, root / "server.log", "--workers", "2", "--engine",
         "--model-control-mode", "explicit", "--load-model", "identity",
-        "--load-model", "acc_onnx", "--load-model", "echo", "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port),
+        "--load-model", "acc_onnx", "--load-model", "echo", "--load-model", "word_stream",
+        "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
     ) as cli:  # fmt: skip
         yield Engine(cli, grpc_port, metrics_port)
 
@@ -147,6 +153,35 @@ def test_a_sequence_spread_over_front_ends_accumulates_in_the_engine(engine: Eng
         assert r.status_code == 200, r.text
         sums.append(r.json()["outputs"][0]["data"][0])
     assert sums == [1.0, 3.0, 6.0, 10.0]
+
+
+def test_streams_of_a_decoupled_model_over_both_protocols(engine: Engine) -> None:
+    with httpx.stream(
+        "POST",
+        f"{engine.url}/v2/models/word_stream/generate_stream",
+        json={"text_input": "one two three"},
+        timeout=30,
+    ) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200
+    assert [e.split('"text_output":"')[1].split('"')[0] for e in events] == ["one", "two", "three"]
+
+    client = grpcclient.InferenceServerClient(engine.grpc_address)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"alpha beta"], dtype=object))
+        client.async_stream_infer("word_stream", [text], request_id="s1")
+        words = []
+        for _ in range(2):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            words.append(result.as_numpy("text_output").tolist())
+    finally:
+        client.stop_stream()
+        client.close()
+    assert words == [[b"alpha"], [b"beta"]]
 
 
 def test_explicit_mode_and_the_repository_api_work(engine: Engine) -> None:
