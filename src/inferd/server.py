@@ -24,6 +24,7 @@ from inferd.custom_metrics import CustomMetrics
 from inferd.dataplane import DataPlane
 from inferd.engine import sockets as engine_sockets
 from inferd.engine.engine_hop import EngineHop
+from inferd.engine.metrics import FrontEndCollector
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
 from inferd.metrics import MetricsSink
@@ -159,6 +160,9 @@ class InferenceServer:
             await self._start_grpc(self.settings.grpc_port)
         if self.engine_directory is not None:  # last: front ends connect once models loaded
             self.engine_hop = EngineHop(self.dataplane, engine_sockets.hop(self.engine_directory))
+            if self.metrics is not None:
+                collector = FrontEndCollector(self.engine_hop, self.settings.workers)
+                self.metrics.prometheus.register(collector)
             await self.engine_hop.start()
         if self.worker is not None:
             metrics = self.metrics

@@ -134,6 +134,10 @@ def test_infer_on_every_front_end_and_statistics_exact(engine: Engine, protocol:
     assert _inference_count(engine.url, "echo") == before + 8
     samples = scrape_url(f"http://127.0.0.1:{engine.metrics_port}/metrics")
     assert value(samples, "inferd_request_success_total", model="echo", version="1") >= 8
+    # One endpoint, the front ends' series beside the engine's.
+    assert value(samples, "inferd_front_ends_connected") == 2
+    taken = [value(samples, "inferd_front_end_requests_total", front_end=i) for i in "01"]
+    assert sum(taken) >= 8
 
 
 def test_an_error_in_the_engine_reads_as_in_one_process(engine: Engine) -> None:

@@ -76,8 +76,11 @@ class EngineClient(asyncio.Protocol):
         socket_path: Path,
         slab_directory: Path,
         slab_bytes: int = DEFAULT_SLAB_BYTES,
+        index: int = 0,
     ) -> None:
         self._access = access
+        self.index = index  # which front end this is (its metrics' `front_end` label)
+        self.refused = 0  # requests answered 503 here for want of an engine
         self.socket_path = socket_path
         self.slab_directory = slab_directory
         self.slab_bytes = slab_bytes
@@ -115,9 +118,9 @@ class EngineClient(asyncio.Protocol):
         requests = Slab(self.slab_directory / f"{stem}-req", self.slab_bytes, create=True)
         responses = Slab(self.slab_directory / f"{stem}-resp", self.slab_bytes, create=True)
         writer = hop.FrameWriter(transport)
-        writer.send(
-            (hop.HELLO, str(requests.path), requests.size, str(responses.path), responses.size)
-        )
+        counts = {"refused": self.refused, "engine_lost": self.engine_restarts_seen}
+        hello = (hop.HELLO, str(requests.path), requests.size, str(responses.path), responses.size)
+        writer.send((*hello, self.index, counts))
         self._allocator = SlabAllocator(self.slab_bytes)
         self._reader = hop.FrameReader()
         self._link = (transport, writer, requests, responses)
@@ -174,6 +177,7 @@ class EngineClient(asyncio.Protocol):
         if self.is_shutting_down:
             raise unavailable("the server is shutting down; retry on another replica")
         if self._link is None:
+            self.refused += 1
             raise unavailable(_ENGINE_GONE)
 
     async def infer(self, call: FrontCall, request: InferRequest) -> InferResponse:

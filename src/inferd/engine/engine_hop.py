@@ -28,6 +28,10 @@ class EngineHop:
         self.dataplane = dataplane
         self.path = path
         self.links: set[_FrontEndLink] = set()
+        # Per front end index, for the metrics (engine/metrics.py): infer requests taken,
+        # and what each front end reported at its last hello (its own 503s, engine losses).
+        self.requests: dict[int, int] = {}
+        self.reported: dict[int, dict[str, int]] = {}
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -55,6 +59,7 @@ class _FrontEndLink(asyncio.Protocol):
         self.responses: Slab | None = None
         self.allocator = SlabAllocator(0)
         self.transport: asyncio.Transport | None = None
+        self.front_end = -1  # its index, from its hello
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -73,6 +78,8 @@ class _FrontEndLink(asyncio.Protocol):
             if kind == hop.REQUEST:
                 seq = message[1]
                 self.tasks[seq] = asyncio.create_task(self._serve(seq, message))
+                requests = self.owner.requests
+                requests[self.front_end] = requests.get(self.front_end, 0) + 1
             elif kind == hop.RELEASE:
                 for offset in message[1]:
                     self.allocator.free(offset)
@@ -81,7 +88,8 @@ class _FrontEndLink(asyncio.Protocol):
                 if task is not None:
                     task.cancel()
             elif kind == hop.HELLO:
-                _, request_path, request_size, response_path, response_size = message
+                _, request_path, request_size, response_path, response_size = message[:5]
+                self.front_end, self.owner.reported[self.front_end] = message[5:7]
                 self.requests = Slab(Path(request_path), request_size)
                 self.responses = Slab(Path(response_path), response_size)
                 self.allocator = SlabAllocator(response_size)

@@ -55,10 +55,13 @@ class _ModelInfer(UnaryInferMethod):
 
 
 class FrontEnd:
-    def __init__(self, settings: Settings, directory: Path, access: AccessPolicy) -> None:
+    def __init__(
+        self, settings: Settings, directory: Path, access: AccessPolicy, index: int = 0
+    ) -> None:
         self.settings = settings
         self.directory = directory
-        self.dataplane = EngineClient(access, sockets.hop(directory), shm_directory() or directory)
+        slabs = shm_directory() or directory
+        self.dataplane = EngineClient(access, sockets.hop(directory), slabs, index=index)
         self.shutdown = ShutdownClock(settings.exit_timeout_s)
         self.offload = Offload(settings.limits.offload_bytes)
         infer = InferEndpoint(
@@ -158,8 +161,8 @@ async def _until_accepting(path: Path) -> None:
         return
 
 
-def run_front_end(settings: Settings, directory: Path) -> None:
+def run_front_end(settings: Settings, directory: Path, index: int) -> None:
     sock = server.shared_port_socket(settings)
-    front = FrontEnd(settings, directory, server.access_policy(settings))
+    front = FrontEnd(settings, directory, server.access_policy(settings), index)
     server.UvicornServer(front.uvicorn_config(), front).run(sockets=[sock])
     front.shutdown.exit_if_incomplete()

@@ -9,7 +9,8 @@ tensors, and a tensor that finds no room in the slab, travel inline. Descriptors
 ready in the same turn of the event loop leave in one write (`FrameWriter`).
 
 Messages (the first item says which):
-    HELLO    front end -> engine   (HELLO, request slab path, size, response slab path, size)
+    HELLO    front end -> engine   (HELLO, request slab path, size, response slab path, size,
+                                    front end index, {counter: value} of what it did alone)
     REQUEST  front end -> engine   (REQUEST, seq, model, version, ctx, request fields, inputs)
     CANCEL   front end -> engine   (CANCEL, seq): the client left; the request leaves its queue
     RELEASE  front end -> engine   (RELEASE, [offset, ...]): response regions read and encoded

@@ -46,7 +46,7 @@ def _child_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> No
 
         inferd_log.configure(settings.log_level, settings.log_format, worker=slot.index)
         # The engine serves /metrics; front ends serve no port of their own beyond the shared.
-        run_front_end(dataclasses.replace(settings, metrics_port=None), slot.directory)
+        run_front_end(dataclasses.replace(settings, metrics_port=None), slot.directory, slot.index)
 
 
 class EngineSupervisor(Supervisor):
