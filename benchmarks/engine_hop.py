@@ -100,7 +100,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(repo: Path, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start(
+    repo: Path, args: list[str], log: Path, model: str = "tiny"
+) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     proc = subprocess.Popen(
         [
@@ -115,7 +117,7 @@ def _start(repo: Path, args: list[str], log: Path) -> tuple[subprocess.Popen[byt
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if _get(port, "/v2/models/tiny/ready").startswith(b"HTTP/1.1 200"):
+            if _get(port, f"/v2/models/{model}/ready").startswith(b"HTTP/1.1 200"):
                 time.sleep(1)  # every front end listening
                 return proc, port
         except OSError:
@@ -196,7 +198,7 @@ def main() -> None:
     for r in range(rounds):
         for name, args in designs.items():
             log = work / f"{r}-{len(args)}.log"
-            proc, port = _start(repo, args, log)
+            proc, port = start(repo, args, log)
             try:
                 lone_requests(port, 300)  # warm
                 pids = _pids(proc, log)

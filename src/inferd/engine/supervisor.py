@@ -31,9 +31,11 @@ def _is_engine(slot: WorkerSlot) -> bool:
 
 
 def _child_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> None:
-    """A child's entry point (a spawned interpreter, started with SIGINT ignored)."""
-    _die_with_parent()
-    if os.getppid() != supervisor_pid:
+    """A child's entry point (forked by the fork server, started with SIGINT ignored)."""
+    _die_with_parent()  # the fork server's death, which follows the supervisor's
+    try:
+        os.kill(supervisor_pid, 0)
+    except ProcessLookupError:
         return  # the supervisor died before the parent-death signal was armed
     os.setpgid(0, 0)  # as a worker: a terminal's Ctrl-C reaches the supervisor only
     if _is_engine(slot):
@@ -54,6 +56,13 @@ class EngineSupervisor(Supervisor):
         # The engine's metrics are the server's: it serves the port, not the supervisor.
         super().__init__(dataclasses.replace(settings, metrics_port=None))
         self.engine_settings = settings
+        # Children forked from one fork server that has imported inferd once: the pages of
+        # that code are shared (copy on write), so N front ends cost far less than N fresh
+        # interpreters (docs/benchmarks.md, "Memory: weights once"). Nothing it imports
+        # starts a thread or touches an accelerator; the engine loads models after its fork.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["inferd.engine.front_end", "inferd.server"])
+        self.context = context
 
     def _slots(self) -> list[WorkerSlot]:
         n = self.settings.workers
