@@ -188,6 +188,41 @@ def test_streams_of_a_decoupled_model_over_both_protocols(engine: Engine) -> Non
     assert words == [[b"alpha"], [b"beta"]]
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_system_shared_memory_is_the_engines(engine: Engine, protocol: str) -> None:
+    """A region registered through one front end serves requests on any: the engine holds
+    the table and reads and writes the regions."""
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    module: Any = httpclient if protocol == "http" else grpcclient
+    address = engine.url.removeprefix("http://") if protocol == "http" else engine.grpc_address
+    key = f"inferd-engine-{protocol}-{os.getpid()}"  # region names; their keys: /name
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    regions = {}
+    for name in ("in", "out"):
+        regions[name] = shm.create_shared_memory_region(f"{key}-{name}", f"/{key}-{name}", 16)
+    shm.set_shared_memory_region(regions["in"], [x])
+    try:
+        # A new client per call: its connection may land on either front end.
+        for name in ("in", "out"):
+            module.InferenceServerClient(address).register_system_shared_memory(
+                f"{key}-{name}", f"/{key}-{name}", 16
+            )
+        for _ in range(3):
+            inp = module.InferInput("INPUT0", [1, 4], "FP32")
+            inp.set_shared_memory(f"{key}-in", 16)
+            out = module.InferRequestedOutput("OUTPUT0")
+            out.set_shared_memory(f"{key}-out", 16)
+            module.InferenceServerClient(address).infer("identity", [inp], outputs=[out])
+            answer = shm.get_contents_as_numpy(regions["out"], np.float32, [1, 4])
+            np.testing.assert_array_equal(answer, x)
+    finally:
+        module.InferenceServerClient(address).unregister_system_shared_memory()
+        for handle in regions.values():
+            shm.destroy_shared_memory_region(handle)
+
+
 def test_explicit_mode_and_the_repository_api_work(engine: Engine) -> None:
     with httpx.Client(base_url=engine.url, timeout=30) as client:
         assert client.get("/v2/models/spare/ready").status_code != 200
