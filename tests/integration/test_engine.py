@@ -29,6 +29,7 @@ from onnx import TensorProto, helper
 
 from tests.async_infer import OK, PROTOCOLS, UNAVAILABLE, AsyncInfer
 from tests.integration.test_metrics import scrape_url, value
+from tests.lifecycle_models import write_plus_model
 from tests.models import EXAMPLES, builders
 from tests.sequence_models import ACC_ONNX_CONFIG, accumulator_onnx
 from tests.servers import CliServer, free_port, run_cli_server
@@ -74,6 +75,7 @@ def _write_repo(root: Path) -> Path:
     builders._save(
         builders.identity(TensorProto.FLOAT, ["batch", "n"]), models / "spare" / "1" / "model.onnx"
     )
+    write_plus_model(models, "split", [1, 2], extra="version_policy: { all { } }")
     # A decoupled model (examples/models/word_stream: one response per word).
     shutil.copytree(EXAMPLES / "models" / "word_stream", models / "word_stream")
     (models / "acc_onnx").mkdir()
@@ -91,6 +93,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         models, root / "server.log", "--workers", "2", "--engine",
         "--model-control-mode", "explicit", "--load-model", "identity",
         "--load-model", "acc_onnx", "--load-model", "echo", "--load-model", "word_stream",
+        "--load-model", "split",
         "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
     ) as cli:  # fmt: skip
         yield Engine(cli, grpc_port, metrics_port)
@@ -232,6 +235,28 @@ def test_explicit_mode_and_the_repository_api_work(engine: Engine) -> None:
             assert _infer(engine.url, "spare", [5.0]).status_code == 200
         assert client.post("/v2/repository/models/spare/unload").status_code == 200
         assert _infer(engine.url, "spare", [5.0]).status_code in (404, 503)
+
+
+def test_canary_routing_promote_and_rollback_reach_every_front_end(engine: Engine) -> None:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0] * 4}]}
+
+    def versions_served() -> set[str]:
+        served = set()
+        for _ in range(12):  # new connections: both front ends take some
+            with httpx.Client(base_url=engine.url, timeout=10) as c:
+                served.add(c.post("/v2/models/split/infer", json=body).json()["model_version"])
+        return served
+
+    with httpx.Client(base_url=engine.url, timeout=10) as c:
+        c.post("/v2/models/split/routing", json={"weights": {"2": 10, "1": 90}})
+        promoted = c.post("/v2/models/split/routing/promote", json={"version": "2"}).json()
+        assert promoted["weights"] == {"2": 100}
+        assert versions_served() == {"2"}
+        undone = c.post("/v2/models/split/routing/rollback", json={}).json()
+        assert undone["weights"] == {"2": 10, "1": 90}
+        rolled = c.post("/v2/models/split/routing/rollback", json={}).json()
+        assert rolled["weights"] == {"2": 0, "1": 90}
+        assert versions_served() == {"1"}
 
 
 def test_a_killed_front_end_loses_only_its_connections(engine: Engine) -> None:
