@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,8 +262,9 @@ def test_canary_routing_promote_and_rollback_reach_every_front_end(engine: Engin
 
 def test_a_killed_front_end_loses_only_its_connections(engine: Engine) -> None:
     victim = engine.pid("0")
-    answered, lost = _under_load(engine, lambda: os.kill(victim, signal.SIGKILL))
-    assert answered > 0
+    outcomes = _under_load(engine, lambda: os.kill(victim, signal.SIGKILL))
+    # Its siblings kept answering; what was lost was on the dead one's connections.
+    assert outcomes["200"] > 0 and outcomes["503"] == 0, outcomes
     _wait_until(lambda: engine.pid("0") != victim, "front end 0 restarted")
     _wait_until(lambda: _ready(engine.url), "ready again")
     assert _infer(engine.url, "identity", [1.0]).status_code == 200
@@ -270,29 +272,33 @@ def test_a_killed_front_end_loses_only_its_connections(engine: Engine) -> None:
 
 def test_a_killed_engine_answers_503_at_once_then_comes_back(engine: Engine) -> None:
     victim = engine.pid("2")
-    os.kill(victim, signal.SIGKILL)
-    _wait_until(lambda: not _ready(engine.url), "not ready while the engine is away")
+    outcomes = _under_load(engine, lambda: os.kill(victim, signal.SIGKILL))
+    # The front ends lived: every request got one answer, 503 while no engine was there
+    # (requests in the engine when it died included), none hung or was dropped.
+    assert outcomes["lost"] == 0 and outcomes["503"] > 0, outcomes
+    assert outcomes["200"] + outcomes["503"] == 8 * 20
 
-    async def while_away() -> list[str]:
-        async with AsyncInfer("http", engine, timeout_s=5) as h, AsyncInfer("grpc", engine) as g:
-            return [(await h("echo", 1.0)).status, (await g("echo", 1.0)).status]
+    async def grpc_while_away() -> str:
+        async with AsyncInfer("grpc", engine) as g:
+            return (await g("echo", 1.0)).status
 
-    statuses = asyncio.run(while_away())
-    if _ready(engine.url):  # the new engine was quicker than this test
-        pytest.skip("the engine restarted before the test could ask")
-    assert statuses in ([UNAVAILABLE["http"], UNAVAILABLE["grpc"]], [OK["http"], OK["grpc"]])
+    status = asyncio.run(grpc_while_away())
+    assert status in (UNAVAILABLE["grpc"], OK["grpc"])  # OK: the new engine was quick
     _wait_until(lambda: _ready(engine.url), "ready once the engine is back")
     # It reloaded what the command line loads (explicit mode: --load-model).
     assert _infer(engine.url, "identity", [2.0]).json()["outputs"][0]["data"] == [2.0]
+    samples = scrape_url(f"http://127.0.0.1:{engine.metrics_port}/metrics")
+    lost = [value(samples, "inferd_front_end_engine_lost_total", front_end=i) for i in "01"]
+    assert min(lost) >= 1  # more if one reconnected to the dying engine's socket
 
 
-def _under_load(engine: Engine, kill: Any) -> tuple[int, int]:
-    """Requests from 8 connections while `kill` runs; every one gets exactly one outcome:
-    an answer (200, or 503 while an engine is away) or, for the killed front end's own
-    connections only, a lost connection. None hangs."""
+def _under_load(engine: Engine, kill: Any) -> Counter[str]:
+    """20 rounds of 8 requests at once (8 connections), `kill` before the sixth: how each
+    ended (its HTTP status, or "lost" with its connection). None may hang: a hang fails the
+    client's timeout and the test."""
 
-    async def scenario() -> tuple[int, int]:
-        answered = lost = 0
+    async def scenario() -> Counter[str]:
+        outcomes: Counter[str] = Counter()
         async with httpx.AsyncClient(base_url=engine.url, timeout=10) as client:
 
             async def one(i: int) -> str:
@@ -301,18 +307,15 @@ def _under_load(engine: Engine, kill: Any) -> tuple[int, int]:
                 }
                 try:
                     r = await client.post("/v2/models/identity/infer", json=doc)
-                except httpx.TransportError:
+                except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError):
                     return "lost"
-                assert r.status_code in (200, 503), r.text
-                return "answered"
+                return str(r.status_code)
 
             for round_ in range(20):
                 if round_ == 5:
                     kill()
-                outcomes = await asyncio.gather(*(one(i) for i in range(8)))
-                answered += outcomes.count("answered")
-                lost += outcomes.count("lost")
-        return answered, lost
+                outcomes.update(await asyncio.gather(*(one(i) for i in range(8))))
+        return outcomes
 
     return asyncio.run(scenario())
 

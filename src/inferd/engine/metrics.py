@@ -45,7 +45,8 @@ class FrontEndCollector(Collector):
             ("refused", "inferd_front_end_refused",
              "Requests a front end answered 503 itself while no engine was connected"),
             ("engine_lost", "inferd_front_end_engine_lost",
-             "Times a front end lost its engine (a crash or a restart)"),
+             "Connections to the engine a front end lost (an engine crash or restart loses "
+             "one, or more when a reconnection reached the dying engine)"),
         ):  # fmt: skip
             family = CounterMetricFamily(
                 name, text + " (as of its last connection)", labels=["front_end"]
