@@ -18,6 +18,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 
 from tests.async_infer import OK, PROTOCOLS, UNAVAILABLE, AsyncInfer
+from tests.fault_models import RECORDING_PY, param, write_model
 from tests.integration.test_metrics import scrape_url, value
 from tests.lifecycle_models import write_plus_model
 from tests.models import EXAMPLES, builders
@@ -334,11 +336,34 @@ def _wait_until(condition: Any, what: str) -> None:
         time.sleep(0.05)
 
 
-def test_sigterm_drains_front_ends_then_the_engine_and_exits_0(tmp_path: Path) -> None:
-    models = _write_repo(tmp_path)
-    with run_cli_server(models, tmp_path / "server.log", "--workers", "2", "--engine") as cli:
-        assert _infer(cli.url, "identity", [1.0]).status_code == 200
-        assert cli.stop() == 0
+def test_sigterm_answers_what_is_in_flight_then_stops_front_ends_then_the_engine(
+    tmp_path: Path,
+) -> None:
+    models, gate = tmp_path / "models", tmp_path / "gate"
+    write_model(models, "gated", RECORDING_PY, param("gate_path", gate))
+    gate.touch()  # closed: requests wait in the model until the test opens it
+    metrics_port = free_port()
+    with run_cli_server(
+        models, tmp_path / "server.log", "--workers", "2", "--engine",
+        "--metrics-port", str(metrics_port),
+    ) as cli:  # fmt: skip
+
+        def send(i: int) -> int:
+            doc = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [i]}]}
+            return httpx.post(f"{cli.url}/v2/models/gated/infer", json=doc, timeout=60).status_code
+
+        def in_the_engine() -> float:
+            samples = scrape_url(f"http://127.0.0.1:{metrics_port}/metrics")
+            return sum(value(samples, "inferd_front_end_inflight", front_end=i) for i in "01")
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = [pool.submit(send, i + 1) for i in range(8)]
+            _wait_until(lambda: in_the_engine() == 8, "8 requests in flight in the engine")
+            cli.proc.send_signal(signal.SIGTERM)
+            _wait_until(lambda: "stopping" in cli.output(), "the supervisor took the signal")
+            gate.unlink()  # the model may finish now: every request in flight is answered
+            assert [a.result() for a in answers] == [200] * 8
+        assert cli.proc.wait(timeout=60) == 0
         out = cli.output()
     # Front ends first (their open requests finish in the engine), then the engine.
     stopped = re.findall(r"all workers stopped \(exit codes (\[[^\]]*\])\)", out)
