@@ -15,9 +15,14 @@ PORT=18900
 "$ROOT/.venv/bin/python" "$HERE/inferd_repo.py" "$HERE/results/inferd_repo" >/dev/null
 # shellcheck source=servers.sh
 source "$HERE/servers.sh"
-counts() {  # $1 model -> "inference_count execution_count"
-  curl -s "http://127.0.0.1:$PORT/v2/models/$1/stats" | python3 -c \
-    'import json,sys; s=json.load(sys.stdin)["model_stats"][0]; print(s["inference_count"], s["execution_count"])'
+counts() {  # $1 model -> "inference_count execution_count" ("0 0" for a peer without them)
+  curl -s "http://127.0.0.1:$PORT/v2/models/$1/stats" | python3 -c '
+import json, sys
+try:
+    s = json.load(sys.stdin)["model_stats"][0]
+    print(s["inference_count"], s["execution_count"])
+except Exception:
+    print(0, 0)'
 }
 for round in $(seq "$ROUNDS"); do
   for model in tiny mlp; do
@@ -31,7 +36,7 @@ for round in $(seq "$ROUNDS"); do
       printf 'round %s %-5s c=%s %-10s %9s req/s  p50 %-8s p99 %-8s mean batch %s  errors %s\n' \
         "$round" "$model" "$CONNS" "$server" "$(awk '/Requests\/sec/ {print $2}' <<<"$out")" \
         "$(awk '$1=="50%" {print $2}' <<<"$out")" "$(awk '$1=="99%" {print $2}' <<<"$out")" \
-        "$(python3 -c "print(f'{($n1-$n0)/max(1,$e1-$e0):.2f}')")" \
+        "$(python3 -c "print(f'{($n1-$n0)/($e1-$e0):.2f}' if $e1 > $e0 else '-')")" \
         "$(awk '/Non-2xx/ {print $NF}' <<<"$out" | grep . || echo 0)"
     done
   done
