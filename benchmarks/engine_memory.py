@@ -4,7 +4,8 @@ server (supervisor, front ends, engine), from /proc/PID/smaps_rollup (docs/bench
 
     .venv/bin/python benchmarks/engine_memory.py [--big-only | --mlp-only] [--old]
 
-Two repositories: the example MLP alone (examples/models/mlp, built by examples/build_models.py),
+Three repositories: the example MLP alone (examples/models/mlp, built by
+examples/build_models.py), the whole of examples/models (torch among its backends),
 and `big`, the same MLP shape widened to 64 -> 10240 -> 10240 -> 16 (about 420 MB of FP32
 weights), built here into a temporary directory (never committed). Each design is started,
 sent one request (so what a request touches is counted), measured, stopped. `--old` adds
@@ -98,6 +99,7 @@ def main() -> None:
     if "--big-only" not in sys.argv:
         repos["example MLP"] = work / "mlp"
         shutil.copytree(ROOT / "examples/models/mlp", work / "mlp" / "mlp")
+        repos["examples/models"] = ROOT / "examples/models"
     if "--mlp-only" not in sys.argv:
         repos["big MLP (420 MB)"] = big_repo(work)
         size = (repos["big MLP (420 MB)"] / "mlp/1/model.onnx").stat().st_size
