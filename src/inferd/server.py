@@ -183,12 +183,15 @@ class InferenceServer:
             log.info(
                 "metrics at http://%s:%d/metrics", self.settings.host, self.metrics_server.port
             )
-        log.info(
-            "HTTP server listening on http://%s:%d (ready: %s)",
-            self.settings.host,
-            self.settings.http_port,
-            self.dataplane.ready(),
-        )
+        if self.engine_directory is not None:
+            log.info("engine serving its front ends (ready: %s)", self.dataplane.ready())
+        else:
+            log.info(
+                "HTTP server listening on http://%s:%d (ready: %s)",
+                self.settings.host,
+                self.settings.http_port,
+                self.dataplane.ready(),
+            )
         try:
             yield
         finally:
@@ -242,7 +245,8 @@ class InferenceServer:
         if not self.grpc_port:
             raise OSError(f"cannot listen for gRPC on {host}:{port}")
         await self.grpc_server.start()
-        log.info("gRPC server listening on %s:%d", self.settings.host, self.grpc_port)
+        if self.engine_directory is None:
+            log.info("gRPC server listening on %s:%d", self.settings.host, self.grpc_port)
 
     def uvicorn_config(self) -> uvicorn.Config:
         if self.engine_directory is not None:  # for the front ends only: no TLS inside
