@@ -54,6 +54,8 @@ class Engine:
     def grpc_address(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
+    root: Path
+
     def pid(self, child: str) -> int:
         """The live pid of child "0", "1" (front ends) or "2" (the engine), from the log."""
         found = re.findall(rf"worker {child} started \(pid (\d+)\)", self.cli.output())
@@ -79,6 +81,11 @@ def _write_repo(root: Path) -> Path:
         builders.identity(TensorProto.FLOAT, ["batch", "n"]), models / "spare" / "1" / "model.onnx"
     )
     write_plus_model(models, "split", [1, 2], extra="version_policy: { all { } }")
+    # One instance, executing one request at a time while root/gate exists, recording the
+    # values it executed: the order the one batcher chose across front ends.
+    extra = param("record_path", root / "executed") + param("gate_path", root / "gate")
+    extra += "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"
+    write_model(models, "prioritised", RECORDING_PY, extra)
     # A decoupled model (examples/models/word_stream: one response per word).
     shutil.copytree(EXAMPLES / "models" / "word_stream", models / "word_stream")
     (models / "acc_onnx").mkdir()
@@ -96,10 +103,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         models, root / "server.log", "--workers", "2", "--engine",
         "--model-control-mode", "explicit", "--load-model", "identity",
         "--load-model", "acc_onnx", "--load-model", "echo", "--load-model", "word_stream",
-        "--load-model", "split",
+        "--load-model", "split", "--load-model", "prioritised",
         "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
     ) as cli:  # fmt: skip
-        yield Engine(cli, grpc_port, metrics_port)
+        yield Engine(cli, grpc_port, metrics_port, root)
 
 
 def _infer(
@@ -260,6 +267,48 @@ def test_canary_routing_promote_and_rollback_reach_every_front_end(engine: Engin
         rolled = c.post("/v2/models/split/routing/rollback", json={}).json()
         assert rolled["weights"] == {"2": 0, "1": 90}
         assert versions_served() == {"1"}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_priorities_hold_across_front_ends(engine: Engine, protocol: str) -> None:
+    """Requests on different connections (so on both front ends) wait in the one batcher,
+    which runs the higher priority first, whichever front end it came through."""
+    gate, record = engine.root / "gate", engine.root / "executed"
+    before = len(record.read_text().split()) if record.exists() else 0
+
+    def queued() -> float:
+        samples = scrape_url(f"http://127.0.0.1:{engine.metrics_port}/metrics")
+        return value(samples, "inferd_queue_depth", model="prioritised", version="1")
+
+    def inflight() -> float:
+        samples = scrape_url(f"http://127.0.0.1:{engine.metrics_port}/metrics")
+        return value(samples, "inferd_inflight_requests", model="prioritised", version="1")
+
+    async def scenario() -> list[str]:
+        clients = [AsyncInfer(protocol, engine, connections=1) for _ in range(5)]
+        try:
+            sent = [asyncio.create_task(clients[0]("prioritised", 41))]  # holds the instance
+            await _until_async(lambda: inflight() == 1)
+            for i, (v, priority) in enumerate([(42, 2), (43, 2), (44, 1), (45, 1)], 1):
+                sent.append(asyncio.create_task(clients[i]("prioritised", v, priority)))
+                await _until_async(lambda i=i: queued() == i)  # type: ignore[misc]
+            gate.unlink()
+            return [r.status for r in await asyncio.gather(*sent)]
+        finally:
+            gate.unlink(missing_ok=True)
+            for c in clients:
+                await c.__aexit__(None, None, None)
+
+    gate.touch()
+    assert asyncio.run(scenario()) == [OK[protocol]] * 5
+    assert [int(v) for v in record.read_text().split()][before:] == [41, 44, 45, 42, 43]
+
+
+async def _until_async(condition: Any) -> None:
+    deadline = time.monotonic() + START_S
+    while not await asyncio.to_thread(condition):
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 def test_a_killed_front_end_loses_only_its_connections(engine: Engine) -> None:
