@@ -60,8 +60,8 @@ def check(settings: Settings) -> None:
     if settings.model_control_mode == "explicit" or settings.admin_api:
         raise WorkersError(
             "--workers > 1 runs independent processes: the repository API and routing changes "
-            "would reach one of them only. Use --model-control-mode none or poll, without "
-            "--admin-api on (or run one worker)"
+            "would reach one of them only. Add --engine (N front ends of one engine, which "
+            "carries both), or use --model-control-mode none or poll without --admin-api on"
         )
     if settings.http_port == 0 or settings.grpc_port == 0 or settings.metrics_port == 0:
         raise WorkersError("--workers > 1 needs fixed ports (0, any free port, differs per worker)")
