@@ -92,6 +92,10 @@ class _FrontEndLink(asyncio.Protocol):
                 self.front_end, self.owner.reported[self.front_end] = message[5:7]
                 self.requests = Slab(Path(request_path), request_size)
                 self.responses = Slab(Path(response_path), response_size)
+                # Both ends have them mapped: the files can go, so no crash leaves one in
+                # /dev/shm (the mappings live until both processes drop them).
+                self.requests.unlink()
+                self.responses.unlink()
                 self.allocator = SlabAllocator(response_size)
 
     def connection_lost(self, exc: Exception | None) -> None:

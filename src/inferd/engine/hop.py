@@ -154,10 +154,17 @@ def request_from(message: tuple[Any, ...], slab: Slab) -> tuple[int, InferReques
 
 
 def answer_message(seq: int, response: InferResponse, outputs: list[TensorDesc]) -> tuple[Any, ...]:
+    parameters = response.parameters
+    if parameters and not all(type(v) in _PLAIN for v in parameters.values()):
+        # A Python model's response parameters may hold numpy scalars: their plain value.
+        parameters = {k: v.item() if hasattr(v, "item") else v for k, v in parameters.items()}
     return (
         ANSWER, seq, response.model_name, response.model_version, response.id,
-        response.parameters, outputs,
+        parameters, outputs,
     )  # fmt: skip
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def response_from(message: tuple[Any, ...], slab: Slab) -> InferResponse:
