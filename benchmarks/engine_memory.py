@@ -14,6 +14,7 @@ today's `--workers N` (N whole servers) for comparison.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -21,14 +22,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
 
-import build_models  # noqa: E402
-import engine_hop  # noqa: E402
+from tests.models import builders as build_models  # noqa: E402  (examples/build_models.py)
+
+
+def _load(name: str) -> ModuleType:
+    """A sibling benchmark script, as a module (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+engine_hop = _load("engine_hop")  # its server start-up helper
 
 
 def descendants(pid: int) -> list[int]:
