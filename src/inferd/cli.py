@@ -154,10 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         action="store_true",
         default=defaults.engine,
-        help="with --workers N: the N processes are front ends (parsing, decoding, encoding) "
-        "of one engine process that holds the models once and batches every connection's "
-        "requests together; explicit control, the repository API and canary routing work "
-        "(docs/workers.md)",
+        help="the --workers N processes are front ends (parsing, decoding, encoding) of one "
+        "engine process that holds the models once and batches every connection's requests "
+        "together; explicit control, the repository API and canary routing work; N=1 is one "
+        "front end and the engine, two processes (docs/workers.md)",
     )
     serve.add_argument(
         "--max-inflight-requests",
@@ -217,12 +217,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.workers < 1:
             print("inferd: --workers must be at least 1", file=sys.stderr)
-            return 2
-        if args.engine and args.workers < 2:
-            print(
-                "inferd: --engine needs --workers 2 or more (one process has no hop)",
-                file=sys.stderr,
-            )
             return 2
         if args.execution_timeout_ms < 0:
             print("inferd: --execution-timeout-ms must be >= 0 (0: no limit)", file=sys.stderr)
