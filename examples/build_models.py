@@ -96,6 +96,48 @@ def identity(onnx_type: int, dims: list[str | int]) -> onnx.ModelProto:
     return _ir(graph)
 
 
+def ranker(dim: int, candidates: int, hidden: int, seed: int) -> onnx.ModelProto:
+    """rank (the recall_rank example): an MLP scoring each candidate for the user,
+    score = relu((user * candidate) @ W1 + b1) @ W2 + b2; USER [batch, dim] and
+    CANDIDATE_VECS [batch, candidates, dim] -> SCORES [batch, candidates]."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(0, 1 / np.sqrt(dim), (dim, hidden)).astype(np.float32)
+    b1 = rng.normal(0, 0.01, hidden).astype(np.float32)
+    w2 = rng.normal(0, 1 / np.sqrt(hidden), (hidden, 1)).astype(np.float32)
+    b2 = np.zeros(1, np.float32)
+    inits = [
+        numpy_helper.from_array(w1, "W1"),
+        numpy_helper.from_array(b1, "B1"),
+        numpy_helper.from_array(w2, "W2"),
+        numpy_helper.from_array(b2, "B2"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+    ]
+    nodes = [
+        helper.make_node("Unsqueeze", ["USER", "axis1"], ["user3"]),  # [batch, 1, dim]
+        helper.make_node("Mul", ["CANDIDATE_VECS", "user3"], ["joint"]),
+        helper.make_node("MatMul", ["joint", "W1"], ["h"]),
+        helper.make_node("Add", ["h", "B1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "W2"], ["s"]),
+        helper.make_node("Add", ["s", "B2"], ["sb"]),
+        helper.make_node("Squeeze", ["sb", "axis2"], ["SCORES"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rank",
+        [
+            helper.make_tensor_value_info("USER", TensorProto.FLOAT, ["batch", dim]),
+            helper.make_tensor_value_info(
+                "CANDIDATE_VECS", TensorProto.FLOAT, ["batch", candidates, dim]
+            ),
+        ],
+        [helper.make_tensor_value_info("SCORES", TensorProto.FLOAT, ["batch", candidates])],
+        inits,
+    )
+    return _ir(graph)
+
+
 def torch_mlp(sizes: list[int], seed: int, path: Path) -> None:
     """The same MLP as `mlp` (same weights), saved as TorchScript for the PyTorch backend."""
     import torch
@@ -127,6 +169,8 @@ def build(repository: Path) -> None:
     _save(mlp([64, 1024, 1024, 16], seed=0), repository / "mlp" / "1" / "model.onnx")
     _save(linear(4, 2, seed=1), repository / "linear_noconfig" / "1" / "model.onnx")
     torch_mlp([64, 1024, 1024, 16], seed=0, path=repository / "mlp_torch" / "1" / "model.pt")
+    # The recall_rank ensemble's ONNX stage (recall builds its table at load, topk is Python).
+    _save(ranker(64, 200, 32, seed=3), repository / "rank" / "1" / "model.onnx")
 
 
 def build_config_reference(repository: Path) -> None:

@@ -238,9 +238,35 @@ def _set_flags(c: Context) -> None:
     _eq((request.flags(), request.correlation_id()), (1, 7))
 
 
+def _bls_request(c: Context) -> Any:
+    """A BLS call to the other model (IN -> OUT, as given)."""
+    tensor = c.pb.Tensor("IN", np.array([2.5], np.float32))
+    return c.pb.InferenceRequest(
+        model_name=c.other_model, inputs=[tensor], requested_output_names=["OUT"]
+    )
+
+
+def _bls_answered(c: Context, response: Any) -> None:
+    assert not response.has_error(), response.error().message()
+    out = c.pb.get_output_tensor_by_name(response, "OUT")
+    _eq(out.as_numpy().tolist(), [2.5])
+
+
+def _exec(c: Context) -> None:
+    _bls_answered(c, _bls_request(c).exec())
+    # A failure is a response the model reads, not an exception (as in Triton).
+    missing = c.pb.InferenceRequest(
+        model_name="no_such_model", inputs=[], requested_output_names=["OUT"]
+    ).exec()
+    _eq((missing.has_error(), missing.error().code()), (True, c.pb.TritonError.NOT_FOUND))
+    responses = list(_bls_request(c).exec(decoupled=True))  # not decoupled: one response
+    _bls_answered(c, responses[0])
+    _eq(len(responses), 1)
+
+
 def _async_exec(c: Context) -> None:
     async def call() -> None:
-        await _built_request(c).async_exec()
+        _bls_answered(c, await _bls_request(c).async_exec())
 
     asyncio.run(call())
 
@@ -461,8 +487,8 @@ CHECKS = [
         "InferenceRequest.set_release_flags",
         lambda c: c.request.set_release_flags(c.pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE),
     ),
-    _refused("InferenceRequest.exec", lambda c: _built_request(c).exec()),
-    _refused("InferenceRequest.async_exec", _async_exec),
+    _works("InferenceRequest.exec", _exec),
+    _works("InferenceRequest.async_exec", _async_exec),
     _works("PreferredMemory", lambda c: _eq(_built_request(c).request_id(), "bls-1")),
     _works(
         "TRITONSERVER_MEMORY_GPU", lambda c: c.pb.PreferredMemory(c.pb.TRITONSERVER_MEMORY_GPU, 0)

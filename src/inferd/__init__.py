@@ -7,18 +7,23 @@ __version__ = "0.1.0"
 from inferd.python_model import (  # noqa: E402
     SEQUENCE_END,
     SEQUENCE_START,
+    ModelCallError,
     ModelContext,
     PythonModel,
     RequestInfo,
     ResponseSender,
 )
+from inferd.shared_arrays import SharedArrayError, shared_array  # noqa: E402
 
 __all__ = [
     "SEQUENCE_END",
     "SEQUENCE_START",
+    "ModelCallError",
     "ModelContext",
     "PythonModel",
     "RequestInfo",
     "ResponseSender",
+    "SharedArrayError",
     "__version__",
+    "shared_array",
 ]

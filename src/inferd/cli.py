@@ -14,6 +14,8 @@ from inferd.cli_env import EnvironmentParser, unknown_variables
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
 from inferd.limit_options import add_limit_options, limits_from
+from inferd.monitoring.capture_cli import add_capture_options, capture_settings
+from inferd.monitoring.capture_options import CaptureOptionError
 from inferd.settings import MIB, Settings
 from inferd_tools import commands as tools
 
@@ -193,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_security_options(serve)
     add_limit_options(serve)
+    add_capture_options(serve)
     tools.add_parsers(commands)  # bench, tune, optimize: inferd_tools, apart from the server
     return parser
 
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             settings = settings_from(args)
             server.access_policy(settings)  # the security options, checked before anything runs
-        except (SecurityOptionError, AccessError, TlsError) as exc:
+        except (SecurityOptionError, AccessError, TlsError, CaptureOptionError) as exc:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
         try:
@@ -285,6 +288,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         engine=args.engine,
         **security_settings(args),
         limits=limits_from(args),
+        capture=capture_settings(args),
     )
 
 

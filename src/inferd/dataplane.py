@@ -15,6 +15,7 @@ from inferd.access import AccessPolicy
 from inferd.errors import ErrorKind, InferdError, invalid, not_found
 from inferd.events import Telemetry
 from inferd.inference import InferenceSteps
+from inferd.monitoring.capture import Capture
 from inferd.repository import uploads
 from inferd.repository.config import ConfigError, with_kinds_used
 from inferd.repository.loader import parse_config_override
@@ -68,6 +69,8 @@ class DataPlane(InferenceSteps, StreamingSteps):
         self.workers = None  # a WorkerSlot, set in a worker of `--workers N`
         self._inflight = 0
         self.shared_memory = SharedMemoryRegistry()
+        # Sampled requests: written by --capture-dir's writer, joined to feedback labels.
+        self.capture = Capture(registry)
         # The trace and log settings APIs, changed through the same gate as the repository.
         self.runtime = RuntimeSettings(self._admin, lambda name: name in self.registry.models)
 
@@ -264,6 +267,10 @@ class DataPlane(InferenceSteps, StreamingSteps):
         self._admin("routing changes")
         self.registry.rollback(name, version)
         return self.routing(name)
+
+    def feedback(self, name: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """A ground-truth label for a captured request (docs/capture.md)."""
+        return self.capture.join_feedback(name, doc)
 
     # -- system shared memory (Triton's extension; the table: inferd/shared_memory.py) -----
 

@@ -50,6 +50,10 @@ class CallContext:
     start_ns: int = 0  # time.perf_counter_ns() at arrival
     routing_key: str = ""  # makes canary routing sticky (inferd-routing-key header/metadata)
     deadline_ns: int | None = None  # perf_counter_ns by which the client wants its answer
+    # The traceparent was made by the server for a request that carried none (an ensemble's,
+    # so that its steps' spans nest under its own): its span starts the trace, and nothing
+    # is echoed to the client.
+    trace_root: bool = False
 
 
 @dataclass(slots=True)
@@ -73,6 +77,15 @@ class ResponseTimes:
     output_ns: int  # checking its outputs against the config
 
 
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One step of an ensemble request (pipelines/ensemble.py): its model and latency."""
+
+    number: int  # 1-based, as the ensemble's config lists it
+    model: str
+    duration_ns: int
+
+
 @dataclass(slots=True)
 class RequestRecord:
     model: str  # "" when the name is not a model of the repository (bounded label values)
@@ -89,6 +102,7 @@ class RequestRecord:
     # the responses the model sent that never reached the client (it had gone).
     responses: list[ResponseTimes] | None = None
     dropped: int = 0
+    steps: list[StepTiming] | None = None  # an ensemble's request: its steps, as they ended
 
     @property
     def is_success(self) -> bool:

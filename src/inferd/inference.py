@@ -14,6 +14,7 @@ the model it was sent to, failures included.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, cast
 
 from inferd import classification
 from inferd.conformance import OutputMismatchError, conform_output
@@ -22,6 +23,7 @@ from inferd.errors import ErrorKind, InferdError, shed, unavailable
 from inferd.events import CallContext, RequestRecord, Telemetry
 from inferd.infer_call import InferCall
 from inferd.limits import check_response_size
+from inferd.monitoring.capture import Capture
 from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.admission import scheduling_parameters
@@ -31,6 +33,9 @@ from inferd.shared_memory import SharedMemoryRegistry
 from inferd.streaming import unary_to_decoupled
 from inferd.types import InferRequest, InferResponse, min_wire_bytes
 
+if TYPE_CHECKING:
+    from inferd.internal_call import ModelCalls
+
 
 class InferenceSteps:
     """The steps (a mixin of the DataPlane: it holds the methods, the DataPlane the state)."""
@@ -38,6 +43,7 @@ class InferenceSteps:
     registry: ModelRegistry
     telemetry: Telemetry
     shared_memory: SharedMemoryRegistry
+    capture: Capture
     is_shutting_down: bool
     max_inflight: int
     max_response_bytes: int
@@ -87,6 +93,7 @@ class InferenceSteps:
         if self.max_response_bytes:
             size = min_wire_bytes(response.outputs)
             check_response_size(size, self.max_response_bytes, at_least=True)
+        self.capture.observe(call.record, response)  # sampled: by the model's rate
         return response
 
     def _request_over(self) -> None:
@@ -135,13 +142,22 @@ class InferenceSteps:
             bound = mv.signature.bind(request)
             bound.classes = classification.requested_classes(request, mv.signature)
             record.rows = bound.rows
+            bound.ctx = ctx
             priority, timeout_us = scheduling_parameters(request)
             if request.parameters or mv.sequence is not None:
                 bound.correlation_id, bound.flags = sequence_parameters(
                     request, mv.name, mv.sequence is not None
                 )
-            assert mv.batcher is not None  # a READY version always has one
-            outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+            if mv.ensemble is not None:  # its steps go through their models' schedulers
+                record.steps = []
+                outputs, times = await mv.ensemble.run(
+                    cast("ModelCalls", self), bound, ctx, priority, timeout_us, record.steps
+                )
+            else:
+                assert mv.batcher is not None  # a READY version always has one
+                outputs, times = await mv.batcher.submit(
+                    bound, priority, timeout_us, ctx.deadline_ns
+                )
             record.times = times
             t0 = time.perf_counter_ns()
             signature = mv.signature

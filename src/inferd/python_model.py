@@ -13,13 +13,17 @@
 A decoupled model (`model_transaction_policy { decoupled: true }`) defines `predict_stream`
 instead of `predict`: called once per request, it sends any number of responses and then the
 final flag through a `ResponseSender`. `load`, `predict` and `unload` may be `async def`.
+A model calls other models of the repository through the `ModelContext` given to `load`
+(`context.infer`, `await context.infer_async`, `context.infer_stream`; BLS).
 
 See docs/python-models.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import concurrent.futures
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -27,6 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from inferd.bls_call import BlsCall, BlsResult
 from inferd.errors import ErrorKind, InferdError
 from inferd.streams import ResponseSink
 from inferd.types import Array
@@ -43,6 +48,121 @@ class ModelContext:
     parameters: dict[str, str]  # the config's `parameters` as plain strings
     instance_index: int
     config: Any  # the full Triton ModelConfig message, for anything else
+
+    # Calls to other models (BLS), from `predict` / `predict_stream` while they run: made
+    # for the requests being executed (their deadline and trace carry over; a client that
+    # leaves cancels the calls not yet run), through the called model's own scheduler.
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: list[str] | None = None,
+        *,
+        version: str = "",
+        timeout_us: int = 0,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> dict[str, Array]:
+        """`model`'s outputs for `inputs` (every output, or those named in `outputs`),
+        waiting for them. Raises `ModelCallError` (its `status`: NOT_FOUND, INVALID_ARGUMENT,
+        DEADLINE_EXCEEDED, ...) when the call fails; `timeout_us` tightens the deadline."""
+        call = _call(model, inputs, outputs, version, timeout_us, parameters, False)
+        return _outputs(_submit("infer", call).result())
+
+    async def infer_async(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: list[str] | None = None,
+        *,
+        version: str = "",
+        timeout_us: int = 0,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> dict[str, Array]:
+        """`infer` for an `async def predict`: several can be gathered."""
+        call = _call(model, inputs, outputs, version, timeout_us, parameters, False)
+        return _outputs(await asyncio.wrap_future(_submit("infer_async", call)))
+
+    def infer_stream(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: list[str] | None = None,
+        *,
+        version: str = "",
+        timeout_us: int = 0,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> Iterator[dict[str, Array]]:
+        """A decoupled model's responses, each as it comes (a model that is not decoupled
+        gives one); an error response raises `ModelCallError` where it comes."""
+        call = _call(model, inputs, outputs, version, timeout_us, parameters, True)
+        results = _host("infer_stream").infer_stream(call)
+        try:
+            for result in results:
+                if result.error_kind or result.outputs is not None:
+                    yield _outputs(result)
+        finally:  # the model stopped early: the call ends
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()
+
+
+class ModelCallError(Exception):
+    """A call to another model failed: `status` is the kind of failure, as its client would
+    see it (`NOT_FOUND`, `INVALID_ARGUMENT`, `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
+    `CANCELLED`, `MODEL_ERROR`, ...), `message` the reason."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _host(method: str) -> Any:
+    """The server's side of the calls; imported here: `import inferd` stays light (the
+    command line loads no backend)."""
+    from inferd.backends.pb_utils.errors import TritonModelException
+    from inferd.backends.pb_utils.host import current_host
+
+    try:
+        return current_host(f"ModelContext.{method}")
+    except TritonModelException as exc:
+        raise ModelCallError("UNAVAILABLE", exc.message()) from None
+
+
+def _submit(method: str, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+    from inferd.backends.pb_utils.errors import TritonModelException
+
+    try:
+        return _host(method).infer(call)  # type: ignore[no-any-return]
+    except TritonModelException as exc:  # called from the server's loop, or it stopped
+        raise ModelCallError("UNAVAILABLE", exc.message()) from None
+
+
+def _call(
+    model: str,
+    inputs: Mapping[str, Any],
+    outputs: list[str] | None,
+    version: str,
+    timeout_us: int,
+    parameters: Mapping[str, Any] | None,
+    decoupled: bool,
+) -> BlsCall:
+    if not isinstance(inputs, Mapping):
+        raise TypeError(
+            f"inputs must be a dict of input name to array, got {type(inputs).__name__}"
+        )
+    arrays = {name: np.asarray(value) for name, value in inputs.items()}
+    names = None if outputs is None else list(outputs)
+    return BlsCall(
+        model, str(version), arrays, names, "", dict(parameters or {}), int(timeout_us), decoupled
+    )
+
+
+def _outputs(result: BlsResult) -> dict[str, Array]:
+    if result.error_kind:
+        raise ModelCallError(result.error_kind, result.error)
+    return dict(result.outputs or {})
 
 
 # Bits of `RequestInfo.flags()`: Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END.

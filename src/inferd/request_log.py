@@ -51,6 +51,10 @@ class RequestLogSink:
             message = f"{what}: success"
         else:
             message = f"{what} failed ({failure}): {record.message}"
+        if record.steps:
+            message += "; steps " + ", ".join(
+                f"{s.number} ({s.model}) {s.duration_ns / 1e6:.3f} ms" for s in record.steps
+            )
         line = logger.makeRecord(logger.name, level, __file__, 0, message, (), None, extra=fields)
         # The line's timestamp is the request's arrival.
         if record.ctx.wall_start_s:
@@ -69,7 +73,7 @@ def request_fields(record: RequestRecord) -> dict[str, Any]:
     trace = parse_traceparent(ctx.traceparent) if ctx.traceparent else None
     times = record.times
     inputs = request.inputs if request is not None else []
-    return {
+    fields: dict[str, Any] = {
         "request_id": record.request_id,
         "trace_id": trace.trace_id if trace is not None else "",
         "span_id": server_span_id(ctx) if trace is not None else "",
@@ -89,6 +93,12 @@ def request_fields(record: RequestRecord) -> dict[str, Any]:
         "client": ctx.client,
         "protocol": ctx.protocol,
     }
+    if record.steps is not None:  # an ensemble's request: each step's model and latency
+        fields["steps"] = [
+            {"step": s.number, "model": s.model, "latency_ms": round(s.duration_ns / 1e6, 3)}
+            for s in record.steps
+        ]
+    return fields
 
 
 def input_fingerprint(inputs: list[Tensor]) -> str:

@@ -29,6 +29,8 @@ from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
 from inferd.metrics import MetricsSink
 from inferd.metrics_http import MetricsServer
+from inferd.monitoring.capture import Capture
+from inferd.monitoring.capture_metrics import CaptureCollector
 from inferd.protocol import grpc as grpc_adapter
 from inferd.protocol.fast_http import protocol_class
 from inferd.protocol.http import InferdApp, build_app
@@ -98,6 +100,8 @@ class InferenceServer:
         self.dataplane.shared_memory.max_copy_bytes = settings.max_request_bytes
         self.dataplane.shared_memory.max_bytes_elements = settings.limits.max_bytes_elements
         self.dataplane.workers = worker
+        self.capture = self.dataplane.capture = Capture(self.registry, settings.capture)
+        self.capture.single_process = worker is None
         self.dataplane.runtime.trace = trace_settings
         self.dataplane.runtime.workers = worker.count if worker is not None else 1
         self.peer_server: PeerServer | None = None
@@ -114,6 +118,7 @@ class InferenceServer:
             )
             self.telemetry.add(self.metrics)
             self.metrics.prometheus.register(self.custom_metrics)
+            self.metrics.prometheus.register(CaptureCollector(self.capture))
         # Large requests are decoded (and large responses encoded) off the event loop.
         self.offload = Offload(settings.limits.offload_bytes)
         self.app: InferdApp = build_app(
@@ -132,6 +137,7 @@ class InferenceServer:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         model_output.install()
         self.model_host.bind_loop(asyncio.get_running_loop())
+        self.capture.start()
         log.info("loading model repository %s", self.settings.model_repository)
         if self.settings.model_control_mode == "explicit":
             names = list(self.settings.load_models)
@@ -215,6 +221,7 @@ class InferenceServer:
                 drained = False
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
             self.dataplane.shared_memory.unregister()  # unmap the clients' regions
+            await asyncio.to_thread(self.capture.close)  # the last captures, to disk
             # 4. flush traces, then stop the metrics endpoint last, so the drain stays visible.
             if self.trace_sink is not None:
                 await asyncio.to_thread(self.trace_sink.shutdown)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd.limits import Limits
+from inferd.monitoring.capture_options import CaptureSettings
 
 MIB = 1024 * 1024
 
@@ -53,3 +54,4 @@ class Settings:
     http_tls: TlsFiles | None = None
     grpc_tls: TlsFiles | None = None
     limits: Limits = Limits()  # headers, timeouts, connections, streams (inferd.limits)
+    capture: CaptureSettings = CaptureSettings()  # --capture-dir, --capture-max-mib

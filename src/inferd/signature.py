@@ -23,6 +23,7 @@ from inferd.text_inputs import check_utf8
 from inferd.types import Array, InferRequest, Parameters, RequestedOutput
 
 if TYPE_CHECKING:
+    from inferd.events import CallContext
     from inferd.streams import ResponseSink
 
 
@@ -68,6 +69,9 @@ class BoundRequest:
     is_cancelled: Callable[[], bool] | None = None
     # What a Triton Python model attached to its response (InferenceResponse(parameters=)).
     response_parameters: dict[str, Any] | None = None
+    # Where it came from (set by the data plane): the deadline and trace context a call the
+    # model makes meanwhile to another model (BLS) carries on; None for warm-up samples.
+    ctx: CallContext | None = None
 
 
 def _dims(spec_dims: Sequence[int]) -> tuple[int, ...]:

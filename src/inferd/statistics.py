@@ -103,6 +103,11 @@ class StatisticsSink:
             stats.fail.add(record.duration_ns)
             return
         stats.success.add(record.duration_ns)
+        if record.steps is not None:
+            # An ensemble executes no batch of its own (its steps' models count theirs): as
+            # Triton, each request it answered counts as one execution of its rows.
+            stats.inference_count += record.rows
+            stats.execution_count += 1
         times = record.times
         if times is not None:
             # Triton's per-request durations: each request counts its batch's compute time.

@@ -144,6 +144,7 @@ class StreamingSteps:
         bound = mv.signature.bind(request)
         bound.classes = classification.requested_classes(request, mv.signature)
         record.rows = bound.rows
+        bound.ctx = ctx
         priority, timeout_us = scheduling_parameters(request)
         if request.parameters or mv.sequence is not None:
             bound.correlation_id, bound.flags = sequence_parameters(

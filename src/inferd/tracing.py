@@ -87,12 +87,26 @@ def server_span_id(ctx: CallContext) -> str:
 
 def echo(ctx: CallContext) -> str:
     """The `traceparent` to send back with the response to `ctx`'s request, or ""."""
-    if not ctx.traceparent:
+    if not ctx.traceparent or ctx.trace_root:
         return ""
-    parsed = parse_traceparent(ctx.traceparent)
+    return span_header(ctx)
+
+
+def span_header(ctx: CallContext) -> str:
+    """A `traceparent` naming the server span of `ctx`'s request as the parent (for calls
+    it makes: an ensemble's steps), or "" when it has no valid traceparent."""
+    parsed = parse_traceparent(ctx.traceparent) if ctx.traceparent else None
     if parsed is None:
         return ""
     return parsed.header(server_span_id(ctx))
+
+
+def start_trace(ctx: CallContext) -> None:
+    """Give a request that carried no traceparent one of the server's own (`trace_root`), so
+    that the calls it makes can name its span as their parent."""
+    if not ctx.traceparent:
+        ctx.traceparent = f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+        ctx.trace_root = True
 
 
 # -- OpenTelemetry export ---------------------------------------------------------------------
@@ -137,6 +151,14 @@ class TraceSink:
 
             def __init__(self) -> None:
                 self.next_span_id = threading.local()
+                self.next_trace_id = threading.local()
+
+            def generate_trace_id(self) -> int:
+                forced: int | None = getattr(self.next_trace_id, "value", None)
+                if forced is not None:
+                    self.next_trace_id.value = None
+                    return forced
+                return int(super().generate_trace_id())
 
             def generate_span_id(self) -> int:
                 forced: int | None = getattr(self.next_span_id, "value", None)
@@ -195,16 +217,19 @@ class TraceSink:
         parsed = parse_traceparent(ctx.traceparent) if ctx.traceparent else None
         if parsed is not None:
             self._ids.next_span_id.value = int(server_span_id(ctx), 16)
+            if ctx.trace_root:  # the server's own trace id, the span its root
+                self._ids.next_trace_id.value = int(parsed.trace_id, 16)
         try:
             span = self.tracer.start_span(
                 name,
-                context=self._parent(parsed),
+                context=None if ctx.trace_root else self._parent(parsed),
                 kind=self._server_kind,
                 attributes=attributes,
                 start_time=start,
             )
         finally:
             self._ids.next_span_id.value = None
+            self._ids.next_trace_id.value = None
         if span.is_recording():  # not unsampled by the caller's traceparent
             self.settings.spend(chosen)
         if record.failure is not None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -151,6 +152,31 @@ def test_serves_the_example_models(example_server: tuple[str, str, CliServer]) -
     ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert [json.loads(line[6:])["text_output"] for line in lines] == ["one", "two", "three"]
+
+
+def test_serves_the_recall_rank_ensemble(example_server: tuple[str, str, CliServer]) -> None:
+    """recall -> rank -> topk as one request answers what the three give one by one."""
+    _, grpc_address, _ = example_server
+    client = grpcclient.InferenceServerClient(grpc_address)
+    users = np.random.default_rng(5).normal(size=(4, 64)).astype(np.float32)
+
+    def infer(model: str, **tensors: np.ndarray) -> Any:
+        inputs = []
+        for name, value in tensors.items():
+            datatype = "INT64" if value.dtype == np.int64 else "FP32"
+            inputs.append(grpcclient.InferInput(name, list(value.shape), datatype))
+            inputs[-1].set_data_from_numpy(value)
+        return client.infer(model, inputs)
+
+    whole = infer("recall_rank", USER=users)
+    recalled = infer("recall", USER=users)
+    vecs = recalled.as_numpy("CANDIDATE_VECS")
+    scores = infer("rank", USER=users, CANDIDATE_VECS=vecs).as_numpy("SCORES")
+    best = infer("topk", CANDIDATES=recalled.as_numpy("CANDIDATES"), SCORES=scores)
+    assert whole.as_numpy("IDS").shape == (4, 10)
+    np.testing.assert_array_equal(whole.as_numpy("IDS"), best.as_numpy("IDS"))
+    np.testing.assert_array_equal(whole.as_numpy("SCORES"), best.as_numpy("TOP_SCORES"))
+    client.close()
 
 
 def test_serves_over_grpc_too(example_server: tuple[str, str, CliServer]) -> None:

@@ -156,8 +156,6 @@ def test_every_documented_name_works_or_refuses_naming_itself(
 # Refused in every model: what inferd does not implement.
 REFUSED = {
     "InferenceRequest.set_release_flags",
-    "InferenceRequest.exec",
-    "InferenceRequest.async_exec",
     "unload_model(unload_dependents=True)",
 }
 

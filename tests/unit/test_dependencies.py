@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "src" / "inferd_tools"  # bench, tune, optimize
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 # Imported only where the code says what to install when it is missing.
-OPTIONAL = {"matplotlib": "bench"}
+OPTIONAL = {"matplotlib": "bench", "granian": "frontend-bench"}
 
 
 def _name(text: str) -> str:

@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.errors import InferdError
 from inferd.repository.spec_backend import BackendSettings, read_backend_settings
+from inferd.shared_array_store import ArrayScope
 from inferd.types import Array
 
 if TYPE_CHECKING:
@@ -32,6 +33,12 @@ class LoadContext:
     # The model spec's backend settings, parsed at load; None (a context built from a bare
     # config: a worker process, a test): read from `config`.
     settings: BackendSettings | None = None
+    # Which load of the version this is (each loader call is another): its instances share
+    # `inferd.shared_array`s, a reload (whose files may have changed) builds its own.
+    load: int = 0
+
+    def array_scope(self) -> ArrayScope:
+        return ArrayScope(self.model_name, self.version, self.load)
 
     def backend_settings(self) -> BackendSettings:
         return self.settings if self.settings is not None else read_backend_settings(self.config)

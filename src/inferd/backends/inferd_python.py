@@ -45,7 +45,9 @@ class PythonInstance:
         self._model_dir = str(ctx.version_dir)
         self._batched = ctx.config.max_batch_size > 0
         self._host: InstanceModelHost | None = (
-            ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
+            ctx.host.for_instance(ctx.model_name, ctx.array_scope())
+            if ctx.host is not None
+            else None
         )
         task = f"inferd-model-{ctx.model_name}-{ctx.instance_index}"
         self._loop = ModelLoop(f"{task}-async", self._marks)

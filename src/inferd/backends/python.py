@@ -90,7 +90,9 @@ class PythonBackend:
 
 def start_process_instance(ctx: LoadContext) -> ProcessInstance:
     """The instance for the model class the worker found in model.py."""
-    host = ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
+    host = (
+        ctx.host.for_instance(ctx.model_name, ctx.array_scope()) if ctx.host is not None else None
+    )
     spec = WorkerSpec.from_context(ctx)
     try:
         worker, info = start_worker(spec, lambda w: None, host)

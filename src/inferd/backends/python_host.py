@@ -1,22 +1,28 @@
-"""The server's side of `pb_utils`' model loading and custom metrics calls (`ModelHost`).
+"""The server's side of `pb_utils`' model loading, custom metrics and BLS calls, and of
+`inferd.shared_array` (`ModelHost`).
 
 `ServerHost` is one per server: it runs repository calls on the server's event loop (model
 code runs in worker threads; it waits for the answer there, never on the loop) and keeps the
-custom metrics. Each model instance gets an `InstanceHost` that names the calling model in
-errors and releases the instance's metric series when it unloads.
+custom metrics and the shared arrays' store. Each model instance gets an `InstanceHost` that
+names the calling model in errors and releases the instance's metric series and shared arrays
+when it unloads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import MetricKind
+from inferd.bls_call import BlsCall, BlsResult, current_callers
+from inferd.bls_runner import BlsError, BlsRunner
 from inferd.custom_metrics import CustomMetrics, MetricError
 from inferd.errors import ErrorKind, InferdError
+from inferd.shared_array_store import ArrayScope, SharedArrayStore
 
 if TYPE_CHECKING:
     from inferd.dataplane import DataPlane
@@ -28,14 +34,17 @@ class ServerHost:
     def __init__(self, dataplane: DataPlane, metrics: CustomMetrics) -> None:
         self.dataplane = dataplane
         self.metrics = metrics
+        self.arrays = SharedArrayStore()  # inferd.shared_array's segments
+        self.bls = BlsRunner(dataplane, dataplane.registry)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The loop the repository calls run on (the server's, once it runs)."""
+        """The loop the repository and BLS calls run on (the server's, once it runs)."""
         self._loop = loop
+        self.bls.bind_loop(loop)
 
-    def for_instance(self, model_name: str) -> InstanceHost:
-        return InstanceHost(self, model_name)
+    def for_instance(self, model_name: str, scope: ArrayScope) -> InstanceHost:
+        return InstanceHost(self, model_name, scope)
 
     def on_loop(self, api: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         loop = self._loop
@@ -56,9 +65,10 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 class InstanceHost:
     """`ModelHost` for one model instance (pb_utils.host.ModelHost)."""
 
-    def __init__(self, server: ServerHost, model_name: str) -> None:
+    def __init__(self, server: ServerHost, model_name: str, scope: ArrayScope) -> None:
         self._server = server
         self._model = model_name
+        self._scope = scope
         self._handles: list[int] = []
         self._lock = threading.Lock()
 
@@ -106,6 +116,19 @@ class InstanceHost:
 
         return self._server.on_loop("pb_utils.is_model_ready", ready)
 
+    def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+        """A BLS call, for the requests this thread executes (bls_call.executing)."""
+        try:
+            return self._server.bls.submit(call, current_callers())
+        except BlsError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def infer_stream(self, call: BlsCall) -> Iterator[BlsResult]:
+        try:
+            return self._server.bls.stream(call, current_callers())
+        except BlsError as exc:
+            raise TritonModelException(str(exc)) from None
+
     def metric_family(self, name: str, description: str, kind: MetricKind) -> None:
         try:
             self._server.metrics.family(name, description, kind)
@@ -127,8 +150,16 @@ class InstanceHost:
         except MetricError as exc:
             raise TritonModelException(str(exc)) from None
 
+    def shared_array_open(self, name: str, shape: tuple[int, ...], dtype: str) -> tuple[str, int]:
+        return self._server.arrays.open(self._scope, self, name, shape, dtype)
+
+    def shared_array_built(self, name: str, error: str | None) -> None:
+        self._server.arrays.built(self._scope, self, name, error)
+
     def close(self) -> None:
-        """The instance unloaded: its metric series go (those no other instance holds)."""
+        """The instance unloaded: its metric series go (those no other instance holds), and
+        the shared arrays no other instance holds."""
         with self._lock:
             handles, self._handles = self._handles, []
         self._server.metrics.release(handles)
+        self._server.arrays.release(self)

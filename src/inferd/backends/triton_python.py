@@ -78,7 +78,9 @@ class TritonPythonInstance:
         self._batched = ctx.config.max_batch_size > 0
         self._decoupled = bool(ctx.config.model_transaction_policy.decoupled)
         self._host: InstanceModelHost | None = (
-            ctx.host.for_instance(ctx.model_name) if ctx.host is not None else None
+            ctx.host.for_instance(ctx.model_name, ctx.array_scope())
+            if ctx.host is not None
+            else None
         )
         task = f"inferd-model-{ctx.model_name}-{ctx.instance_index}"
         self._loop = ModelLoop(f"{task}-async", self._marks)

@@ -12,6 +12,7 @@ while the model's initialize, execute or finalize runs (`PipeHost`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import faulthandler
@@ -20,6 +21,7 @@ import pickle
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
 from typing import Any
 
 from inferd import model_output
@@ -30,22 +32,26 @@ from inferd.backends.python_autocomplete import completed_config
 from inferd.backends.python_import import import_model_module
 from inferd.backends.python_instantiate import instantiate
 from inferd.backends.triton_python import TritonPythonInstance
+from inferd.backends.worker_child_bls import BlsClient
 from inferd.backends.worker_child_stream import PipeSender, serve_stream
 from inferd.backends.worker_spec import WorkerSpec
+from inferd.bls_call import BlsCall, BlsResult
 from inferd.errors import InferdError
+from inferd.shared_array_store import ArrayScope, SharedArrayError
 from inferd.signature import BoundRequest
 
 
 class PipeHost:
     """A model's `ModelHost` in a worker process: each call is answered by the server."""
 
-    def __init__(self, conn: Connection, pipe: PipeSender) -> None:
+    def __init__(self, conn: Connection, pipe: PipeSender, bls: BlsClient | None = None) -> None:
         self._conn = conn
         self.pipe = pipe  # every send to the parent, from any thread, goes through it
+        self._bls = bls  # calls to other models: a pipe of their own, any time, many at once
         self._lock = threading.Lock()  # model threads may call too: one exchange at a time
         self._parent_waits = False
 
-    def for_instance(self, model_name: str) -> PipeHost:
+    def for_instance(self, model_name: str, scope: ArrayScope) -> PipeHost:
         return self
 
     def close(self) -> None:
@@ -70,11 +76,7 @@ class PipeHost:
 
     def _call(self, method: str, *args: Any) -> Any:
         with self._lock:
-            if not self._parent_waits:
-                raise TritonModelException(
-                    f'pb_utils.{method}: with isolation "process", calls that need the '
-                    "server work while the model's initialize, execute or finalize runs"
-                )
+            self._check_waiting(f"pb_utils.{method}")
             self.pipe.send_bytes(_dumps(("call", method, args)))
             reply = self._conn.recv()
         if reply[0] == "raise":
@@ -99,6 +101,43 @@ class PipeHost:
     def metric_op(self, handle: int, op: str, value: float) -> float | None:
         result: float | None = self._call("metric_op", handle, op, value)
         return result
+
+    def shared_array_open(self, name: str, shape: tuple[int, ...], dtype: str) -> tuple[str, int]:
+        """The server answers with the role, then sends a copy of the segment's descriptor
+        (SCM_RIGHTS) on the same socket: the server owns the segment, this process maps it."""
+        with self._lock:
+            self._check_waiting("inferd.shared_array", SharedArrayError)
+            self.pipe.send_bytes(_dumps(("call", "shared_array_open", (name, shape, dtype))))
+            reply = self._conn.recv()
+            if reply[0] == "raise":
+                raise SharedArrayError(str(reply[1]))
+            return str(reply[1]), recv_handle(self._conn)
+
+    def shared_array_built(self, name: str, error: str | None) -> None:
+        with self._lock:
+            self._check_waiting("inferd.shared_array", SharedArrayError)
+            self.pipe.send_bytes(_dumps(("call", "shared_array_built", (name, error))))
+            reply = self._conn.recv()
+        if reply[0] == "raise":
+            raise SharedArrayError(str(reply[1]))
+
+    def _check_waiting(self, api: str, error: type[Exception] = TritonModelException) -> None:
+        if not self._parent_waits:
+            raise error(
+                f'{api}: with isolation "process", calls that need the server work while the '
+                "model's load, predict or unload (initialize, execute or finalize) runs"
+            )
+
+    def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+        return self._bls_client().infer(call)
+
+    def infer_stream(self, call: BlsCall) -> Iterator[BlsResult]:
+        return self._bls_client().infer_stream(call)
+
+    def _bls_client(self) -> BlsClient:
+        if self._bls is None:
+            raise TritonModelException("BLS needs the inferd server the model runs in")
+        return self._bls
 
 
 class _PipeLogHandler(logging.Handler):
@@ -141,6 +180,7 @@ def worker_main(
     ready_conn: Connection,
     cancelled: Any,
     spec: WorkerSpec,
+    bls_conn: Connection | None = None,
 ) -> None:
     """The child process: load the model, then answer batches until told to stop."""
     faulthandler.enable()  # a segfault's traceback goes to the inherited stderr
@@ -153,7 +193,7 @@ def worker_main(
     logging.getLogger("inferd.model").setLevel(logging.DEBUG)
     model_output.install()
 
-    host = PipeHost(conn, PipeSender(conn))
+    host = PipeHost(conn, PipeSender(conn), None if bls_conn is None else BlsClient(bls_conn))
     ctx = dataclasses.replace(spec.load_context(), host=host)
     if spec.task == "auto_complete":
         try:

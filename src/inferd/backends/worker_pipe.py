@@ -6,10 +6,13 @@ threads, so it never forks) and its pipes:
 - the main pipe, both ways: the parent's requests, the child's answers, and in between the
   child's `("call", method, args)` for the pb_utils calls that need the server, which
   `receive` answers with the instance's host while it waits (`("reply", value)` or
-  `("raise", message)`);
+  `("raise", message)`); `inferd.shared_array`'s open is answered with the segment's
+  descriptor too, passed on this socket (SCM_RIGHTS);
 - the log pipe, child → parent: records re-emitted by the parent's logging;
 - the readiness pipe: `(question id,)` → `(question id, answer)` for `is_ready()`, answered
   by a thread of the child while its main thread may be executing;
+- the BLS pipe: the model's calls to other models, answered by id, many at once
+  (worker_bls.py);
 - `cancelled`: one shared flag per request of the batch executing, set by the parent when a
   client gives up, read by `request.is_cancelled()` in the child.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -28,14 +32,17 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import send_handle
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.pb_utils.errors import TritonModelException
 from inferd.backends.pb_utils.host import InstanceModelHost, MetricKind
+from inferd.backends.worker_bls import BlsServer
 from inferd.backends.worker_child import worker_main  # the child's side
 from inferd.backends.worker_spec import WorkerSpec
+from inferd.shared_array_store import SharedArrayError
 
 log = logging.getLogger("inferd.backends.python")
 
@@ -88,6 +95,7 @@ class Worker:
         self._conn, child_conn = ctx.Pipe(duplex=True)
         log_read, log_write = ctx.Pipe(duplex=False)
         self._ready_conn, ready_child = ctx.Pipe(duplex=True)
+        bls_conn, bls_child = ctx.Pipe(duplex=True)
         self._ready_lock = threading.Lock()
         self._questions = itertools.count(1)
         # A batch holds at most max_batch_size requests (one when the model does not batch).
@@ -98,7 +106,7 @@ class Worker:
         # terminates the child instead of waiting for it.
         self.process: BaseProcess = ctx.Process(
             target=worker_main,
-            args=(child_conn, log_write, ready_child, self.cancelled, spec),
+            args=(child_conn, log_write, ready_child, self.cancelled, spec, bls_child),
             name=f"inferd-model-{spec.model_name}-{spec.instance_index}",
             daemon=True,
         )
@@ -109,6 +117,10 @@ class Worker:
         child_conn.close()
         log_write.close()
         ready_child.close()
+        bls_child.close()
+        self.bls = BlsServer(
+            bls_conn, host, f"inferd-model-{spec.model_name}-{spec.instance_index}"
+        )
         self._relay = threading.Thread(
             target=self._relay_logs,
             args=(log_read, spec.model_name),
@@ -188,7 +200,10 @@ class Worker:
                 except (EOFError, OSError):
                     raise WorkerDiedError(self.exit_description()) from None
                 if message[0] == "call":
-                    self.send(self._answer_call(message[1], message[2]))
+                    if message[1].startswith("shared_array_"):
+                        self._answer_array_call(message[1], message[2])
+                    else:
+                        self.send(self._answer_call(message[1], message[2]))
                     continue
                 return message
             if on_poll is not None:
@@ -216,6 +231,30 @@ class Worker:
             return ("raise", exc.message())
         except Exception as exc:
             return ("raise", f"pb_utils.{method}: {exc}")
+
+    def _answer_array_call(self, method: str, args: tuple[Any, ...]) -> None:
+        """inferd.shared_array's calls; an open's answer is followed by the segment's
+        descriptor, passed over the socket (SCM_RIGHTS)."""
+        if self.host is None:
+            self.send(("raise", "inferd.shared_array needs the inferd server the model runs in"))
+            return
+        try:
+            if method == "shared_array_built":
+                self.host.shared_array_built(*args)
+                self.send(("reply", None))
+                return
+            name, shape, dtype = args
+            role, fd = self.host.shared_array_open(name, tuple(shape), dtype)
+        except SharedArrayError as exc:
+            self.send(("raise", str(exc)))
+            return
+        try:
+            self.send(("reply", role))
+            send_handle(self._conn, fd, self.process.pid)
+        except OSError:
+            raise WorkerDiedError(self.exit_description()) from None
+        finally:
+            os.close(fd)
 
     def ask_ready(self, timeout: float) -> bool:
         """The model's `is_ready()` answer, asked of the child's readiness thread."""
@@ -266,7 +305,7 @@ class Worker:
                 pass
         self.reap()
         self._conn.close()
-        self._ready_conn.close()
+        self._ready_conn.close()  # (the BLS pipe closes itself once the child is gone)
         return unload_error
 
     def reap(self) -> None:

@@ -47,6 +47,7 @@ from inferd.backends.model_calls import READY_TIMEOUT_S, ReadinessCheck
 from inferd.backends.pb_utils.host import InstanceModelHost
 from inferd.backends.worker_pipe import STOP_TIMEOUT_S, Worker, WorkerDiedError, start_worker
 from inferd.backends.worker_spec import WorkerSpec
+from inferd.bls_call import current_callers
 from inferd.conformance import OutputMismatchError
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import RequestInfo
@@ -151,6 +152,7 @@ class ProcessInstance:
         worker = self._ready_worker()
         if before is not None:
             before(worker)
+        worker.bls.callers = current_callers()  # the model's BLS calls are made for them
         try:
             worker.send(request)
             message = worker.receive(on_poll=None if on_poll is None else lambda: on_poll(worker))
@@ -161,6 +163,8 @@ class ProcessInstance:
                 f"the model's worker process died ({exc}) while executing this batch; "
                 "it is being restarted",
             ) from None
+        finally:
+            worker.bls.callers = ()
         if message[0] != "ok":
             raise InferdError(ErrorKind.MODEL_ERROR, str(message[1]))
         return message

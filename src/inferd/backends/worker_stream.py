@@ -26,6 +26,7 @@ import contextlib
 from inferd.backends.worker_pipe import WorkerDiedError
 from inferd.backends.worker_process import ProcessInstance
 from inferd.backends.worker_spec import from_wire
+from inferd.bls_call import current_callers
 from inferd.errors import ErrorKind, InferdError
 from inferd.signature import BoundRequest
 from inferd.streams import CollectingSink, StreamClosedError
@@ -45,6 +46,7 @@ class StreamingProcessInstance(ProcessInstance):
     def _stream(self, request: BoundRequest) -> dict[str, Array] | InferdError:
         sink = request.responses if request.responses is not None else CollectingSink()
         worker = self._ready_worker()
+        worker.bls.callers = current_callers()
         worker.cancelled[0] = 0
         sink.started()
         message = (

@@ -96,6 +96,7 @@ class HttpAdapter:
             (mv + "/config", self.model_config, ["GET"], config),
             (m + "/stats", self.statistics, ["GET"], stats),
             (mv + "/stats", self.statistics, ["GET"], stats),
+            (m + "/feedback", self.feedback, ["POST"], infer),  # docs/capture.md
             # POSTs never get here (InferEndpoint takes them first): these routes only make
             # other methods answer 405 rather than 404.
             (m + "/infer", self._infer_is_elsewhere, ["POST"], infer),
@@ -164,6 +165,10 @@ class HttpAdapter:
         p = request.path_params
         doc = await self.dp.server_statistics(p.get("model", ""), p.get("version", ""))
         return json_response(doc)
+
+    async def feedback(self, request: Request) -> Response:
+        doc = await self._json_body(request)
+        return json_response(self.dp.feedback(request.path_params["model"], doc))
 
     async def repository_index(self, request: Request) -> Response:
         doc = await self._json_body(request)

@@ -23,6 +23,7 @@ CONFIG_FILE = "config.pbtxt"
 PLATFORM_TO_BACKEND = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
+    "ensemble": "ensemble",  # pipelines/: a graph of other models, no backend of its own
 }
 
 

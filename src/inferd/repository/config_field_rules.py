@@ -56,7 +56,7 @@ SEQUENCE_INPUT_BACKENDS = ("onnxruntime", "python")
 # inputs); TritonPythonModel models get each request's own tensors instead.
 RAGGED_BACKENDS = ("onnxruntime", "python")
 BATCH_INPUT = "computed by the server for each batch from the source input's shapes"
-ENSEMBLE = "ensembles are not implemented; chain the models in the client"
+ENSEMBLE = "the ensemble's steps (pipelines/ensemble_config.py, docs/pipelines.md)"
 RATE_LIMIT = "inferd has no rate limiter; bound the load with instance counts and queue policy"
 DELAY_NOT_IMPLEMENTED = (
     "DELAY is not implemented (Triton moves a timed-out request behind the others; inferd "

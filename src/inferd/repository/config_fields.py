@@ -46,7 +46,9 @@ from inferd.repository.config_field_rules import (
 
 FIELDS: dict[str, FieldRule] = {
     "name": honoured("must match the model's directory"),
-    "platform": honoured("onnxruntime_onnx or pytorch_libtorch; others fail the load"),
+    "platform": honoured(
+        "onnxruntime_onnx, pytorch_libtorch or ensemble (docs/pipelines.md); others fail the load"
+    ),
     "backend": honoured("onnxruntime, pytorch or python; others fail the load"),
     "runtime": refused("inferd picks the runtime from platform/backend; leave it unset"),
     "version_policy": honoured("which versions are served (default: the latest one)"),
@@ -252,14 +254,22 @@ FIELDS: dict[str, FieldRule] = {
         "sequence_batching.state.use_growable_memory",
     ),
     **each(
-        refused(ENSEMBLE),
+        honoured(ENSEMBLE, backends=("ensemble",)),
         "ensemble_scheduling",
         "ensemble_scheduling.step",
         "ensemble_scheduling.step.model_name",
         "ensemble_scheduling.step.model_version",
         "ensemble_scheduling.step.input_map",
         "ensemble_scheduling.step.output_map",
+    ),
+    **each(
+        refused("not implemented: inferd has no model namespaces"),
         "ensemble_scheduling.step.model_namespace",
+    ),
+    **each(
+        refused(
+            "not implemented; bound an ensemble's load with its composing models' queue policies"
+        ),
         "ensemble_scheduling.max_inflight_requests",
     ),
     "instance_group": honoured("the model's instances, group by group"),

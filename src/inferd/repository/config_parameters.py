@@ -45,6 +45,17 @@ INFERD_PARAMETERS: dict[str, str] = {
     "circuit_breaker_open_s": "how long the circuit stays open (docs/reliability.md)",
     "fallback_model": "where requests go while the circuit is open (docs/reliability.md)",
     "health_p99_baseline_ms": "the p99 the health score compares with (docs/metrics.md)",
+    "capture_sample_rate": (
+        "share of answered requests captured for --capture-dir and feedback, 0..1; default 0 "
+        "(docs/capture.md)"
+    ),
+    "accuracy_window": "labelled rows the online accuracy is over; default 1000 (docs/capture.md)",
+    "accuracy_output": "the class output feedback labels are judged on; default the first",
+    "feedback_ttl_s": "how long a captured prediction waits for its label; default 3600",
+    "canary_accuracy_margin": (
+        "with canary_auto_rollback: online accuracy a canary may fall below stable's by "
+        "(docs/capture.md)"
+    ),
     "model_checksum": (
         "set by inferd in the config it serves (the files' sha256); a value given is replaced"
     ),

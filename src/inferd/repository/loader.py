@@ -6,6 +6,7 @@ worker threads; the registry (on the event loop) only decides and swaps.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from inferd.backends import BACKENDS, get_backend
 from inferd.backends.base import AnyInstance, Backend, LoadContext
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.errors import InferdError
+from inferd.pipelines.ensemble_config import is_ensemble
+from inferd.pipelines.ensemble_load import prepare_ensemble
 from inferd.repository.config import (
     PLATFORM_TO_BACKEND,
     ConfigError,
@@ -84,6 +87,8 @@ def prepare(
         raise ConfigError(
             f"{model_dir.name}: no numeric version directory (e.g. {model_dir.name}/1/)"
         )
+    if is_ensemble(config):  # no files, no backend: its steps' models have them
+        return prepare_ensemble(config, model_dir, select_versions(config, available))
     name = backend_name(config)
     if not name and not config.platform:
         # No config (or one without platform/backend): infer the backend from the file.
@@ -182,6 +187,9 @@ def model_file(backend: Backend, version_dir: Path) -> Path | None:
     return next((version_dir / f for f in backend.model_files if (version_dir / f).exists()), None)
 
 
+_LOADS = itertools.count(1)  # LoadContext.load: one number per call below
+
+
 def load_instances(
     backend: Backend,
     name: str,
@@ -193,9 +201,12 @@ def load_instances(
 ) -> list[AnyInstance]:
     instances: list[AnyInstance] = []
     count = spec.instance_count
+    load = next(_LOADS)
     try:
         for index in range(count):
-            ctx = LoadContext(name, version, version_dir, config, index, count, host, spec.backend)
+            ctx = LoadContext(
+                name, version, version_dir, config, index, count, host, spec.backend, load
+            )
             instances.append(backend.load(ctx))
     except BaseException:
         for inst in instances:

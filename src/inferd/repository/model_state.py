@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -16,6 +17,9 @@ from inferd.routing import Router
 from inferd.scheduling.scheduler import Scheduler
 from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import ModelSignature
+
+if TYPE_CHECKING:
+    from inferd.pipelines.ensemble import Ensemble
 
 
 class State(enum.Enum):
@@ -42,6 +46,11 @@ class ModelVersion:
     checksum: str = ""  # of the version directory's files
     execution_timeout_s: float = 0.0  # 0: none (docs/reliability.md)
     load_duration_s: float = 0.0
+    # An ensemble's runner (also its `batcher`); None for a model with instances.
+    ensemble: Ensemble | None = None
+    # An ensemble UNAVAILABLE only until a composing model is ready: the reason. It neither
+    # fails its load nor holds the server's readiness down (the composing model does).
+    waits_for: str = ""
     warmup_duration_s: float = 0.0
     # model_transaction_policy { decoupled: true }: answers through a response stream.
     decoupled: bool = field(init=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,15 @@ from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.memory import MemoryReleaser, rss_bytes
+from inferd.pipelines.ensemble_config import is_ensemble
+from inferd.pipelines.ensemble_load import Composing
+from inferd.pipelines.ensemble_state import (
+    ensembles_among,
+    lookup,
+    only_waits,
+    refresh_ensembles,
+    start_ensemble,
+)
 from inferd.repository.checksum import checksum, file_checksum, fingerprint
 from inferd.repository.config import CONFIG_FILE, ConfigError
 from inferd.repository.loader import prepare
@@ -92,9 +102,12 @@ class ModelRegistry:
         return mv
 
     def is_ready(self) -> bool:
-        """Every model (but those unloaded on request) can serve: it has a READY version."""
+        """Every model (but those unloaded on request, and ensembles waiting for one) can
+        serve: it has a READY version."""
         return all(
-            m.default_version() is not None for m in self.models.values() if m.reason != "unloaded"
+            m.default_version() is not None
+            for m in self.models.values()
+            if m.reason != "unloaded" and not only_waits(m)
         )
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -161,7 +174,17 @@ class ModelRegistry:
         """Load models (all on disk by default); one that fails is logged and listed, the
         others load regardless."""
         wanted = self.model_names_on_disk() if names is None else names
-        await asyncio.gather(*(self._load_logged(n) for n in wanted))
+        # Ensembles after the models they are made of, so they start READY.
+        ensembles = set(await asyncio.to_thread(ensembles_among, self.repository, wanted))
+        await asyncio.gather(*(self._load_logged(n) for n in wanted if n not in ensembles))
+        await asyncio.gather(*(self._load_logged(n) for n in wanted if n in ensembles))
+
+    def _composing(self) -> Callable[[str, str], Composing]:
+        return lookup(self.models, self.model_names_on_disk)
+
+    def _refresh_ensembles(self) -> None:
+        """After any load or unload: the ensembles' states follow their composing models."""
+        refresh_ensembles(self.models, self._composing())
 
     async def _load_logged(self, name: str) -> None:
         try:
@@ -215,6 +238,8 @@ class ModelRegistry:
             if forget and self.models.get(name) is model:
                 del self.models[name]
             raise
+        finally:
+            self._refresh_ensembles()
 
     async def _load_locked(
         self, model: Model, model_dir: Path, override: mc.ModelConfig | None
@@ -276,8 +301,15 @@ class ModelRegistry:
                     )
                 )
         await asyncio.gather(
-            *(load_version(mv, backend, model_dir, self.model_host, self.telemetry) for mv in fresh)
+            *(
+                load_version(mv, backend, model_dir, self.model_host, self.telemetry)
+                for mv in fresh
+                if not is_ensemble(mv.config)
+            )
         )
+        for mv in fresh:
+            if is_ensemble(mv.config):
+                start_ensemble(mv, self._composing())
 
         for mv in fresh:
             old = model.versions.get(mv.version)
@@ -292,7 +324,7 @@ class ModelRegistry:
                 if old.is_ready and v not in keep:
                     old.reason = "kept serving: no newer version loaded"
                     keep[v] = old
-        failed = [mv for mv in fresh if not mv.is_ready]
+        failed = [mv for mv in fresh if not mv.is_ready and not mv.waits_for]
         model.load_failures += sum(1 for mv in failed if mv.version not in model.versions)
         retired = [old for v, old in model.versions.items() if keep.get(v) is not old]
         # The switch: one assignment, between two requests, on the event loop.
@@ -359,6 +391,7 @@ class ModelRegistry:
             if forget:
                 del self.models[name]
             await self._retire([v for v in retired if v.batcher is not None])
+        self._refresh_ensembles()
 
     async def unload_all(self) -> None:
         """At shutdown: every version drains and closes (no trim: the process exits)."""

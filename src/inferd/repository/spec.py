@@ -18,6 +18,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.circuit import CircuitPolicy
 from inferd.errors import InferdError
+from inferd.monitoring.capture_options import (
+    DEFAULT_ACCURACY_WINDOW,
+    DEFAULT_FEEDBACK_TTL_S,
+    CaptureOptions,
+)
 from inferd.repository.config import (
     CONFIG_FILE,
     ConfigError,
@@ -52,6 +57,7 @@ class ModelSpec:
     execution_timeout_ms: int | None = None  # None: the server's --execution-timeout-ms
     health_p99_baseline_s: float | None = None  # None: the health score's own baseline
     text_inputs: frozenset[str] = frozenset()  # BYTES inputs the model decodes as UTF-8
+    capture: CaptureOptions = CaptureOptions()  # capture_sample_rate, accuracy_* (capture.md)
 
     def execution_timeout_s(self, default_ms: int) -> float:
         """The execution timeout in seconds (0: none); `default_ms` the server's. A decoupled
@@ -84,6 +90,7 @@ def parse_spec(config: mc.ModelConfig, model_dir: Path) -> ModelSpec:
         execution_timeout_ms=_execution_timeout_ms(config),
         health_p99_baseline_s=_health_baseline_s(config),
         text_inputs=_text_inputs(config),
+        capture=_capture_options(config),
     )
 
 
@@ -212,3 +219,45 @@ def _text_inputs(config: mc.ModelConfig) -> frozenset[str]:
             "TYPE_STRING (BYTES) input of the model"
         )
     return names
+
+
+def _capture_options(config: mc.ModelConfig) -> CaptureOptions:
+    """`capture_sample_rate`, `accuracy_window`, `accuracy_output`, `feedback_ttl_s`,
+    `canary_accuracy_margin` (docs/capture.md)."""
+    where = f"{config.name}/{CONFIG_FILE}: parameters"
+    raw = parameter(config, "capture_sample_rate", "0")
+    rate = _number(raw)
+    if not 0 <= rate <= 1:
+        raise ConfigError(
+            f"{where}.capture_sample_rate must be a share within 0..1 (0.01: one request in "
+            f"a hundred), got '{raw}'"
+        )
+    window = int_parameter(config, "accuracy_window", DEFAULT_ACCURACY_WINDOW)
+    if window < 1:
+        raise ConfigError(f"{where}.accuracy_window must be >= 1 (labelled rows), got {window}")
+    output = parameter(config, "accuracy_output")
+    names = [o.name for o in config.output]
+    if output and output not in names:
+        raise ConfigError(
+            f"{where}.accuracy_output '{output}' is not an output of the model "
+            f"(outputs: {', '.join(names) or 'none'})"
+        )
+    raw = parameter(config, "feedback_ttl_s", str(DEFAULT_FEEDBACK_TTL_S))
+    ttl_s = _number(raw)
+    if not ttl_s > 0 or not math.isfinite(ttl_s):
+        raise ConfigError(f"{where}.feedback_ttl_s must be a number of seconds > 0, got '{raw}'")
+    raw = parameter(config, "canary_accuracy_margin")
+    margin = _number(raw) if raw else None
+    if margin is not None and not 0 <= margin <= 1:
+        raise ConfigError(
+            f"{where}.canary_accuracy_margin must be a share within 0..1 (0.02: two points "
+            f"of accuracy), got '{raw}'"
+        )
+    return CaptureOptions(rate, window, output or (names[0] if names else ""), ttl_s, margin)
+
+
+def _number(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan

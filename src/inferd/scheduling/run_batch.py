@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from inferd.backends.base import AnyInstance, Instance, RequestInfoInstance, RequestListInstance
+from inferd.bls_call import EXECUTING
 from inferd.errors import ErrorKind, InferdError
 from inferd.python_model import RequestInfo
 from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
@@ -40,7 +41,24 @@ def run_batch(
     with_info: bool = False,
     ragged: RaggedPlan = NO_RAGGED,
 ) -> tuple[list[Result], Timings]:
-    """Merge, execute, split: runs in the instance's worker thread, never on the loop."""
+    """Merge, execute, split: runs in the instance's worker thread, never on the loop.
+    Calls the model makes meanwhile to other models (BLS) are made for the batch's requests:
+    they carry their deadline and trace, and end when their clients give up (bls_call.py)."""
+    token = EXECUTING.set(batch)
+    try:
+        return _run_batch(instance, batch, batched, by_request, with_info, ragged)
+    finally:
+        EXECUTING.reset(token)
+
+
+def _run_batch(
+    instance: AnyInstance,
+    batch: list[Pending],
+    batched: bool,
+    by_request: bool,
+    with_info: bool,
+    ragged: RaggedPlan,
+) -> tuple[list[Result], Timings]:
     clock = time.perf_counter_ns
     if by_request:
         # Models written against Triton's execute(requests) contract see the requests

@@ -227,7 +227,8 @@ def test_a_refused_field_fails_the_load_naming_file_and_field(
 def test_the_error_says_why_and_what_to_do(tmp_path: Path) -> None:
     text = LINEAR_CONFIG + 'ensemble_scheduling { step [ { model_name: "a" } ] }\n'
     message = prepare_error(make_model(tmp_path, text))
-    assert "ensembles are not implemented; chain the models in the client" in message
+    # Honoured for ensembles only: any other backend names who reads it.
+    assert "only the ensemble backend reads it; the onnxruntime backend would ignore it" in message
     message = prepare_error(
         make_model(
             tmp_path / "p",

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tests.unit.repository.test_config import LINEAR_CONFIG, make_model
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.monitoring.capture_options import CaptureOptions
 from inferd.repository.config import ConfigError
 from inferd.repository.config_parameters import BACKEND_PARAMETERS, INFERD_PARAMETERS
 from inferd.repository.loader import prepare
@@ -64,6 +65,7 @@ def test_defaults() -> None:
     assert spec.limits.max_elements == DEFAULT_MAX_INPUT_ELEMENTS
     assert spec.limits.max_bytes_element_size == DEFAULT_MAX_BYTES_ELEMENT_SIZE
     assert not spec.canary.enabled
+    assert spec.capture == CaptureOptions(0.0, 1000, "y", 3600.0, None)  # the first output judged
     assert (spec.canary.window_s, spec.canary.min_requests) == (30.0, 20)
     assert (spec.canary.error_rate_margin, spec.canary.p99_ratio) == (0.05, 2.0)
     assert spec.canary_weights is None
@@ -138,6 +140,12 @@ PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     ({"execution_mode": "fast"}, "python", lambda s: s.backend.parallel_execution, False),
     ({"model_checksum": "abc"}, "onnxruntime", lambda s: s.batching.policy, "work_conserving"),
     ({"text_inputs": " , "}, "python", lambda s: s.text_inputs, frozenset()),
+    ({"capture_sample_rate": "0.25"}, "onnxruntime", lambda s: s.capture.sample_rate, 0.25),
+    ({"capture_sample_rate": "1"}, "onnxruntime", lambda s: s.capture.sample_rate, 1.0),
+    ({"accuracy_window": "50"}, "onnxruntime", lambda s: s.capture.accuracy_window, 50),
+    ({"accuracy_output": "y"}, "onnxruntime", lambda s: s.capture.accuracy_output, "y"),
+    ({"feedback_ttl_s": "2.5"}, "onnxruntime", lambda s: s.capture.feedback_ttl_s, 2.5),
+    ({"canary_accuracy_margin": "0.02"}, "onnxruntime", lambda s: s.capture.accuracy_margin, 0.02),
 ]
 
 
@@ -226,6 +234,16 @@ BAD: list[tuple[dict[str, str], str, list[str]]] = [
     ({"execution_mode": "5"}, "onnxruntime", ["parameters.execution_mode", "5"]),
     ({"INTRA_OP_THREAD_COUNT": "all"}, "pytorch", ["INTRA_OP_THREAD_COUNT", "'all'"]),
     ({"isolation": "fork"}, "python", ["isolation", "'fork'"]),
+    ({"capture_sample_rate": "1.5"}, "onnxruntime", ["parameters.capture_sample_rate", "'1.5'"]),
+    ({"capture_sample_rate": "-0.1"}, "onnxruntime", ["parameters.capture_sample_rate", "0..1"]),
+    ({"capture_sample_rate": "often"}, "onnxruntime", ["capture_sample_rate", "'often'"]),
+    ({"accuracy_window": "0"}, "onnxruntime", ["parameters.accuracy_window", "0"]),
+    ({"accuracy_window": "big"}, "onnxruntime", ["parameters.accuracy_window", "'big'"]),
+    ({"accuracy_output": "z"}, "onnxruntime", ["parameters.accuracy_output", "'z'", "y"]),
+    ({"feedback_ttl_s": "0"}, "onnxruntime", ["parameters.feedback_ttl_s", "'0'"]),
+    ({"feedback_ttl_s": "inf"}, "onnxruntime", ["parameters.feedback_ttl_s", "'inf'"]),
+    ({"canary_accuracy_margin": "2"}, "onnxruntime", ["parameters.canary_accuracy_margin", "'2'"]),
+    ({"canary_accuracy_margin": "x"}, "onnxruntime", ["canary_accuracy_margin", "'x'"]),
 ]
 
 

@@ -2,11 +2,12 @@
 
 A `model.py` written for Triton does `import triton_python_backend_utils as pb_utils`; the
 Python backend registers this package under that name before importing the model. Names and
-behaviour follow Triton's python_backend. What inferd does not offer (BLS, request
-rescheduling) raises `TritonModelException` naming the API; the list of every name and its
-status is docs/python-models.md, walked by tests/integration/test_pb_utils_api.py. Decoupled
-models send their responses through `request.get_response_sender()` (an
-`InferenceResponseSender`).
+behaviour follow Triton's python_backend. What inferd does not offer (request rescheduling)
+raises `TritonModelException` naming the API; the list of every name and its status is
+docs/python-models.md, walked by tests/integration/test_pb_utils_api.py. Decoupled models
+send their responses through `request.get_response_sender()` (an
+`InferenceResponseSender`); a model calls another one with `InferenceRequest(...).exec()` or
+`await .async_exec()` (BLS: inferd.bls_runner).
 """
 
 from __future__ import annotations
@@ -29,18 +30,17 @@ from inferd.backends.pb_utils.messages import (
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceRequest,
-    InferenceResponse,
     InferenceResponseSender,
     InferenceTrace,
     PreferredMemory,
     get_input_config_by_name,
     get_input_tensor_by_name,
     get_output_config_by_name,
-    get_output_tensor_by_name,
     using_decoupled_model_transaction_policy,
 )
 from inferd.backends.pb_utils.metrics import Metric, MetricFamily
 from inferd.backends.pb_utils.model_config import ModelConfig
+from inferd.backends.pb_utils.responses import InferenceResponse, get_output_tensor_by_name
 from inferd.backends.pb_utils.tensor import (
     TRITON_STRING_TO_NUMPY,
     Tensor,

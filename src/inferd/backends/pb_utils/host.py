@@ -10,6 +10,7 @@ worker's pipe.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import enum
 import threading
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from inferd.backends.pb_utils.errors import TritonModelException
+from inferd.bls_call import BlsCall, BlsResult
+from inferd.shared_array_store import ArrayScope
 
 _current = threading.local()
 
@@ -46,6 +49,21 @@ class ModelHost(Protocol):
 
     def metric_op(self, handle: int, op: str, value: float) -> float | None: ...
 
+    # inferd.shared_array (shared_arrays.py, shared_array_store.py):
+    def shared_array_open(self, name: str, shape: tuple[int, ...], dtype: str) -> tuple[str, int]:
+        """("build" | "map", a descriptor of the segment, which the caller closes)."""
+        ...
+
+    def shared_array_built(self, name: str, error: str | None) -> None: ...
+    def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
+        """A call to another model (BLS): its response, as a future (never an exception:
+        a failure is a result holding the error)."""
+        ...
+
+    def infer_stream(self, call: BlsCall) -> Iterator[BlsResult]:
+        """A decoupled call: its responses as they come, the last one `final`."""
+        ...
+
 
 class InstanceModelHost(ModelHost, Protocol):
     """The host of one model instance; `close()` when the instance unloads."""
@@ -56,7 +74,9 @@ class InstanceModelHost(ModelHost, Protocol):
 class HostProvider(Protocol):
     """Gives each model instance its host (the server's, or a worker process's pipe)."""
 
-    def for_instance(self, model_name: str) -> InstanceModelHost: ...
+    def for_instance(self, model_name: str, scope: ArrayScope) -> InstanceModelHost:
+        """`scope`: the load the instance belongs to (whose instances share arrays)."""
+        ...
 
 
 @contextlib.contextmanager
@@ -83,6 +103,13 @@ def current_host(api: str) -> ModelHost:
     return host
 
 
+def current_array_host() -> ModelHost | None:
+    """The host of the model code running in this thread, None outside a server (where
+    `inferd.shared_array` has nobody to share with)."""
+    host: ModelHost | None = getattr(_current, "host", None)
+    return host
+
+
 def get_model_dir() -> str:
     """The version directory holding the running model's model.py (Triton's get_model_dir)."""
     model_dir: str | None = getattr(_current, "model_dir", None)
@@ -106,7 +133,7 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     if unload_dependents:
         raise TritonModelException(
             "pb_utils.unload_model(unload_dependents=True) is not supported by inferd: "
-            "it has no ensembles whose members could be unloaded with a model"
+            "an ensemble made of the model stays loaded, UNAVAILABLE until the model is back"
         )
     current_host("pb_utils.unload_model").unload_model(model_name)
 

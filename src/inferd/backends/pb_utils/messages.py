@@ -1,4 +1,5 @@
-"""`InferenceRequest` and `InferenceResponse`, and the helpers and flags that go with them;
+"""`InferenceRequest` (a client's, or one a model builds to call another model: BLS), the
+helpers and flags that go with it (`InferenceResponse` is in responses.py);
 `InferenceResponseSender`: how a decoupled model answers a request (Triton's decoupled
 mode). A decoupled model (`model_transaction_policy { decoupled: true }`) gets one sender
 per request from `request.get_response_sender()` and sends zero or more responses, then the
@@ -7,13 +8,22 @@ final flag, from any thread; the responses go to the request's response stream
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from inferd.backends.pb_utils.errors import TritonError, TritonModelException, not_supported
+from inferd.backends.pb_utils.errors import TritonModelException, not_supported
+from inferd.backends.pb_utils.host import current_host
+from inferd.backends.pb_utils.responses import (
+    InferenceResponse,
+    ResponseIterator,
+    bls_response,
+    parameters_json,
+)
 from inferd.backends.pb_utils.tensor import Tensor
+from inferd.bls_call import BlsCall
 from inferd.errors import InferdError
 from inferd.streams import ResponseSink, StreamClosedError
 from inferd.types import Array
@@ -35,7 +45,8 @@ TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
 
 
 class PreferredMemory:
-    """Where a BLS request would like its outputs (kept; BLS itself is not supported yet)."""
+    """Where a BLS request would like its outputs: the CPU (TRITONSERVER_MEMORY_CPU) is
+    what inferd gives; asking for GPU memory fails the call naming the keyword."""
 
     def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
         self.preferred_memory_type = preferred_memory_type
@@ -49,25 +60,10 @@ class InferenceTrace:
         return None
 
 
-def parameters_json(parameters: Mapping[str, Any] | None, where: str) -> str:
-    """Triton's rule for parameters a model sets: str keys, bool/int/str values; as JSON."""
-    for key, value in (parameters or {}).items():
-        if not isinstance(key, str):
-            raise TritonModelException(
-                f"{where}: parameters keys must be str, found {type(key).__name__}"
-            )
-        if not isinstance(value, bool | int | str):
-            raise TritonModelException(
-                f"{where}: parameter '{key}' must be a bool, int or str, found "
-                f"{type(value).__name__}"
-            )
-    return json.dumps(dict(parameters or {}), separators=(",", ":"))
-
-
 class InferenceRequest:
-    """One client request as `execute` receives it (or one built for BLS, which inferd does
-    not run yet: `exec` and `async_exec` raise saying so). A decoupled model answers it
-    through `get_response_sender()`."""
+    """One client request as `execute` receives it, or one the model builds to call another
+    model (BLS: `exec`, `async_exec`). A decoupled model answers it through
+    `get_response_sender()`."""
 
     def __init__(
         self,
@@ -76,7 +72,7 @@ class InferenceRequest:
         inputs: Sequence[Tensor] = (),
         requested_output_names: Sequence[str] = (),
         model_name: str = "",
-        model_version: int = -1,
+        model_version: int | str = -1,
         flags: int = 0,
         timeout: int = 0,
         preferred_memory: PreferredMemory | None = None,
@@ -85,6 +81,23 @@ class InferenceRequest:
     ) -> None:
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, int | str):
             raise TritonModelException("Correlation ID must be integer or string")
+        if isinstance(flags, bool) or not isinstance(flags, int):
+            raise TritonModelException("InferenceRequest: flags must be an int")
+        # Triton's is an int (-1: the default version); a version string is taken too.
+        if isinstance(model_version, bool) or not isinstance(model_version, int | str):
+            raise TritonModelException(
+                "InferenceRequest: model_version must be an int (-1: the default version)"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+            raise TritonModelException(
+                "InferenceRequest: timeout must be a non-negative int (microseconds)"
+            )
+        if isinstance(requested_output_names, str) or not all(
+            isinstance(n, str) for n in requested_output_names
+        ):
+            raise TritonModelException(
+                "InferenceRequest: requested_output_names must be a list of str"
+            )
         self._inputs = list(inputs)
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -188,57 +201,62 @@ class InferenceRequest:
             "it needs sequence_batching { iterative_sequence: true }",
         )
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise TritonModelException(
-            "BLS (InferenceRequest.exec) is not supported yet: a Python model cannot call "
-            "another model in inferd"
-        )
+    def exec(self, decoupled: bool = False) -> Any:
+        """BLS: run this request on `model_name` and wait for its response (from `execute`
+        in the instance's thread). A failure (no such model, a bad input, the deadline
+        passed) comes back as a response whose `has_error()` is True; `decoupled=True`
+        returns an iterator of the model's responses instead, the last one possibly empty
+        (the final flag alone)."""
+        call = self._bls_call(decoupled)
+        host = current_host("InferenceRequest.exec")
+        if decoupled:
+            return ResponseIterator(host.infer_stream(call))
+        return bls_response(host.infer(call).result())
 
-    def async_exec(self, decoupled: bool = False) -> Any:
-        raise TritonModelException(
-            "BLS (InferenceRequest.async_exec) is not supported yet: a Python model cannot "
-            "call another model in inferd"
-        )
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """`exec` for an `async def execute`: awaits the response on the instance's own
+        loop, so several calls can be gathered."""
+        call = self._bls_call(decoupled)
+        host = current_host("InferenceRequest.async_exec")
+        if decoupled:
+            return ResponseIterator(host.infer_stream(call))
+        return bls_response(await asyncio.wrap_future(host.infer(call)))
 
-
-class InferenceResponse:
-    """The answer to one request: its output tensors (and parameters), or an error failing
-    it alone."""
-
-    def __init__(
-        self,
-        output_tensors: Sequence[Tensor] | None = None,
-        error: TritonError | None = None,
-        parameters: Mapping[str, Any] | None = None,
-    ) -> None:
-        if output_tensors is None:
-            output_tensors = []
-        if not isinstance(output_tensors, list | tuple):
-            raise TritonModelException('"output_tensors" must be a list.')
-        if error is not None and not isinstance(error, TritonError):
+    def _bls_call(self, decoupled: bool) -> BlsCall:
+        api = "InferenceRequest"
+        if not self._model_name:
+            raise TritonModelException(f"{api}: model_name must name the model to call")
+        memory = self._preferred_memory
+        if memory is not None and memory.preferred_memory_type != TRITONSERVER_MEMORY_CPU:
             raise TritonModelException(
-                f'"error" must be a pb_utils.TritonError, got {type(error).__name__}'
+                f"{api}(preferred_memory=...): inferd serves Python models on the CPU; only "
+                "TRITONSERVER_MEMORY_CPU outputs can be given"
             )
-        self._output_tensors = list(output_tensors)
-        self._error = error
-        self._parameters_json = parameters_json(parameters, "InferenceResponse")
-        self._parameters: dict[str, Any] = dict(parameters or {})
-
-    def output_tensors(self) -> list[Tensor]:
-        return self._output_tensors
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
-
-    def parameters(self) -> str:
-        return self._parameters_json
-
-    def parameters_dict(self) -> dict[str, Any]:
-        """inferd's: the parameters as given, for the response the client gets."""
-        return self._parameters
+        parameters: dict[str, Any] = dict(self._parameters)
+        if self._correlation_id:
+            parameters["sequence_id"] = self._correlation_id
+        if self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+            parameters["sequence_start"] = True
+        if self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+            parameters["sequence_end"] = True
+        inputs: dict[str, Array] = {}
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"{api}: inputs must be pb_utils.Tensor objects, found {type(tensor).__name__}"
+                )
+            inputs[tensor.name()] = tensor.as_numpy()
+        version = "" if self._model_version in (-1, "", None) else str(self._model_version)
+        return BlsCall(
+            self._model_name,
+            version,
+            inputs,
+            list(self._requested_output_names) or None,
+            self._request_id,
+            parameters,
+            self._timeout,
+            decoupled,
+        )
 
 
 class InferenceResponseSender:
@@ -289,13 +307,6 @@ class InferenceResponseSender:
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
     for tensor in inference_request.inputs():
-        if tensor.name() == name:
-            return tensor
-    return None
-
-
-def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
-    for tensor in inference_response.output_tensors():
         if tensor.name() == name:
             return tensor
     return None

@@ -1,0 +1,1 @@
+"""Model monitoring: sampled capture, ground-truth feedback and online accuracy; drift."""

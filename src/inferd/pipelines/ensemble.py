@@ -1,0 +1,199 @@
+"""Running a Triton ensemble: each step is a request to its composing model through the same
+steps a client's request takes (internal_call.py), so that model's routing, admission,
+batching, statistics, metrics and request log apply per step.
+
+A request's tensors live in one dict of numpy arrays (ensemble input, intermediate and output
+tensors alike, by their ensemble names): a step's inputs are views of it and its outputs go
+back into it; nothing is encoded between steps. The steps run in the graph's waves, each wave's
+steps concurrently (a TaskGroup), and only the steps the requested outputs need.
+
+Deadlines: the ensemble's deadline (the client's, or its `timeout` parameter, whichever comes
+first) is every step's deadline, so a step gets what is left. Cancelling the ensemble's task
+(the client went away) cancels its running steps; steps not started never run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from inferd.errors import ErrorKind, InferdError, deadline_exceeded
+from inferd.events import CallContext, ExecutionTimes, StepTiming
+from inferd.internal_call import ModelCalls, call_model
+from inferd.pipelines.ensemble_config import EnsembleGraph, Step
+from inferd.scheduling.load_signal import LoadSample
+from inferd.scheduling.pending import Outcome
+from inferd.signature import BoundRequest
+from inferd.tracing import span_header, start_trace
+from inferd.types import Array, InferRequest, RequestedOutput, Tensor
+
+# A step's NOT_FOUND (its model was unloaded a moment ago) is the ensemble's UNAVAILABLE:
+# the ensemble exists, one of its parts cannot serve.
+_STEP_KIND = {ErrorKind.NOT_FOUND: ErrorKind.UNAVAILABLE}
+
+
+@dataclass(slots=True)
+class EnsembleRun:
+    """One request's pass through the graph: its tensors and its steps' timings."""
+
+    tensors: dict[str, Array]
+    datatypes: dict[str, str]
+    steps: list[StepTiming] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)  # each step request's
+
+
+class Ensemble:
+    """An ensemble version's scheduler: it has no queue or instances of its own (its steps'
+    models do), so the Scheduler protocol's numbers are its requests in flight and zeros."""
+
+    def __init__(self, graph: EnsembleGraph, version: str, datatypes: dict[str, str]) -> None:
+        self.graph = graph
+        self.name = graph.name
+        self.version = version
+        self.input_datatypes = datatypes  # ensemble input -> its v2 datatype
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopped = False
+
+    async def run(
+        self,
+        calls: ModelCalls,
+        bound: BoundRequest,
+        ctx: CallContext,
+        priority: int,
+        timeout_us: int,
+        steps: list[StepTiming],
+    ) -> Outcome:
+        """The requested outputs of `bound` (the ensemble's checked request); each step's
+        timing is appended to `steps`. The request's `priority` and its own parameters go
+        to every step (as Triton's ensembles do): each composing model queues it at that
+        level, and a Python model sees the parameters."""
+        started = time.perf_counter_ns()
+        deadline = ctx.deadline_ns
+        if timeout_us:
+            own = started + timeout_us * 1000
+            deadline = own if deadline is None else min(deadline, own)
+        # The steps' context: the ensemble's deadline; as trace parent the ensemble's span
+        # (a request without a traceparent gets one of the server's: its span is the root),
+        # so each step's span nests under it.
+        start_trace(ctx)
+        parent = replace(ctx, deadline_ns=deadline, traceparent=span_header(ctx), trace_root=False)
+        run = EnsembleRun(dict(bound.inputs), dict(self.input_datatypes), steps)
+        run.parameters.update(bound.parameters)  # the client's own (not Triton's reserved)
+        if priority:
+            run.parameters["priority"] = priority
+        needed = self.graph.needed_steps(bound.output_names)
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            for wave in self.graph.waves:
+                todo = [s for s in wave if s.number in needed]
+                if len(todo) == 1:
+                    await self._step(calls, todo[0], run, parent, bound.request_id)
+                elif todo:
+                    await _all(self._step(calls, s, run, parent, bound.request_id) for s in todo)
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+        outputs = {name: run.tensors[name] for name in bound.output_names}
+        elapsed = time.perf_counter_ns() - started
+        times = ExecutionTimes(compute_infer_ns=elapsed, batch_rows=bound.rows, batch_requests=1)
+        return outputs, times
+
+    async def _step(
+        self, calls: ModelCalls, step: Step, run: EnsembleRun, parent: CallContext, rid: str
+    ) -> None:
+        deadline = parent.deadline_ns
+        if deadline is not None and time.perf_counter_ns() >= deadline:
+            raise deadline_exceeded(
+                f"ensemble '{self.name}' {step.label}: the request's deadline passed before "
+                "the step could start"
+            )
+        tensors = run.tensors
+        inputs = []
+        for model_input, tensor in step.input_map.items():
+            data = tensors[tensor]
+            inputs.append(Tensor(model_input, run.datatypes[tensor], data.shape, data))
+        request = InferRequest(
+            model_name=step.model,
+            model_version=step.version,
+            inputs=inputs,
+            id=rid,
+            outputs=[RequestedOutput(name) for name in step.output_map],
+            parameters=dict(run.parameters) if run.parameters else {},
+        )
+        started = time.perf_counter_ns()
+        try:
+            response = await call_model(calls, request, parent)
+        except InferdError as exc:
+            raise InferdError(
+                _STEP_KIND.get(exc.kind, exc.kind),
+                f"ensemble '{self.name}' {step.label}: {exc.message}",
+            ) from None
+        finally:
+            run.steps.append(StepTiming(step.number, step.model, time.perf_counter_ns() - started))
+        output_map = step.output_map
+        for out in response.outputs:
+            tensor = output_map[out.name]
+            tensors[tensor] = out.data
+            run.datatypes[tensor] = out.datatype
+
+    # -- the Scheduler protocol -------------------------------------------------------------
+
+    @property
+    def consecutive_failures(self) -> int:
+        return 0
+
+    async def submit(
+        self,
+        request: BoundRequest,
+        priority: int = 0,
+        timeout_us: int = 0,
+        deadline_ns: int | None = None,
+    ) -> Outcome:
+        raise InferdError(
+            ErrorKind.UNSUPPORTED, f"ensemble '{self.name}' runs through its steps (run)"
+        )
+
+    def queue_depth(self) -> int:
+        return 0
+
+    def load_sample(self) -> LoadSample:
+        return LoadSample(0, 0, 0)
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    def refuses_all(self) -> bool:
+        return self._stopped
+
+    def instances_alive(self) -> bool:
+        return True
+
+    def serving_instances(self) -> int:
+        return 1
+
+    def unhealthy_instances(self) -> int:
+        return 0
+
+    async def stop(self) -> None:
+        """Take no more requests; wait for those running (their steps drain in their own
+        models' schedulers)."""
+        self._stopped = True
+        await self._idle.wait()
+
+
+async def _all(steps: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run a wave's steps concurrently; the first failure cancels the others and is the
+    wave's error (the step's own, status and all, not a group of them)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for coro in steps:
+                group.create_task(coro)
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
