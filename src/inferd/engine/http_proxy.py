@@ -109,14 +109,30 @@ class HttpProxy:
             await send(
                 {"type": "http.response.start", "status": status, "headers": response_headers}
             )
-            while True:
-                chunk = await upstream.body.get()
-                if not chunk:  # the end (_END), or the engine went away mid-answer (None)
-                    await send({"type": "http.response.body", "body": b""})
-                    return None
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # A client that leaves mid-answer (a generate_stream it stops reading) closes the
+            # engine's connection too: the engine ends the stream instead of finishing it.
+            watcher = asyncio.create_task(_close_on_disconnect(receive, transport))
+            try:
+                await _relay(upstream, send)
+            finally:
+                watcher.cancel()
         finally:
             transport.close()
+
+
+async def _relay(upstream: _Upstream, send: Send) -> None:
+    while True:
+        chunk = await upstream.body.get()
+        if not chunk:  # the end (_END), or the engine went away mid-answer (None)
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+async def _close_on_disconnect(receive: Receive, transport: asyncio.BaseTransport) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    transport.close()
 
 
 def _latin(value: bytes | None) -> str | None:
