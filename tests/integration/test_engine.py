@@ -36,6 +36,8 @@ from tests.lifecycle_models import write_plus_model
 from tests.models import EXAMPLES, builders
 from tests.sequence_models import ACC_ONNX_CONFIG, accumulator_onnx
 from tests.servers import CliServer, free_port, run_cli_server
+from tests.stream_clients import GrpcStream, sse_events, wait_for_file
+from tests.stream_models import write_stream_models
 
 START_S = 60
 
@@ -86,6 +88,9 @@ def _write_repo(root: Path) -> Path:
     extra = param("record_path", root / "executed") + param("gate_path", root / "gate")
     extra += "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"
     write_model(models, "prioritised", RECORDING_PY, extra)
+    # Streams that say when they saw their client leave (a marker file per tag).
+    (root / "markers").mkdir()
+    write_stream_models(models, root / "markers")
     # A decoupled model (examples/models/word_stream: one response per word).
     shutil.copytree(EXAMPLES / "models" / "word_stream", models / "word_stream")
     (models / "acc_onnx").mkdir()
@@ -103,7 +108,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         models, root / "server.log", "--workers", "2", "--engine",
         "--model-control-mode", "explicit", "--load-model", "identity",
         "--load-model", "acc_onnx", "--load-model", "echo", "--load-model", "word_stream",
-        "--load-model", "split", "--load-model", "prioritised",
+        "--load-model", "split", "--load-model", "prioritised", "--load-model", "repeat_inferd",
         "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
     ) as cli:  # fmt: skip
         yield Engine(cli, grpc_port, metrics_port, root)
@@ -234,6 +239,30 @@ def test_system_shared_memory_is_the_engines(engine: Engine, protocol: str) -> N
         module.InferenceServerClient(address).unregister_system_shared_memory()
         for handle in regions.values():
             shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_client_that_leaves_a_stream_cancels_it_in_the_engine(
+    engine: Engine, protocol: str
+) -> None:
+    tag = 300 + PROTOCOLS.index(protocol)
+    if protocol == "grpc":
+        stream = GrpcStream(engine)
+        stream.send("repeat_inferd", "leaving", N=-1, TAG=tag)  # N=-1: until cancelled
+        result, error = stream.next()
+        assert error is None and int(result.as_numpy("OUT")[0]) == tag * 1000
+        stream.close(cancel=True)
+    else:
+        with (
+            httpx.Client(base_url=engine.url, timeout=30) as client,
+            client.stream(
+                "POST", "/v2/models/repeat_inferd/generate_stream", json={"N": -1, "TAG": tag}
+            ) as r,
+        ):
+            assert next(sse_events(r.iter_lines()))["OUT"] == tag * 1000
+        # Leaving the block closed the connection (to the front end) mid-stream.
+    # The model, in the engine, sees is_cancelled() turn true.
+    wait_for_file(engine.root / "markers" / f"cancelled-{tag}")
 
 
 def test_explicit_mode_and_the_repository_api_work(engine: Engine) -> None:
