@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import httpx
 import numpy as np
@@ -14,7 +14,16 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from tests.servers import RunningServer
+
+class Addresses(Protocol):
+    """Where a server answers: a RunningServer, or a command (tests/integration/test_engine.py)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def grpc_address(self) -> str: ...
+
 
 PROTOCOLS = ["http", "grpc"]
 
@@ -40,7 +49,7 @@ class AsyncInfer:
     def __init__(
         self,
         protocol: str,
-        server: RunningServer,
+        server: Addresses,
         timeout_s: float = 30,
         connections: int | None = None,
     ) -> None:

@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from tests.async_infer import Addresses
 from tests.servers import STATE_DEADLINE_S, RunningServer
 
 
@@ -43,7 +44,7 @@ def grpc_inputs(values: dict[str, int]) -> list[grpcclient.InferInput]:
 class GrpcStream:
     """One gRPC ModelStreamInfer call with tritonclient; answers collected per request id."""
 
-    def __init__(self, server: RunningServer) -> None:
+    def __init__(self, server: Addresses) -> None:
         self.client = grpcclient.InferenceServerClient(server.grpc_address)
         self.answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.answers.put((result, error)))

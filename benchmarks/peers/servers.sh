@@ -6,16 +6,18 @@
 # (so the figures measured meanwhile are of it).
 SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/server_process.py")
 
-start_server() {  # $1 server (inferd, inferd-wN: N workers, a peer, mosec-wN), $2 model -> a PID
+start_server() {  # $1 server (inferd, inferd-wN: N workers, inferd-eN: N front ends and one
+  # engine, a peer, mosec-wN), $2 model -> a PID
   if [[ "$1" == inferd* ]]; then
-    local workers=1
+    local workers=1 engine=()
     [[ "$1" == inferd-w* ]] && workers="${1#inferd-w}"
+    [[ "$1" == inferd-e* ]] && workers="${1#inferd-e}" && engine=(--engine)
     "${SERVER_CHECK[@]}" check-free "$PORT" >&2 || return 1
     "${SERVER_CHECK[@]}" check-free "$((PORT + 1))" >&2 || return 1
     local log="$HERE/results/$1-$2-$PORT.log"
     setsid "$ROOT/.venv/bin/inferd" serve --model-repository "$HERE/results/inferd_repo" \
       --http-port "$PORT" --grpc-port "$((PORT + 1))" --metrics-port 0 --log-level WARNING \
-      --workers "$workers" > "$log" 2>&1 &
+      --workers "$workers" "${engine[@]}" > "$log" 2>&1 &
     local pid=$!
     # Ready answers once one worker is up; wait until every worker listens (each does once
     # its models are loaded).

@@ -153,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
         "control mode none or poll; docs/workers.md)",
     )
     serve.add_argument(
+        "--engine",
+        action="store_true",
+        default=defaults.engine,
+        help="the --workers N processes are front ends (parsing, decoding, encoding) of one "
+        "engine process that holds the models once and batches every connection's requests "
+        "together; explicit control, the repository API and canary routing work; N=1 is one "
+        "front end and the engine, two processes (docs/workers.md)",
+    )
+    serve.add_argument(
         "--max-inflight-requests",
         type=int,
         default=defaults.max_inflight_requests,
@@ -239,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
         try:
-            if settings.workers > 1:
+            if settings.engine:
+                from inferd.engine import supervisor as engine_supervisor
+
+                engine_supervisor.run(settings)  # front ends and one engine
+            elif settings.workers > 1:
                 supervisor.run(settings)  # it starts the workers, each a server.run_worker
             else:
                 server.run(settings)
@@ -272,6 +285,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         verbose_errors=args.verbose_errors,
         max_inflight_requests=args.max_inflight_requests,
         workers=args.workers,
+        engine=args.engine,
         **security_settings(args),
         limits=limits_from(args),
         capture=capture_settings(args),

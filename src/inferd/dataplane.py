@@ -304,7 +304,7 @@ class DataPlane(InferenceSteps, StreamingSteps):
             raise invalid(
                 "system shared memory needs a server of one process: with --workers N a "
                 "region registered with one worker would be unknown to the worker that "
-                "takes the request"
+                "takes the request (with --workers N --engine the one engine holds them)"
             )
 
     def register_shared_memory(self, name: str, key: object, offset: object, size: object) -> None:

@@ -157,9 +157,10 @@ def formatter(fmt: str) -> logging.Formatter:
 
 class _WorkerField(logging.Filter):
     """Stamps every line of a `--workers N` worker process with its index (`worker=1` in
-    text, `"worker": 1` in JSON): N processes write to one terminal or file."""
+    text, `"worker": 1` in JSON; `worker=engine` for the engine of `--engine`): N processes
+    write to one terminal or file."""
 
-    def __init__(self, worker: int) -> None:
+    def __init__(self, worker: int | str) -> None:
         super().__init__()
         self.worker = worker
 
@@ -249,7 +250,7 @@ class _Setup:
 _setup: _Setup | None = None
 
 
-def configure(level: str, fmt: str = "text", worker: int | None = None) -> None:
+def configure(level: str, fmt: str = "text", worker: int | str | None = None) -> None:
     global _setup
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))

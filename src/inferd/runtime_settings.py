@@ -89,7 +89,8 @@ class RuntimeSettings:
             raise invalid(
                 f"{what} cannot be changed with --workers {self.workers}: a call reaches one "
                 "worker process of them; set them with inferd serve's options "
-                "(--log-level, --log-format, --trace-otlp-endpoint)"
+                "(--log-level, --log-format, --trace-otlp-endpoint), or add --engine (one "
+                "engine for N front ends, whose settings these are)"
             )
 
 

@@ -8,7 +8,9 @@ import gc
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from types import FrameType
+from typing import Any, Protocol
 
 import grpc
 import uvicorn
@@ -20,6 +22,9 @@ from inferd.backends.python_host import ServerHost
 from inferd.canary import CanaryGuard
 from inferd.custom_metrics import CustomMetrics
 from inferd.dataplane import DataPlane
+from inferd.engine import sockets as engine_sockets
+from inferd.engine.engine_hop import EngineHop
+from inferd.engine.metrics import FrontEndCollector
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
 from inferd.metrics import MetricsSink
@@ -44,10 +49,19 @@ log = logging.getLogger("inferd.server")
 
 
 class InferenceServer:
-    def __init__(self, settings: Settings, worker: WorkerSlot | None = None) -> None:
-        """`worker`: this process is one of `--workers N` (see inferd.workers)."""
+    def __init__(
+        self,
+        settings: Settings,
+        worker: WorkerSlot | None = None,
+        engine_directory: Path | None = None,
+    ) -> None:
+        """`worker`: this process is one of `--workers N` (see inferd.workers).
+        `engine_directory`: this process is the engine of `--workers N --engine`: its HTTP
+        and gRPC adapters and the hop listen on unix sockets there, for the front ends."""
         self.settings = settings
         self.worker = worker
+        self.engine_directory = engine_directory
+        self.engine_hop: EngineHop | None = None
         error_text.set_verbose(settings.verbose_errors)
         self.telemetry = Telemetry()
         self.telemetry.add(RequestLogSink(settings.log_sample_rate))
@@ -150,6 +164,12 @@ class InferenceServer:
             self.poller.start()
         if self.settings.grpc_port is not None:
             await self._start_grpc(self.settings.grpc_port)
+        if self.engine_directory is not None:  # last: front ends connect once models loaded
+            self.engine_hop = EngineHop(self.dataplane, engine_sockets.hop(self.engine_directory))
+            if self.metrics is not None:
+                collector = FrontEndCollector(self.engine_hop, self.settings.workers)
+                self.metrics.prometheus.register(collector)
+            await self.engine_hop.start()
         if self.worker is not None:
             metrics = self.metrics
             self.peer_server = PeerServer(
@@ -169,12 +189,15 @@ class InferenceServer:
             log.info(
                 "metrics at http://%s:%d/metrics", self.settings.host, self.metrics_server.port
             )
-        log.info(
-            "HTTP server listening on http://%s:%d (ready: %s)",
-            self.settings.host,
-            self.settings.http_port,
-            self.dataplane.ready(),
-        )
+        if self.engine_directory is not None:
+            log.info("engine serving its front ends (ready: %s)", self.dataplane.ready())
+        else:
+            log.info(
+                "HTTP server listening on http://%s:%d (ready: %s)",
+                self.settings.host,
+                self.settings.http_port,
+                self.dataplane.ready(),
+            )
         try:
             yield
         finally:
@@ -186,6 +209,8 @@ class InferenceServer:
             if self.poller is not None:
                 await self.poller.stop()
             log.info("shutting down: draining requests and unloading models")
+            if self.engine_hop is not None:
+                await self.engine_hop.close()  # the front ends stopped (and drained) first
             if self.grpc_server is not None:
                 await self.grpc_server.stop(grace=self.shutdown.remaining_s())
             drained = True
@@ -210,34 +235,41 @@ class InferenceServer:
             self.shutdown.finished(drained)
 
     async def _start_grpc(self, port: int) -> None:
+        host = self.settings.host
+        if self.engine_directory is not None:  # gRPC's address form of a unix socket
+            host, port = f"unix:{engine_sockets.grpc(self.engine_directory)}", 0
         self.grpc_server, self.grpc_port, self.grpc_servicer = grpc_adapter.build_server(
             self.dataplane,
-            self.settings.host,
+            host,
             port,
             self.settings.max_request_bytes,
             self.settings.max_response_bytes,
             reuse_port=self.worker is not None,
-            tls=self.settings.grpc_tls,
+            tls=None if self.engine_directory is not None else self.settings.grpc_tls,
             limits=self.settings.limits,
             offload=self.offload,
         )
         if not self.grpc_port:
-            raise OSError(f"cannot listen for gRPC on {self.settings.host}:{port}")
+            raise OSError(f"cannot listen for gRPC on {host}:{port}")
         await self.grpc_server.start()
-        log.info("gRPC server listening on %s:%d", self.settings.host, self.grpc_port)
+        if self.engine_directory is None:
+            log.info("gRPC server listening on %s:%d", self.settings.host, self.grpc_port)
 
     def uvicorn_config(self) -> uvicorn.Config:
+        if self.engine_directory is not None:  # for the front ends only: no TLS inside
+            where: dict[str, Any] = {"uds": str(engine_sockets.http(self.engine_directory))}
+        else:
+            where = {"host": self.settings.host, "port": self.settings.http_port}
+            where.update(tls.uvicorn_options(self.settings.http_tls))
         return uvicorn.Config(
             self.app,
-            host=self.settings.host,
-            port=self.settings.http_port,
+            **where,
             http=protocol_class(self.app.infer, self.settings.limits),
             log_level=self.settings.log_level.lower(),
             access_log=False,
             log_config=None,  # inferd's own handlers (text or JSON) format uvicorn's lines too
             lifespan="on",
             timeout_graceful_shutdown=int(self.settings.exit_timeout_s),
-            **tls.uvicorn_options(self.settings.http_tls),
         )
 
 
@@ -286,14 +318,28 @@ def access_policy(settings: Settings) -> AccessPolicy:
     return access
 
 
-class _UvicornServer(uvicorn.Server):
+class _Draining(Protocol):
+    is_shutting_down: bool
+
+
+class Served(Protocol):
+    """What UvicornServer stops: a server (or a front end) with a shutdown clock."""
+
+    @property
+    def dataplane(self) -> _Draining: ...
+
+    @property
+    def shutdown(self) -> ShutdownClock: ...
+
+
+class UvicornServer(uvicorn.Server):
     """uvicorn re-raises a caught SIGTERM/SIGINT once it has shut down, so the process dies
     by the signal. After a graceful drain inferd exits with status 0 instead, as process
     supervisors (Kubernetes, systemd) expect from a clean stop. And readiness turns false
     the moment the signal arrives, before the drain, so load balancers stop sending; the
     signal also starts the shutdown's deadline and its watchdog (shutdown.py)."""
 
-    def __init__(self, config: uvicorn.Config, server: InferenceServer) -> None:
+    def __init__(self, config: uvicorn.Config, server: Served) -> None:
         super().__init__(config)
         self._server = server
 
@@ -316,20 +362,36 @@ def run(settings: Settings) -> None:
     ensure_file_descriptors(settings.limits)
     memory.configure_allocator()
     server = InferenceServer(settings)
-    _UvicornServer(server.uvicorn_config(), server).run()
+    UvicornServer(server.uvicorn_config(), server).run()
+    server.shutdown.exit_if_incomplete()
+
+
+def shared_port_socket(settings: Settings) -> socket.socket:
+    """The HTTP port, shared with sibling processes (SO_REUSEPORT). Bound, not listening:
+    the kernel hands this process connections only once uvicorn listens, after its lifespan
+    started (models loaded, or the engine reached); until then its siblings take them all."""
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((settings.host, settings.http_port))
+    return sock
+
+
+def run_engine(settings: Settings, directory: Path) -> None:
+    """The engine of `--workers N --engine`: the whole server, its adapters on unix sockets
+    in `directory` for the front ends, and the hop (inferd.engine)."""
+    ensure_file_descriptors(settings.limits)
+    memory.configure_allocator()
+    server = InferenceServer(settings, engine_directory=directory)
+    UvicornServer(server.uvicorn_config(), server).run()
     server.shutdown.exit_if_incomplete()
 
 
 def run_worker(settings: Settings, worker: WorkerSlot) -> None:
     """One of `--workers N`: the same server on a port it shares with its siblings."""
     ensure_file_descriptors(settings.limits)
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    # Bound, not listening: the kernel hands this worker connections only once uvicorn
-    # listens, after the models have loaded; until then its siblings take them all.
-    sock.bind((settings.host, settings.http_port))
+    sock = shared_port_socket(settings)
     memory.configure_allocator()
     server = InferenceServer(settings, worker)
-    _UvicornServer(server.uvicorn_config(), server).run(sockets=[sock])
+    UvicornServer(server.uvicorn_config(), server).run(sockets=[sock])
     server.shutdown.exit_if_incomplete()

@@ -44,6 +44,7 @@ class Settings:
     repository_poll_s: float = 15.0  # poll mode's interval
     load_models: tuple[str, ...] = ()  # explicit mode: loaded at start ("*": all)
     workers: int = 1  # processes serving the repository, sharing the ports (SO_REUSEPORT)
+    engine: bool = False  # with workers > 1: they are front ends of one engine (inferd.engine)
     admin_api: bool | None = None  # repository load/unload and routing; None: explicit only
     # Security (docs/security.md).
     http_restricted_api: tuple[str, ...] = ()  # Triton's "API[,API]:KEY=VALUE" restrictions

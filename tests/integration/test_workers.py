@@ -234,6 +234,7 @@ def test_workers_refuse_what_would_reach_one_worker_only(repo: Path) -> None:
         )  # fmt: skip
         assert result.returncode == 2, result.stderr
         assert "would reach one of them only" in result.stderr
+        assert "--engine" in result.stderr  # the design that carries them
     result = subprocess.run(
         [sys.executable, "-m", "inferd", "serve", "--workers", "0"],
         capture_output=True, text=True, timeout=60,

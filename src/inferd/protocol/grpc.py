@@ -6,60 +6,37 @@ it only translates; every method's failures go through one rule (protocol/grpc_e
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from inferd import tracing
 from inferd.access import ApiGroup
 from inferd.dataplane import DataPlane
-from inferd.errors import InferdError
-from inferd.events import CallContext
 from inferd.limits import DEFAULT_LIMITS, Limits
 from inferd.protocol.grpc_access import TRITON_METHOD_GROUPS, AccessInterceptor
 from inferd.protocol.grpc_admin import ADMIN_SERVICE, AdminService
-from inferd.protocol.grpc_errors import abort, abort_internal
 from inferd.protocol.grpc_handlers import add_inference_servicer
-from inferd.protocol.grpc_stream import StreamInferMethod, call_context
+from inferd.protocol.grpc_infer import UnaryInferMethod, errors_mapped
+from inferd.protocol.grpc_stream import StreamInferMethod
 from inferd.protocol.offload import Offload
 from inferd.protocol.pb_codec import (
-    decode_infer_request,
     parameters_to_dict,
-    parse_infer_request,
-    serialize_infer_response,
 )
 from inferd.settings import TlsFiles
 from inferd.tls import grpc_credentials
-from inferd.types import min_wire_bytes
 
 log = logging.getLogger("inferd.grpc")
 
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-Method = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
 
-
-def errors_mapped(method: Method[Req, Resp]) -> Method[Req, Resp]:
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
-        try:
-            return await method(self, request, context)
-        except InferdError as exc:
-            await abort(context, exc)
-        except Exception:
-            log.exception("unhandled error in %s", method.__name__)
-            await abort_internal(context)
-
-    return wrapper
-
-
-class InferenceServicer(StreamInferMethod, service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceServicer(
+    UnaryInferMethod,
+    StreamInferMethod,
+    service_pb2_grpc.GRPCInferenceServiceServicer,  # type: ignore[misc]
+):
     def __init__(
         self,
         dataplane: DataPlane,
@@ -68,6 +45,7 @@ class InferenceServicer(StreamInferMethod, service_pb2_grpc.GRPCInferenceService
         max_response_bytes: int = 0,
     ) -> None:
         self.dp = dataplane
+        self.plane = dataplane
         self.limits = limits
         self.offload = offload or Offload(limits.offload_bytes)
         self.max_response_bytes = max_response_bytes
@@ -115,31 +93,6 @@ class InferenceServicer(StreamInferMethod, service_pb2_grpc.GRPCInferenceService
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
         doc = await self.dp.server_statistics(request.name, request.version)
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
-
-    # ModelInfer and ModelStreamInfer take and give wire bytes (grpc_handlers.py): parsing
-    # and serialising a large message happen here, off the event loop, not in gRPC on it.
-
-    @errors_mapped
-    async def ModelInfer(self, request: bytes, context: Any) -> bytes:
-        ctx = call_context(context)
-        # Trailing metadata: sent with the response and with an error status alike.
-        if traceparent := tracing.echo(ctx):  # "" unless a valid traceparent came in
-            context.set_trailing_metadata((("traceparent", traceparent),))
-        msg = await self.offload.run(len(request), parse_infer_request, request)
-        return await self._infer(msg, len(request), ctx)
-
-    async def _infer(self, msg: Any, size: int, ctx: CallContext) -> bytes:
-        with self.dp.start(msg.model_name, msg.model_version, ctx) as call:
-            self.dp.admit(call)
-            max_elements = self.limits.max_bytes_elements
-            request = await self.offload.run(size, decode_infer_request, msg, max_elements)
-            response = self.dp.respond(call, await self.dp.infer(call, request))
-            return await self.offload.run(
-                min_wire_bytes(response.outputs),
-                serialize_infer_response,
-                response,
-                self.max_response_bytes,
-            )
 
     @errors_mapped
     async def RepositoryModelLoad(
@@ -273,7 +226,7 @@ def build_server(
     servicer = InferenceServicer(dataplane, limits, offload, max_send_bytes)
     add_inference_servicer(servicer, server)
     server.add_generic_rpc_handlers((AdminService(dataplane).handler(),))
-    address = f"{host}:{port}"
+    address = host if host.startswith("unix:") else f"{host}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)
     else:

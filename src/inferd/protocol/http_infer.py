@@ -12,7 +12,6 @@ from starlette.types import Receive, Scope, Send
 
 from inferd import tracing
 from inferd.access import ApiGroup
-from inferd.dataplane import DataPlane
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import CallContext
 from inferd.limits import DEFAULT_LIMITS
@@ -21,6 +20,7 @@ from inferd.protocol.http_errors import http_error
 from inferd.protocol.offload import Offload
 from inferd.protocol.strict_values import TIMEOUT_MS, deadline_ns, header_length
 from inferd.types import InferRequest, InferResponse, min_wire_bytes
+from inferd.unary_plane import UnaryPlane
 
 HEADER_LENGTH = "inference-header-content-length"
 ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
@@ -64,7 +64,7 @@ class InferEndpoint:
 
     def __init__(
         self,
-        dataplane: DataPlane,
+        dataplane: UnaryPlane,
         max_request_bytes: int,
         offload: Offload | None = None,
         max_response_bytes: int = 0,

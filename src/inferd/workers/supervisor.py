@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.context import ForkServerContext, SpawnContext
 from pathlib import Path
 from types import FrameType
 
@@ -59,8 +60,8 @@ def check(settings: Settings) -> None:
     if settings.model_control_mode == "explicit" or settings.admin_api:
         raise WorkersError(
             "--workers > 1 runs independent processes: the repository API and routing changes "
-            "would reach one of them only. Use --model-control-mode none or poll, without "
-            "--admin-api on (or run one worker)"
+            "would reach one of them only. Add --engine (N front ends of one engine, which "
+            "carries both), or use --model-control-mode none or poll without --admin-api on"
         )
     if settings.http_port == 0 or settings.grpc_port == 0 or settings.metrics_port == 0:
         raise WorkersError("--workers > 1 needs fixed ports (0, any free port, differs per worker)")
@@ -140,17 +141,24 @@ class _WorkersCollector(Collector):
 class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.context = multiprocessing.get_context("spawn")
+        self.context: SpawnContext | ForkServerContext = multiprocessing.get_context("spawn")
         self.directory = Path(tempfile.mkdtemp(prefix="inferd-workers-"))  # 0700
         self.workers: list[_Worker] = []
         self.stopping = False
 
-    def _start(self, slot: WorkerSlot) -> multiprocessing.process.BaseProcess:
-        process = self.context.Process(
+    def _slots(self) -> list[WorkerSlot]:
+        n = self.settings.workers
+        return [WorkerSlot(i, n, self.directory) for i in range(n)]
+
+    def _process(self, slot: WorkerSlot) -> multiprocessing.process.BaseProcess:
+        return self.context.Process(
             target=_worker_main,
             args=(self.settings, slot, os.getpid()),
             name=f"inferd-worker-{slot.index}",
         )
+
+    def _start(self, slot: WorkerSlot) -> multiprocessing.process.BaseProcess:
+        process = self._process(slot)
         # The worker starts with SIGINT ignored (an ignored signal stays ignored across
         # fork and exec, and Python keeps it so) until uvicorn installs its handlers: a
         # terminal's Ctrl-C, which reaches the whole process group, is the supervisor's to
@@ -190,8 +198,7 @@ class Supervisor:
                 )
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-            for i in range(n):
-                slot = WorkerSlot(i, n, self.directory)
+            for slot in self._slots():
                 self.workers.append(_Worker(slot, self._start(slot), time.monotonic()))
             while not self.stopping:
                 self._watch()
@@ -248,21 +255,24 @@ class Supervisor:
             w.backoff_s = min(RESTART_BACKOFF_MAX_S, max(1.0, w.backoff_s * 2))
 
     def _stop_all(self) -> int:
-        for w in self.workers:
+        return self._stop(self.workers)
+
+    def _stop(self, workers: list[_Worker]) -> int:
+        for w in workers:
             if w.process.is_alive() and w.process.pid is not None:
                 os.kill(w.process.pid, signal.SIGTERM)
         # A worker's drain (HTTP, gRPC, models) shares one exit_timeout_s, and its watchdog
         # ends it EXIT_MARGIN_S later at the latest (shutdown.py): past that it is hung.
         deadline = time.monotonic() + self.settings.exit_timeout_s + 2 * EXIT_MARGIN_S
-        for w in self.workers:
+        for w in workers:
             w.process.join(max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
                 log.warning("worker %d did not stop in time; killing it", w.slot.index)
                 w.process.kill()
                 w.process.join(5)
-        codes = [w.process.exitcode for w in self.workers]
+        codes = [w.process.exitcode for w in workers]
         log.info("all workers stopped (exit codes %s)", codes)
-        for w in self.workers:
+        for w in workers:
             if w.process.exitcode not in (0, -signal.SIGTERM):
                 log.warning("worker %d %s", w.slot.index, how_it_ended(w.process.exitcode))
         # -SIGTERM: a worker still starting (no handlers yet, nothing served) that our

@@ -1,0 +1,214 @@
+"""The front end's side of the hop: `EngineClient`, the unary steps of the DataPlane
+(`start`, `admit`, `infer`, `respond`), run in the engine.
+
+The adapters (protocol/http_infer.py, protocol/grpc_infer.py) call it exactly as they call
+the DataPlane in one process: the front end decodes the wire format, the client writes the
+input tensors into its request slab and sends a descriptor; the engine's answer comes back
+as tensors read in place from the response slab, which the adapter encodes. An error in the
+engine comes back as the same `InferdError` (kind and message), so both answer alike.
+
+While no engine is connected (starting, restarting after a crash) every request fails at
+once with UNAVAILABLE (HTTP 503): never a hang. A request whose engine dies before answering
+fails the same way; one that was accepted always gets exactly one answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from inferd.access import AccessPolicy
+from inferd.engine import hop
+from inferd.engine.slab import DEFAULT_SLAB_BYTES, Slab, SlabAllocator
+from inferd.errors import unavailable
+from inferd.events import CallContext
+from inferd.types import InferRequest, InferResponse
+
+log = logging.getLogger("inferd.engine")
+
+RECONNECT_S = 0.05  # between attempts to reach an engine that is (re)starting
+_ENGINE_GONE = "the engine process is restarting; retry in a moment"
+
+
+class FrontCall:
+    """One unary request on its way through the engine (what `EngineClient.start` returns).
+    Its `with` ends once the adapter has encoded the answer: the response's slab regions
+    go back to the engine then."""
+
+    __slots__ = ("_client", "ctx", "model_name", "released", "version")
+
+    def __init__(self, client: EngineClient, model_name: str, version: str, ctx: CallContext):
+        self._client = client
+        self.model_name = model_name
+        self.version = version
+        self.ctx = ctx
+        self.released: list[int] = []  # response regions to hand back
+
+    def __enter__(self) -> Self:
+        self._client.inflight += 1
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._client.inflight -= 1
+        if self.released:
+            self._client.release(self.released)
+
+
+class _Pending:
+    __slots__ = ("future", "regions")
+
+    def __init__(self, future: asyncio.Future[tuple[Any, ...]], regions: list[int]) -> None:
+        self.future = future
+        self.regions = regions
+
+
+class EngineClient(asyncio.Protocol):
+    def __init__(
+        self,
+        access: AccessPolicy,
+        socket_path: Path,
+        slab_directory: Path,
+        slab_bytes: int = DEFAULT_SLAB_BYTES,
+        index: int = 0,
+    ) -> None:
+        self._access = access
+        self.index = index  # which front end this is (its metrics' `front_end` label)
+        self.refused = 0  # requests answered 503 here for want of an engine
+        self.socket_path = socket_path
+        self.slab_directory = slab_directory
+        self.slab_bytes = slab_bytes
+        self.is_shutting_down = False
+        self.inflight = 0
+        self.connected = asyncio.Event()
+        self._seq = itertools.count()
+        self._pending: dict[int, _Pending] = {}
+        self._link: tuple[asyncio.Transport, hop.FrameWriter, Slab, Slab] | None = None
+        self._allocator = SlabAllocator(0)
+        self._reader = hop.FrameReader()
+        self._connections = itertools.count()
+        self._reconnect: asyncio.Task[None] | None = None
+        self.engine_restarts_seen = 0
+
+    @property
+    def access(self) -> AccessPolicy:
+        return self._access
+
+    # -- the link ----------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Connect (retrying while the engine starts); new slabs for each connection, so an
+        old engine's writes can never land in what this connection reads."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                raw, _ = await loop.create_unix_connection(lambda: self, str(self.socket_path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                await asyncio.sleep(RECONNECT_S)
+        transport = raw
+        n = next(self._connections)
+        stem = f"inferd-fe{os.getpid()}-{n}"
+        requests = Slab(self.slab_directory / f"{stem}-req", self.slab_bytes, create=True)
+        responses = Slab(self.slab_directory / f"{stem}-resp", self.slab_bytes, create=True)
+        writer = hop.FrameWriter(transport)
+        counts = {"refused": self.refused, "engine_lost": self.engine_restarts_seen}
+        hello = (hop.HELLO, str(requests.path), requests.size, str(responses.path), responses.size)
+        writer.send((*hello, self.index, counts))
+        self._allocator = SlabAllocator(self.slab_bytes)
+        self._reader = hop.FrameReader()
+        self._link = (transport, writer, requests, responses)
+        self.connected.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        link, self._link = self._link, None
+        self.connected.clear()
+        if link is not None:
+            link[2].unlink()
+            link[3].unlink()
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(unavailable(_ENGINE_GONE))
+        if not self.is_shutting_down:
+            self.engine_restarts_seen += 1
+            log.warning("the engine went away; answering 503 until it is back")
+            self._reconnect = asyncio.get_running_loop().create_task(self.connect())
+
+    def data_received(self, data: bytes) -> None:
+        link = self._link
+        if link is None:
+            return
+        for message in self._reader.feed(data):
+            p = self._pending.pop(message[1], None)
+            if p is None:
+                continue
+            for offset in p.regions:  # the engine is done reading the inputs
+                self._allocator.free(offset)
+            if not p.future.done():
+                p.future.set_result(message)
+            elif message[0] == hop.ANSWER:  # answered after the client left: hand back
+                self.release([t[3] for t in message[6] if t[3] >= 0])
+
+    def close(self) -> None:
+        self.is_shutting_down = True
+        if self._reconnect is not None:
+            self._reconnect.cancel()
+        if self._link is not None:
+            self._link[0].close()
+
+    def release(self, regions: list[int]) -> None:
+        if self._link is not None:
+            self._link[1].send((hop.RELEASE, regions))
+
+    # -- the steps ---------------------------------------------------------------------------
+
+    def start(self, model_name: str, version: str, ctx: CallContext) -> FrontCall:
+        return FrontCall(self, model_name, version, ctx)
+
+    def admit(self, call: FrontCall) -> None:
+        """Refused at once, before the body is read, while there is no engine to serve it."""
+        if self.is_shutting_down:
+            raise unavailable("the server is shutting down; retry on another replica")
+        if self._link is None:
+            self.refused += 1
+            raise unavailable(_ENGINE_GONE)
+
+    async def infer(self, call: FrontCall, request: InferRequest) -> InferResponse:
+        link = self._link
+        if link is None:
+            raise unavailable(_ENGINE_GONE)
+        _, writer, requests, responses = link
+        seq = next(self._seq)
+        regions: list[int] = []
+        try:
+            inputs = hop.pack_tensors(request.inputs, requests, self._allocator, regions)
+        except BaseException:
+            for offset in regions:
+                self._allocator.free(offset)
+            raise
+        future: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = _Pending(future, regions)
+        writer.send(hop.request_message(seq, request, call.ctx, inputs))
+        try:
+            message = await future
+        except asyncio.CancelledError:
+            # The client left: the engine takes it out of its queue, and still answers (then
+            # the regions are free again).
+            if self._link is link:
+                writer.send((hop.CANCEL, seq))
+            raise
+        if message[0] == hop.FAILED:
+            raise hop.error_from(message)
+        response = hop.response_from(message, responses)
+        call.released = [t[3] for t in message[6] if t[3] >= 0]
+        return response
+
+    def respond(self, call: FrontCall, response: InferResponse) -> InferResponse:
+        return response  # the engine's DataPlane.respond checked it already

@@ -1,0 +1,56 @@
+"""The front ends' series on the engine's /metrics (the one endpoint of `--engine`): what
+crossed the hop from each, and what each did alone while no engine was there."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inferd.engine.engine_hop import EngineHop
+
+
+class FrontEndCollector(Collector):
+    def __init__(self, hop: EngineHop, front_ends: int) -> None:
+        self.hop = hop
+        self.front_ends = front_ends
+
+    def collect(self) -> Iterator[Metric]:
+        links = list(self.hop.links)
+        yield GaugeMetricFamily(
+            "inferd_front_ends", "Front end processes configured (--workers N --engine)",
+            self.front_ends,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "inferd_front_ends_connected", "Front ends connected to the engine now", len(links)
+        )
+        requests = CounterMetricFamily(
+            "inferd_front_end_requests",
+            "Infer requests a front end passed to the engine",
+            labels=["front_end"],
+        )
+        for index, count in sorted(self.hop.requests.items()):
+            requests.add_metric([str(index)], count)
+        yield requests
+        inflight = GaugeMetricFamily(
+            "inferd_front_end_inflight",
+            "Infer requests from a front end in the engine now",
+            labels=["front_end"],
+        )
+        for link in sorted(links, key=lambda link: link.front_end):
+            inflight.add_metric([str(link.front_end)], len(link.tasks))
+        yield inflight
+        for key, name, text in (
+            ("refused", "inferd_front_end_refused",
+             "Requests a front end answered 503 itself while no engine was connected"),
+            ("engine_lost", "inferd_front_end_engine_lost",
+             "Connections to the engine a front end lost (an engine crash or restart loses "
+             "one, or more when a reconnection reached the dying engine)"),
+        ):  # fmt: skip
+            family = CounterMetricFamily(
+                name, text + " (as of its last connection)", labels=["front_end"]
+            )
+            for index, counts in sorted(self.hop.reported.items()):
+                family.add_metric([str(index)], counts.get(key, 0))
+            yield family
