@@ -219,7 +219,6 @@ class DriftMonitor:
         reference = self._reference
         if reference is None and not self.collecting:
             return
-        self.rows_seen += rows
         wanted = reference.tensors if reference is not None else self._plans
         cap = self.options.max_columns
         for name in wanted:
@@ -235,6 +234,7 @@ class DriftMonitor:
             self._collected_rows += rows
             if self._collected_rows >= self.options.first_rows:
                 self._finish_collecting()
+        self.rows_seen += rows  # last: a report that counts these rows has their windows
 
     def _finish_collecting(self) -> None:
         tensors: dict[str, TensorReference] = {}
