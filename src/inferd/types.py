@@ -56,6 +56,10 @@ class InferRequest:
     # Some input or requested output names a shared-memory region: one flag for the core
     # to read, so requests without any (nearly all) pay nothing for the feature.
     uses_shared_memory: bool = False
+    # The inputs' data lives in memory the sender reuses once answered (the engine hop's
+    # slab; a client's shared-memory region too): whatever keeps an input past the answer
+    # (capture, drift samples) copies it first.
+    inputs_borrowed: bool = False
 
 
 @dataclass(slots=True)

@@ -148,7 +148,14 @@ def request_from(message: tuple[Any, ...], slab: Slab) -> tuple[int, InferReques
         ]
     )
     request = InferRequest(
-        model, version, unpack_tensors(inputs, slab), rid, requested, parameters, uses_shm
+        model,
+        version,
+        unpack_tensors(inputs, slab),
+        rid,
+        requested,
+        parameters,
+        uses_shm,
+        inputs_borrowed=True,  # views of the front end's slab, reused once answered
     )
     return seq, request, ctx
 

@@ -10,8 +10,8 @@ else. A sampled request:
   `--capture-dir`;
 - with `--capture-dir` (and/or `--capture-redis`), is offered to each writer's bounded
   queue (capture_writer.py, capture_redis.py), which stores it on its own thread. Nothing
-  is copied on the event loop except inputs in shared memory, which the client may
-  overwrite once answered.
+  is copied on the event loop except inputs in shared memory and those of `--engine`'s
+  hop (views of a front end's slab), which their sender reuses once answered.
 
 Nothing here can fail a request: a capture that cannot be kept is dropped and counted.
 """
@@ -111,7 +111,7 @@ class Capture:
         if not self.writers:
             return
         inputs = request.inputs
-        if request.uses_shared_memory:
+        if request.uses_shared_memory or request.inputs_borrowed:
             inputs = [_copied(t) for t in inputs]
         # Outputs written to shared memory carry no data in the response: left out.
         outputs = [t for t in response.outputs if t.shared_memory is None]
@@ -137,7 +137,8 @@ class Capture:
         if not self.single_process:
             raise invalid(
                 "feedback needs a server of one process: with --workers N the prediction "
-                "is kept by the worker that answered, which need not be this one"
+                "is kept by the worker that answered, which need not be this one (with "
+                "--workers N --engine the engine keeps them all)"
             )
         answer = self.feedback.join(model, doc)
         self._judge_canaries(model)
