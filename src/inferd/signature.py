@@ -53,6 +53,9 @@ class BoundRequest:
     shape_key: tuple[tuple[int, ...], ...]
     output_names: list[str]
     request_id: str = ""  # the client's request id, "" when it sent none
+    # Its inputs are views of memory reused once it is answered (a shared-memory region, the
+    # engine hop's slab): whoever keeps them past the answer copies them first (drift).
+    borrowed: bool = False
     # For models that read them (ModelSignature.model_parameters: Python models): the
     # request's parameters without Triton's reserved keys, and its `timeout` (µs; 0: none).
     parameters: Parameters = field(default_factory=dict)
@@ -213,6 +216,7 @@ class ModelSignature:
             shape_key=shape_key,
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
+            borrowed=request.uses_shared_memory or request.inputs_borrowed,
         )
         if request.parameters and self.model_parameters:
             bound.parameters, bound.timeout_us = model_parameters(request.parameters)

@@ -38,6 +38,11 @@ log = logging.getLogger("inferd.monitoring")
 QUEUE_BATCHES = 8
 
 
+# A queued sample: the batch, its results, and copies of the inputs of its requests whose
+# own are borrowed (by index in the batch).
+Sample = tuple["Sequence[Pending]", "Sequence[Result]", dict[int, dict[str, np.ndarray]]]
+
+
 @dataclass(frozen=True, slots=True)
 class WindowTest:
     score: float  # the worst column's: KS statistic, PSI, or Cramér's V of the classes
@@ -71,9 +76,7 @@ class DriftMonitor:
         self.options = options
         self._plans = plans
         self._batched = batched
-        self._queue: queue.Queue[tuple[Sequence[Pending], Sequence[Result]] | None] = queue.Queue(
-            QUEUE_BATCHES
-        )
+        self._queue: queue.Queue[Sample | None] = queue.Queue(QUEUE_BATCHES)
         self.dropped = 0  # samples dropped: resting or queue full (written on the loop only)
         self.sampled = 0  # samples queued (idem)
         self.rows_seen = 0  # rows the thread took in (written by the thread only)
@@ -116,7 +119,7 @@ class DriftMonitor:
             self.dropped += 1
             return
         try:
-            self._queue.put_nowait((batch, results))
+            self._queue.put_nowait((batch, results, _owned_inputs(batch)))
         except queue.Full:
             self.dropped += 1
         else:
@@ -182,19 +185,25 @@ class DriftMonitor:
     def _names(self) -> tuple[str, str]:
         return self.name, self.version
 
-    def _take(self, batch: Sequence[Pending], results: Sequence[Result]) -> None:
+    def _take(
+        self,
+        batch: Sequence[Pending],
+        results: Sequence[Result],
+        copies: dict[int, dict[str, np.ndarray]],
+    ) -> None:
         """One executed batch: each tensor's rows of its requests joined, so the features
         and the windows take one numpy step per tensor, not per request."""
         reference = self._reference
         wanted = reference.tensors if reference is not None else self._plans
         parts: dict[str, list[np.ndarray]] = {name: [] for name in wanted}
         rows = 0
-        for p, out in zip(batch, results, strict=False):
+        for i, (p, out) in enumerate(zip(batch, results, strict=False)):
             if p.filler or not isinstance(out, dict):
                 continue
+            inputs = copies.get(i, p.request.inputs)
             rows += p.request.rows if self._batched else 1
             for name, arrays in parts.items():
-                array = p.request.inputs.get(name)
+                array = inputs.get(name)
                 if array is None:
                     array = out.get(name)
                 if array is not None:
@@ -304,3 +313,14 @@ class DriftMonitor:
             "psi": stability.tolist(),
         }
         return TensorDrift(tests, per_column, len(window), windows)
+
+
+def _owned_inputs(batch: Sequence[Pending]) -> dict[int, dict[str, np.ndarray]]:
+    """Copies of the inputs the batch's requests only borrow (shared memory, the engine
+    hop's slab), made before they are answered and the memory reused: only for a sample
+    that is queued, so at most a few batches a second within the CPU budget."""
+    copies: dict[int, dict[str, np.ndarray]] = {}
+    for i, p in enumerate(batch):
+        if p.request.borrowed:
+            copies[i] = {name: a.copy() for name, a in p.request.inputs.items()}
+    return copies

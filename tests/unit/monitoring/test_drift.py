@@ -5,6 +5,7 @@ with scipy's own two-sample tests."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ from inferd.monitoring.drift import chi_square, class_reference, columns_referen
 from inferd.monitoring.drift_sampler import QUEUE_BATCHES, DriftMonitor
 from inferd.monitoring.reference import Reference, reference_of, tensor_plans
 from inferd.repository.spec_drift import DriftOptions
+from inferd.scheduling.pending import Pending
+from inferd.signature import BoundRequest
 
 FEATURES = 64
 SHIFTED = (5, 17, 40)
@@ -153,3 +156,28 @@ def test_first_k_rows_become_the_reference() -> None:
     assert not m.latest["x"].tests["ks"].alerting
     feed(m, rng, 1000, shift=0.5)
     assert m.latest["x"].tests["ks"].alerting
+
+
+def test_borrowed_inputs_are_copied_before_the_answer_reuses_their_memory() -> None:
+    """Shared-memory inputs and the engine hop's slab are reused once a request is answered:
+    a queued sample keeps copies of them, not views."""
+    m = monitor()
+    loop = asyncio.new_event_loop()
+    try:
+        slab = np.zeros((2, FEATURES), np.float32)
+        own = np.ones((1, FEATURES), np.float32)
+
+        def pending(inputs: dict[str, np.ndarray], borrowed: bool) -> Pending:
+            request = BoundRequest(inputs, len(inputs["x"]), ((FEATURES,),), [], borrowed=borrowed)
+            return Pending(request, loop.create_future())
+
+        batch = [pending({"x": slab}, True), pending({"x": own}, False)]
+        m.on_executed(batch, [{}, {}])
+    finally:
+        loop.close()
+    slab[:] = 7.0  # the memory is reused by the next request
+    item = m._queue.get_nowait()
+    assert item is not None
+    _, _, copies = item
+    assert set(copies) == {0}  # only the borrowed request's inputs are copied
+    assert (copies[0]["x"] == 0).all()
