@@ -53,9 +53,6 @@ class BoundRequest:
     shape_key: tuple[tuple[int, ...], ...]
     output_names: list[str]
     request_id: str = ""  # the client's request id, "" when it sent none
-    # Its inputs are views of memory reused once it is answered (a shared-memory region, the
-    # engine hop's slab): whoever keeps them past the answer copies them first (drift).
-    borrowed: bool = False
     # For models that read them (ModelSignature.model_parameters: Python models): the
     # request's parameters without Triton's reserved keys, and its `timeout` (µs; 0: none).
     parameters: Parameters = field(default_factory=dict)
@@ -64,6 +61,9 @@ class BoundRequest:
     # SEQUENCE_END (2) flags, set by the data plane from the request parameters.
     correlation_id: int | str = 0
     flags: int = 0
+    # Its inputs are views of memory reused once it is answered (a shared-memory region, the
+    # engine hop's slab): whoever keeps them past the answer copies them first (drift).
+    borrowed: bool = False
     responses: ResponseSink | None = None  # a decoupled model's response stream for it
     # Output name -> k: outputs the client asked for as their top k classes (set by the
     # data plane from the requested outputs' `classification` parameters); None: none.

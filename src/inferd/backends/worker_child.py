@@ -279,8 +279,8 @@ def _requests(items: list[tuple[Any, ...]], cancelled: Any) -> list[BoundRequest
             (),
             names,
             request_id,
-            parameters,
-            timeout_us,
+            parameters=parameters,
+            timeout_us=timeout_us,
             correlation_id=correlation_id,
             flags=flags,
         )
