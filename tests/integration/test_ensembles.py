@@ -18,7 +18,6 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from inferd.pipelines.ensemble import Ensemble
 from tests.async_infer import BAD_REQUEST, DEADLINE, FAILED, OK, PROTOCOLS, SHED, AsyncInfer, Reply
 from tests.ensemble_models import calls, write_ensemble_models
 from tests.integration.test_metrics import scrape
@@ -80,11 +79,19 @@ def test_independent_steps_join(server: RunningServer, protocol: str) -> None:
     np.testing.assert_array_equal(_infer(protocol, server, "diamond", x), x * 2 + (x + 10))
 
 
-def test_the_steps_of_a_wave_run_concurrently(server: RunningServer) -> None:
-    ensemble = server.server.registry.get("diamond").ensemble
-    assert isinstance(ensemble, Ensemble)
-    waves = [[s.model for s in wave] for wave in ensemble.graph.waves]
-    assert waves == [["double", "add_ten"], ["add"]]
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_step_starts_as_soon_as_its_inputs_exist(server: RunningServer, protocol: str) -> None:
+    """`slow` finishes only once `after` ran, and `after` reads `fast`'s output: run in waves
+    ({fast, slow} then {after}) `slow` gives up and the request fails; as dataflow it answers."""
+    x = np.array([[1.5, -2.0]], np.float32)
+    module = httpclient if protocol == "http" else grpcclient
+    inp = module.InferInput("IN", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    wanted = [module.InferRequestedOutput(name) for name in ("OUT", "OUT2")]
+    with _client(protocol, server) as client:
+        result = client.infer(f"dataflow_{protocol}", [inp], outputs=wanted)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2 + 10)
+    np.testing.assert_array_equal(result.as_numpy("OUT2"), x * x)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
