@@ -57,7 +57,7 @@ class Model:
                 f.write(" ".join(str(float(v)) for v in x.ravel()) + "\\n")
         if self.unlucky and (x == 13).any():
             raise ValueError("13 is unlucky")
-        return {"OUT": self.op(x).astype(np.float32)}
+        return {"OUT": self.op(x).astype(x.dtype)}
 """
 
 # OUT = A + B: the join of the diamond.
@@ -114,6 +114,7 @@ def write_op(
     gates: Path | None = None,
     dims: str = "-1",
     batching: str = "",
+    data_type: str = "TYPE_FP32",
     **extra: object,
 ) -> None:
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
@@ -123,7 +124,8 @@ def write_op(
     for key, value in extra.items():
         params += param(key, value)
     (repo / name / "config.pbtxt").write_text(
-        OP_CONFIG.format(name=name, dims=dims, batching=batching) + params
+        OP_CONFIG.format(name=name, dims=dims, batching=batching).replace("TYPE_FP32", data_type)
+        + params
     )
     (repo / name / "1" / "model.py").write_text(OP_PY)
 
