@@ -37,14 +37,14 @@ class Model:
     def predict(self, inputs):
         x = inputs["IN"]
         live = bool((x != 0).any())
+        if live and self.touch:  # first: says this execution started
+            open(self.touch, "a").close()
         if live and self.delay_s:
             time.sleep(self.delay_s)
         if live and self.gate:
             give_up = time.monotonic() + 60
             while os.path.exists(self.gate) and time.monotonic() < give_up:
                 time.sleep(0.002)
-        if live and self.touch:
-            open(self.touch, "a").close()
         if live and self.await_path:
             give_up = time.monotonic() + 15  # bounded: a file that never comes fails the step
             while not os.path.exists(self.await_path):
@@ -228,6 +228,21 @@ def write_ensemble_models(root: Path) -> None:
         write_op(repo, f"busy_{protocol}", "double", records, gates, batching=queue)
         write_ensemble(repo, f"shed_{protocol}", chain(f"shed_{protocol}", [f"busy_{protocol}"]))
         write_dataflow(repo, protocol, records, gates)
+        # IN -> held (gated) -> after -> c and IN -> unlucky -> b, then add(c, b): unlucky
+        # fails once held executes (held's file says so), so the answer comes while held
+        # runs, and after (waiting for held) never starts.
+        running = gates / f"held_running_{protocol}"
+        write_op(repo, f"held_branch_{protocol}", "double", records, gates, touch_path=running)
+        write_op(repo, f"unlucky_branch_{protocol}", "unlucky", records, await_path=running)
+        write_op(repo, f"after_branch_{protocol}", "square", records)
+        branches = [
+            step(f"held_branch_{protocol}", {"IN": "IN"}, {"OUT": "a"}),
+            step(f"unlucky_branch_{protocol}", {"IN": "IN"}, {"OUT": "b"}),
+            step(f"after_branch_{protocol}", {"IN": "a"}, {"OUT": "c"}),
+            step("add", {"A": "c", "B": "b"}, {"OUT": "OUT"}),
+        ]
+        name = f"branches_{protocol}"
+        write_ensemble(repo, name, ensemble_config(name, branches))
 
 
 def write_dataflow(repo: Path, protocol: str, records: Path, gates: Path) -> None:

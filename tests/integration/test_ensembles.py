@@ -250,6 +250,30 @@ def test_a_client_that_leaves_cancels_the_steps_not_yet_run(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_failing_branch_answers_at_once_and_cancels_what_waits_on_the_other(
+    server: RunningServer, root: Path, protocol: str
+) -> None:
+    """Concurrent branches: `unlucky` fails once `held` executes (held's gate closed); the
+    answer comes without waiting for `held`, and `after`, which reads `held`'s output, never
+    starts."""
+    held = batcher_of(server, f"held_branch_{protocol}")
+    gate = root / "gates" / f"held_branch_{protocol}"
+    gate.touch()
+    try:
+        reply = asyncio.run(_one(protocol, server, f"branches_{protocol}", 13))
+        still_held = held.inflight()  # read before the gate opens
+    finally:
+        gate.unlink()
+    assert reply.status == FAILED[protocol]
+    failing = f"step 2 (unlucky_branch_{protocol})"
+    assert reply.message.startswith(f"ensemble 'branches_{protocol}' {failing}: ")
+    assert still_held == 1  # answered while the other branch was still executing
+    wait_for(held, lambda b: b.inflight() == 0, "held's execution ended")
+    assert calls(root, f"held_branch_{protocol}") == [[13.0]]
+    assert calls(root, f"after_branch_{protocol}") == []  # cancelled before it could start
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_64_concurrent_clients_batch_the_steps(
     server: RunningServer, root: Path, protocol: str
 ) -> None:

@@ -58,6 +58,9 @@ class Ensemble:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = False
+        # needed steps -> (their running order, whether they form a chain); one entry per
+        # set of requested outputs a client used, so a few
+        self._plans: dict[frozenset[int], tuple[list[Step], bool]] = {}
 
     async def run(
         self,
@@ -90,8 +93,14 @@ class Ensemble:
         self._inflight += 1
         self._idle.clear()
         try:
-            order = self.graph.in_order(needed)
-            if self.graph.is_chain(needed):  # one ready step at a time: no tasks needed
+            plan = self._plans.get(needed)
+            if plan is None:
+                plan = self._plans[needed] = (
+                    self.graph.in_order(needed),
+                    self.graph.is_chain(needed),
+                )
+            order, is_chain = plan
+            if is_chain:  # one ready step at a time: no tasks needed
                 for step in order:
                     await self._step(calls, step, run, parent, bound.request_id)
             else:
