@@ -31,22 +31,33 @@ class Model:
         self.path = p.get("record_path", "")
         self.gate = p.get("gate_path", "")
         self.delay_s = float(p.get("delay_ms", "0")) / 1000
+        self.touch = p.get("touch_path", "")
+        self.await_path = p.get("await_path", "")
 
     def predict(self, inputs):
         x = inputs["IN"]
         live = bool((x != 0).any())
+        if live and self.touch:  # first: says this execution started
+            open(self.touch, "a").close()
         if live and self.delay_s:
             time.sleep(self.delay_s)
         if live and self.gate:
             give_up = time.monotonic() + 60
             while os.path.exists(self.gate) and time.monotonic() < give_up:
                 time.sleep(0.002)
+        if live and self.await_path:
+            give_up = time.monotonic() + 15  # bounded: a file that never comes fails the step
+            while not os.path.exists(self.await_path):
+                if time.monotonic() > give_up:
+                    raise TimeoutError(f"{self.await_path} never came")
+                time.sleep(0.002)
+            os.remove(self.await_path)
         if live and self.path:
             with open(self.path, "a") as f:
                 f.write(" ".join(str(float(v)) for v in x.ravel()) + "\\n")
         if self.unlucky and (x == 13).any():
             raise ValueError("13 is unlucky")
-        return {"OUT": self.op(x).astype(np.float32)}
+        return {"OUT": self.op(x).astype(x.dtype)}
 """
 
 # OUT = A + B: the join of the diamond.
@@ -103,6 +114,7 @@ def write_op(
     gates: Path | None = None,
     dims: str = "-1",
     batching: str = "",
+    data_type: str = "TYPE_FP32",
     **extra: object,
 ) -> None:
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
@@ -112,7 +124,8 @@ def write_op(
     for key, value in extra.items():
         params += param(key, value)
     (repo / name / "config.pbtxt").write_text(
-        OP_CONFIG.format(name=name, dims=dims, batching=batching) + params
+        OP_CONFIG.format(name=name, dims=dims, batching=batching).replace("TYPE_FP32", data_type)
+        + params
     )
     (repo / name / "1" / "model.py").write_text(OP_PY)
 
@@ -214,6 +227,41 @@ def write_ensemble_models(root: Path) -> None:
         queue = "default_queue_policy { max_queue_size: 1 }"
         write_op(repo, f"busy_{protocol}", "double", records, gates, batching=queue)
         write_ensemble(repo, f"shed_{protocol}", chain(f"shed_{protocol}", [f"busy_{protocol}"]))
+        write_dataflow(repo, protocol, records, gates)
+        # IN -> held (gated) -> after -> c and IN -> unlucky -> b, then add(c, b): unlucky
+        # fails once held executes (held's file says so), so the answer comes while held
+        # runs, and after (waiting for held) never starts.
+        running = gates / f"held_running_{protocol}"
+        write_op(repo, f"held_branch_{protocol}", "double", records, gates, touch_path=running)
+        write_op(repo, f"unlucky_branch_{protocol}", "unlucky", records, await_path=running)
+        write_op(repo, f"after_branch_{protocol}", "square", records)
+        branches = [
+            step(f"held_branch_{protocol}", {"IN": "IN"}, {"OUT": "a"}),
+            step(f"unlucky_branch_{protocol}", {"IN": "IN"}, {"OUT": "b"}),
+            step(f"after_branch_{protocol}", {"IN": "a"}, {"OUT": "c"}),
+            step("add", {"A": "c", "B": "b"}, {"OUT": "OUT"}),
+        ]
+        name = f"branches_{protocol}"
+        write_ensemble(repo, name, ensemble_config(name, branches))
+
+
+def write_dataflow(repo: Path, protocol: str, records: Path, gates: Path) -> None:
+    """`dataflow_<protocol>`: IN -> fast -> a -> after -> OUT and IN -> slow -> OUT2, where
+    `slow` waits (boundedly) for a file that `after` creates: run in waves (fast and slow,
+    then after), slow waits for a step that cannot start, and fails; run as dataflow (after
+    starts once fast is done), it answers."""
+    signal = gates / f"after_ran_{protocol}"
+    write_op(repo, f"fast_{protocol}", "double", records)
+    write_op(repo, f"after_{protocol}", "add_ten", records, touch_path=signal)
+    write_op(repo, f"slow_{protocol}", "square", records, await_path=signal)
+    steps = [
+        step(f"fast_{protocol}", {"IN": "IN"}, {"OUT": "a"}),
+        step(f"slow_{protocol}", {"IN": "IN"}, {"OUT": "OUT2"}),
+        step(f"after_{protocol}", {"IN": "a"}, {"OUT": "OUT"}),
+    ]
+    second = 'output [ { name: "OUT2", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+    name = f"dataflow_{protocol}"
+    write_ensemble(repo, name, ensemble_config(name, steps, extra=second))
 
 
 def calls(root: Path, model: str) -> list[list[float]]:

@@ -30,6 +30,8 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 
 from tests.async_infer import OK, PROTOCOLS, UNAVAILABLE, AsyncInfer
+from tests.bls_models import CALLER_CONFIG, DOUBLE_PY, RELAY_PY
+from tests.ensemble_models import chain, write_ensemble
 from tests.fault_models import RECORDING_PY, param, write_model
 from tests.integration.test_metrics import scrape_url, value
 from tests.lifecycle_models import write_plus_model
@@ -96,6 +98,13 @@ def _write_repo(root: Path) -> Path:
     (models / "acc_onnx").mkdir()
     (models / "acc_onnx" / "config.pbtxt").write_text(ACC_ONNX_CONFIG)
     builders._save(accumulator_onnx(), models / "acc_onnx" / "1" / "model.onnx")
+    # Pipelines, which run in the engine: `twice`, an ensemble of double -> double, and
+    # `relay`, a Python model calling double with BLS (OUT = 2 * IN + 1).
+    write_model(models, "double", DOUBLE_PY, max_batch_size=8)
+    write_ensemble(models, "twice", chain("twice", ["double", "double"]))
+    write_model(models, "relay", RELAY_PY)
+    relay_config = models / "relay" / "config.pbtxt"
+    relay_config.write_text(CALLER_CONFIG.format(name="relay", extra=""))
     return models
 
 
@@ -109,6 +118,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         "--model-control-mode", "explicit", "--load-model", "identity",
         "--load-model", "acc_onnx", "--load-model", "echo", "--load-model", "word_stream",
         "--load-model", "split", "--load-model", "prioritised", "--load-model", "repeat_inferd",
+        "--load-model", "double", "--load-model", "twice", "--load-model", "relay",
         "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
     ) as cli:  # fmt: skip
         yield Engine(cli, grpc_port, metrics_port, root)
@@ -156,6 +166,29 @@ def test_infer_on_every_front_end_and_statistics_exact(engine: Engine, protocol:
     assert value(samples, "inferd_front_ends_connected") == 2
     taken = [value(samples, "inferd_front_end_requests_total", front_end=i) for i in "01"]
     assert sum(taken) >= 8
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_ensemble_and_a_bls_call_answer_through_the_front_ends(
+    engine: Engine, protocol: str
+) -> None:
+    before = _inference_count(engine.url, "double")
+
+    async def scenario() -> list[Any]:
+        # Four clients, four connections: both front ends take some; all run in the engine.
+        clients = [AsyncInfer(protocol, engine, connections=1) for _ in range(4)]
+        try:
+            asked = [c("twice" if i % 2 else "relay", float(i)) for i, c in enumerate(clients)]
+            return await asyncio.gather(*asked)
+        finally:
+            for c in clients:
+                await c.__aexit__(None, None, None)
+
+    replies = asyncio.run(scenario())
+    assert [r.status for r in replies] == [OK[protocol]] * 4
+    assert [r.data for r in replies] == [[1.0], [4.0], [5.0], [12.0]]  # 2x + 1 | 4x
+    # Each ensemble request is two calls of `double`, each BLS call one, counted in the engine.
+    assert _inference_count(engine.url, "double") == before + 2 * 2 + 2
 
 
 def test_an_error_in_the_engine_reads_as_in_one_process(engine: Engine) -> None:

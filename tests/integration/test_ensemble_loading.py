@@ -80,6 +80,32 @@ GRAPH_ERRORS = [
         "tensor 'IN': shape mismatch: input gives FP32 [-1, 2], step 1 (single) input 'IN' "
         "takes FP32 [-1, 1]",
     ),
+    (  # between two steps: FP32 out of one, INT32 into the next
+        "step_dtype",
+        ensemble_config(
+            "step_dtype",
+            [
+                step("double", {"IN": "IN"}, {"OUT": "a"}),
+                step("double_int", {"IN": "a"}, {"OUT": "OUT"}),
+            ],
+            out_type="TYPE_INT32",
+        ),
+        "tensor 'a': datatype mismatch: step 1 (double) output 'OUT' gives FP32 [-1, -1], "
+        "step 2 (double_int) input 'IN' takes INT32 [-1, -1]",
+    ),
+    (  # between two steps: rows one value wide out of one, two wide into the next
+        "step_shape",
+        ensemble_config(
+            "step_shape",
+            [
+                step("single", {"IN": "IN"}, {"OUT": "a"}),
+                step("pair", {"IN": "a"}, {"OUT": "OUT"}),
+            ],
+            in_dims="1",
+        ),
+        "tensor 'a': shape mismatch: step 1 (single) output 'OUT' gives FP32 [-1, 1], "
+        "step 2 (pair) input 'IN' takes FP32 [-1, 2]",
+    ),
     (
         "too_big",
         chain("too_big", ["double"], max_batch_size=128),
@@ -119,6 +145,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_op(repo, "add_ten", "add_ten", records)
     write_op(repo, "square", "square", records)
     write_op(repo, "single", "double", records, dims="1")
+    write_op(repo, "pair", "double", records, dims="2")
+    write_op(repo, "double_int", "double", records, data_type="TYPE_INT32")
     for name, config, _ in GRAPH_ERRORS:
         write_ensemble(repo, name, config)
     # Its own server (the graph errors above hold the other's readiness down): an ensemble
@@ -136,7 +164,7 @@ def server(root: Path) -> Iterator[RunningServer]:
     with run_server(
         root / "models",
         model_control_mode="explicit",
-        load_models=("double", "add_ten", "square", "single"),
+        load_models=("double", "add_ten", "square", "single", "pair", "double_int"),
     ) as running:
         yield running
 

@@ -18,7 +18,6 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from inferd.pipelines.ensemble import Ensemble
 from tests.async_infer import BAD_REQUEST, DEADLINE, FAILED, OK, PROTOCOLS, SHED, AsyncInfer, Reply
 from tests.ensemble_models import calls, write_ensemble_models
 from tests.integration.test_metrics import scrape
@@ -80,11 +79,19 @@ def test_independent_steps_join(server: RunningServer, protocol: str) -> None:
     np.testing.assert_array_equal(_infer(protocol, server, "diamond", x), x * 2 + (x + 10))
 
 
-def test_the_steps_of_a_wave_run_concurrently(server: RunningServer) -> None:
-    ensemble = server.server.registry.get("diamond").ensemble
-    assert isinstance(ensemble, Ensemble)
-    waves = [[s.model for s in wave] for wave in ensemble.graph.waves]
-    assert waves == [["double", "add_ten"], ["add"]]
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_step_starts_as_soon_as_its_inputs_exist(server: RunningServer, protocol: str) -> None:
+    """`slow` finishes only once `after` ran, and `after` reads `fast`'s output: run in waves
+    ({fast, slow} then {after}) `slow` gives up and the request fails; as dataflow it answers."""
+    x = np.array([[1.5, -2.0]], np.float32)
+    module = httpclient if protocol == "http" else grpcclient
+    inp = module.InferInput("IN", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    wanted = [module.InferRequestedOutput(name) for name in ("OUT", "OUT2")]
+    with _client(protocol, server) as client:
+        result = client.infer(f"dataflow_{protocol}", [inp], outputs=wanted)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2 + 10)
+    np.testing.assert_array_equal(result.as_numpy("OUT2"), x * x)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -240,6 +247,30 @@ def test_a_client_that_leaves_cancels_the_steps_not_yet_run(
     wait_for(held, lambda b: b.inflight() == 0, "step 2's execution ended")
     assert calls(root, f"held_{tag}") == [[8.0]]  # it was already executing
     assert calls(root, f"last_{tag}") == []  # never started
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_failing_branch_answers_at_once_and_cancels_what_waits_on_the_other(
+    server: RunningServer, root: Path, protocol: str
+) -> None:
+    """Concurrent branches: `unlucky` fails once `held` executes (held's gate closed); the
+    answer comes without waiting for `held`, and `after`, which reads `held`'s output, never
+    starts."""
+    held = batcher_of(server, f"held_branch_{protocol}")
+    gate = root / "gates" / f"held_branch_{protocol}"
+    gate.touch()
+    try:
+        reply = asyncio.run(_one(protocol, server, f"branches_{protocol}", 13))
+        still_held = held.inflight()  # read before the gate opens
+    finally:
+        gate.unlink()
+    assert reply.status == FAILED[protocol]
+    failing = f"step 2 (unlucky_branch_{protocol})"
+    assert reply.message.startswith(f"ensemble 'branches_{protocol}' {failing}: ")
+    assert still_held == 1  # answered while the other branch was still executing
+    wait_for(held, lambda b: b.inflight() == 0, "held's execution ended")
+    assert calls(root, f"held_branch_{protocol}") == [[13.0]]
+    assert calls(root, f"after_branch_{protocol}") == []  # cancelled before it could start
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

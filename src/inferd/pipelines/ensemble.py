@@ -4,8 +4,9 @@ batching, statistics, metrics and request log apply per step.
 
 A request's tensors live in one dict of numpy arrays (ensemble input, intermediate and output
 tensors alike, by their ensemble names): a step's inputs are views of it and its outputs go
-back into it; nothing is encoded between steps. The steps run in the graph's waves, each wave's
-steps concurrently (a TaskGroup), and only the steps the requested outputs need.
+back into it; nothing is encoded between steps. Each step starts as soon as every tensor it
+reads exists (dataflow, as Triton: a slow step delays only the steps that read its outputs),
+independent steps concurrently in one TaskGroup, and only the steps the requested outputs need.
 
 Deadlines: the ensemble's deadline (the client's, or its `timeout` parameter, whichever comes
 first) is every step's deadline, so a step gets what is left. Cancelling the ensemble's task
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,6 +58,9 @@ class Ensemble:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = False
+        # needed steps -> (their running order, whether they form a chain); one entry per
+        # set of requested outputs a client used, so a few
+        self._plans: dict[frozenset[int], tuple[list[Step], bool]] = {}
 
     async def run(
         self,
@@ -90,12 +93,18 @@ class Ensemble:
         self._inflight += 1
         self._idle.clear()
         try:
-            for wave in self.graph.waves:
-                todo = [s for s in wave if s.number in needed]
-                if len(todo) == 1:
-                    await self._step(calls, todo[0], run, parent, bound.request_id)
-                elif todo:
-                    await _all(self._step(calls, s, run, parent, bound.request_id) for s in todo)
+            plan = self._plans.get(needed)
+            if plan is None:
+                plan = self._plans[needed] = (
+                    self.graph.in_order(needed),
+                    self.graph.is_chain(needed),
+                )
+            order, is_chain = plan
+            if is_chain:  # one ready step at a time: no tasks needed
+                for step in order:
+                    await self._step(calls, step, run, parent, bound.request_id)
+            else:
+                await self._dataflow(calls, order, run, parent, bound.request_id)
         finally:
             self._inflight -= 1
             if not self._inflight:
@@ -104,6 +113,36 @@ class Ensemble:
         elapsed = time.perf_counter_ns() - started
         times = ExecutionTimes(compute_infer_ns=elapsed, batch_rows=bound.rows, batch_requests=1)
         return outputs, times
+
+    async def _dataflow(
+        self, calls: ModelCalls, steps: list[Step], run: EnsembleRun, parent: CallContext, rid: str
+    ) -> None:
+        """Run `steps` as Triton does: each starts the moment every tensor it reads exists
+        (a step that finishes starts the steps it unblocked), not when a whole wave is done.
+        The first failure cancels the running steps and is the error (the step's own, status
+        and all, not a group of them); the steps not started never run."""
+        graph = self.graph
+        blockers = {s.number: len(graph.depends_on[s.number]) for s in steps}
+        dependents: dict[int, list[Step]] = {s.number: [] for s in steps}
+        for s in steps:
+            for number in graph.depends_on[s.number]:
+                dependents[number].append(s)
+
+        async def node(group: asyncio.TaskGroup, step: Step) -> None:
+            await self._step(calls, step, run, parent, rid)
+            # Started from inside this still-running task, so the group is open for them.
+            for after in dependents[step.number]:
+                blockers[after.number] -= 1
+                if not blockers[after.number]:
+                    group.create_task(node(group, after))
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for step in steps:
+                    if not blockers[step.number]:
+                        group.create_task(node(group, step))
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
 
     async def _step(
         self, calls: ModelCalls, step: Step, run: EnsembleRun, parent: CallContext, rid: str
@@ -186,14 +225,3 @@ class Ensemble:
         models' schedulers)."""
         self._stopped = True
         await self._idle.wait()
-
-
-async def _all(steps: Iterable[Coroutine[Any, Any, None]]) -> None:
-    """Run a wave's steps concurrently; the first failure cancels the others and is the
-    wave's error (the step's own, status and all, not a group of them)."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            for coro in steps:
-                group.create_task(coro)
-    except BaseExceptionGroup as failed:
-        raise failed.exceptions[0] from None

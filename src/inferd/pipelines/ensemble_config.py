@@ -5,9 +5,10 @@ Two passes, because the second needs the composing models loaded:
 
 - `parse_graph` (the ensemble's own config): every step names a model; every tensor has one
   producer (an ensemble input or one step's output); every step input and ensemble output
-  reads a tensor something produces; the steps form no cycle. It also orders the steps in
-  waves: each wave's steps have all their inputs once the waves before it ran, so a wave's
-  steps run concurrently.
+  reads a tensor something produces; the steps form no cycle. It also records which steps
+  each step waits for (the producers of the tensors it reads: the ensemble runs a step as soon
+  as they are done) and orders the steps in waves (Kahn's levels: the cycle check, and the
+  running order of a graph that is a chain).
 - `check_composing` (each step's composing model's config): the mapped tensors exist, and
   where a tensor leaves one model and enters another (or leaves the ensemble) the datatypes
   are equal and the shapes compatible (-1 matches any size); the ensemble's max_batch_size is
@@ -62,10 +63,20 @@ class Step:
 class EnsembleGraph:
     name: str
     steps: tuple[Step, ...]
-    waves: tuple[tuple[Step, ...], ...]  # in running order; a wave's steps are independent
+    waves: tuple[tuple[Step, ...], ...]  # Kahn's levels: a step's producers are in earlier ones
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     producers: dict[str, Step | None]  # tensor -> the step writing it (None: an input)
+    depends_on: dict[int, frozenset[int]]  # step -> the steps producing what it reads
+
+    def is_chain(self, needed: frozenset[int]) -> bool:
+        """Whether the `needed` steps can only run one after another (at most one per wave:
+        each then reads the one before it), so the ensemble runs them without tasks."""
+        return all(sum(s.number in needed for s in wave) <= 1 for wave in self.waves)
+
+    def in_order(self, needed: frozenset[int]) -> list[Step]:
+        """The `needed` steps in wave order (every step after its producers)."""
+        return [s for wave in self.waves for s in wave if s.number in needed]
 
     def needed_steps(self, outputs: list[str]) -> frozenset[int]:
         """The numbers of the steps that `outputs` depend on (the others need not run)."""
@@ -155,6 +166,12 @@ def parse_graph(config: mc.ModelConfig, where: str) -> EnsembleGraph:
         inputs=tuple(t.name for t in config.input),
         outputs=tuple(t.name for t in config.output),
         producers=producers,
+        depends_on={
+            s.number: frozenset(
+                p.number for t in s.input_map.values() if (p := producers[t]) is not None
+            )
+            for s in steps
+        },
     )
 
 

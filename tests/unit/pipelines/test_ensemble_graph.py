@@ -1,5 +1,5 @@
-"""An ensemble's graph as parsed from its config: waves of independent steps, the steps an
-output needs, and the shape rules between producers and consumers."""
+"""An ensemble's graph as parsed from its config: waves of independent steps, what each step
+waits for, the steps an output needs, and the shape rules between producers and consumers."""
 
 from __future__ import annotations
 
@@ -40,6 +40,14 @@ DIAMOND = ensemble_config(
 def test_independent_steps_share_a_wave() -> None:
     graph = parse_graph(_config(DIAMOND), "diamond/config.pbtxt")
     assert [[s.model for s in wave] for wave in graph.waves] == [["a", "b"], ["join", "c"]]
+
+
+def test_each_step_waits_only_for_the_producers_of_what_it_reads() -> None:
+    graph = parse_graph(_config(DIAMOND), "diamond/config.pbtxt")
+    assert graph.depends_on == {1: set(), 2: set(), 3: {1, 2}, 4: {1}}
+    assert not graph.is_chain(frozenset({1, 2, 3}))  # a and b may run at once
+    assert graph.is_chain(frozenset({1, 4}))  # a then c: no tasks needed
+    assert [s.model for s in graph.in_order(frozenset({1, 4}))] == ["a", "c"]
 
 
 def test_only_the_steps_an_output_needs_run() -> None:
