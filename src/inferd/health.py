@@ -38,10 +38,13 @@ class HealthWindow:
         """Samples held: the window's, and any expired since the last score."""
         return len(self._samples)
 
-    def score(self, baseline_s: float | None) -> float:
-        """0.4·(1 − min(1, p99/baseline)) + 0.3·min(1, throughput/max) + 0.3·(1 − errors)."""
+    def score(self, baseline_s: float | None, now: float | None = None) -> float:
+        """0.4·(1 − min(1, p99/baseline)) + 0.3·min(1, throughput/max) + 0.3·(1 − errors).
+        `now`: the monotonic clock's reading to score at (default: the current one), so
+        that two scores of the same outcomes can be compared free of the clock (tests)."""
         with self._scoring:
-            now = time.monotonic()
+            if now is None:
+                now = time.monotonic()
             window = self._samples.summary(self.window_s, now)
             if not window.requests:
                 return IDLE_SCORE

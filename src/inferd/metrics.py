@@ -148,11 +148,14 @@ class MetricsSink:
             if key not in live:
                 self._windows.pop(key, None)
 
-    def health_score(self, model: str, version: str, baseline_s: float | None) -> float:
+    def health_score(
+        self, model: str, version: str, baseline_s: float | None, now: float | None = None
+    ) -> float:
         """The version's health score over the last minute (docs/metrics.md); from a scrape
-        thread, so it reads the window without creating one (only the loop adds windows)."""
+        thread, so it reads the window without creating one (only the loop adds windows).
+        `now`: as HealthWindow.score's."""
         window = self._windows.get((model, version))
-        return IDLE_SCORE if window is None else window.score(baseline_s)
+        return IDLE_SCORE if window is None else window.score(baseline_s, now)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
