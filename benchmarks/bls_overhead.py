@@ -68,6 +68,46 @@ def write(repo: Path, name: str, code: str, extra: str = "") -> None:
     (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
 
 
+def alternate(
+    repo: Path, cases: list[str], body: str, expect: list[float], per_round: int, rounds: int
+) -> dict[str, list[float]]:
+    """Serve `repo` and send `body` to each of `cases` in turn, one request of each case
+    after the other over one keep-alive HTTP connection (the noise hits every case alike),
+    each answer checked against `expect`: the seconds each request took, per case."""
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable, "-m", "inferd", "serve", "--model-repository", str(repo),
+            "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
+            "--log-level", "WARNING",
+        ],
+    )  # fmt: skip
+    times: dict[str, list[float]] = {case: [] for case in cases}
+    try:
+        wait_until_serving(server.pid, port, exit_code=server.poll, timeout_s=120)
+        client = http.client.HTTPConnection("127.0.0.1", port)
+
+        def infer(case: str) -> float:
+            start = time.perf_counter()
+            client.request("POST", f"/v2/models/{case}/infer", body)
+            answer = client.getresponse().read()
+            took = time.perf_counter() - start
+            assert json.loads(answer)["outputs"][0]["data"] == expect, answer
+            return took
+
+        for case in cases:  # warm up each path
+            for _ in range(50):
+                infer(case)
+        for _ in range(rounds * per_round):
+            for case in cases:
+                times[case].append(infer(case))
+        check_still_serving(server.pid, port, server.poll)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return times
+
+
 def main(per_round: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
@@ -79,43 +119,13 @@ def main(per_round: int, rounds: int) -> None:
         body = json.dumps(
             {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [3]}]}
         )
-        port = free_port()
-        server = subprocess.Popen(
-            [
-                sys.executable, "-m", "inferd", "serve", "--model-repository", str(repo),
-                "--http-port", str(port), "--grpc-port", "0", "--metrics-port", "0",
-                "--log-level", "WARNING",
-            ],
-        )  # fmt: skip
-        times: dict[str, list[float]] = {case: [] for case in CASES}
-        try:
-            wait_until_serving(server.pid, port, exit_code=server.poll, timeout_s=120)
-            client = http.client.HTTPConnection("127.0.0.1", port)  # one keep-alive connection
-
-            def infer(case: str) -> float:
-                start = time.perf_counter()
-                client.request("POST", f"/v2/models/{case}/infer", body)
-                answer = client.getresponse().read()
-                took = time.perf_counter() - start
-                assert json.loads(answer)["outputs"][0]["data"] == [7.0], answer
-                return took
-
-            for case in CASES:  # warm up each path
-                for _ in range(50):
-                    infer(case)
-            for _ in range(rounds * per_round):
-                for case in CASES:  # one request of each case in turn: the noise hits all
-                    times[case].append(infer(case))
-            check_still_serving(server.pid, port, server.poll)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-        median = {case: statistics.median(t) * 1e6 for case, t in times.items()}
-        for case in CASES:
-            print(f"{case:14} median {median[case]:8.1f} us  ({len(times[case])} requests)")
-        for iso in ("inproc", "process"):
-            cost = median[f"relay_{iso}"] - median[f"local_{iso}"]
-            print(f"one BLS call, {iso:7}: {cost:8.1f} us")
+        times = alternate(repo, CASES, body, [7.0], per_round, rounds)
+    median = {case: statistics.median(t) * 1e6 for case, t in times.items()}
+    for case in CASES:
+        print(f"{case:14} median {median[case]:8.1f} us  ({len(times[case])} requests)")
+    for iso in ("inproc", "process"):
+        cost = median[f"relay_{iso}"] - median[f"local_{iso}"]
+        print(f"one BLS call, {iso:7}: {cost:8.1f} us")
 
 
 if __name__ == "__main__":

@@ -23,13 +23,14 @@ from inferd import classification
 from inferd.decoupled_call import DecoupledCall
 from inferd.errors import ErrorKind, InferdError, invalid, unavailable
 from inferd.events import CallContext, RequestRecord, Telemetry
-from inferd.infer_call import InferCall, StreamCall
+from inferd.infer_call import StreamCall
+from inferd.internal_call import ModelCalls
 from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.admission import scheduling_parameters
 from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.streams import StreamResponse
-from inferd.types import InferRequest, InferResponse
+from inferd.types import InferRequest
 
 
 def unary_to_decoupled(model: str, ctx: CallContext) -> InferdError:
@@ -47,28 +48,12 @@ def unary_to_decoupled(model: str, ctx: CallContext) -> InferdError:
     return InferdError(ErrorKind.UNSUPPORTED, message)
 
 
-class _Core(Protocol):
-    """What the streaming steps use of the DataPlane."""
+class _Core(ModelCalls, Protocol):
+    """What the streaming steps use of the DataPlane: its steps, and these."""
 
     registry: ModelRegistry
     telemetry: Telemetry
     _inflight: int
-
-    def admit(self, call: InferCall) -> None: ...
-
-    async def infer(self, call: InferCall, request: InferRequest) -> InferResponse: ...
-
-    def respond(self, call: InferCall, response: InferResponse) -> InferResponse: ...
-
-    def start_stream(
-        self, model_name: str, version: str, ctx: CallContext, fallback_from: str = ""
-    ) -> StreamCall: ...
-
-    def admit_stream(self, call: StreamCall) -> None: ...
-
-    async def stream(
-        self, call: StreamCall, request: InferRequest
-    ) -> AsyncGenerator[StreamResponse, None]: ...
 
     def _admit(
         self, model_name: str, version: str, ctx: CallContext, record: RequestRecord

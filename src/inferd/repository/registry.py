@@ -26,15 +26,9 @@ from inferd.classification import read_labels
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.memory import MemoryReleaser, rss_bytes
+from inferd.pipelines import ensemble_state as ensembles
 from inferd.pipelines.ensemble_config import is_ensemble
 from inferd.pipelines.ensemble_load import Composing
-from inferd.pipelines.ensemble_state import (
-    ensembles_among,
-    lookup,
-    only_waits,
-    refresh_ensembles,
-    start_ensemble,
-)
 from inferd.repository.checksum import checksum, file_checksum, fingerprint
 from inferd.repository.config import CONFIG_FILE, ConfigError
 from inferd.repository.loader import prepare
@@ -107,7 +101,7 @@ class ModelRegistry:
         return all(
             m.default_version() is not None
             for m in self.models.values()
-            if m.reason != "unloaded" and not only_waits(m)
+            if m.reason != "unloaded" and not ensembles.only_waits(m)
         )
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -175,16 +169,16 @@ class ModelRegistry:
         others load regardless."""
         wanted = self.model_names_on_disk() if names is None else names
         # Ensembles after the models they are made of, so they start READY.
-        ensembles = set(await asyncio.to_thread(ensembles_among, self.repository, wanted))
-        await asyncio.gather(*(self._load_logged(n) for n in wanted if n not in ensembles))
-        await asyncio.gather(*(self._load_logged(n) for n in wanted if n in ensembles))
+        later = set(await asyncio.to_thread(ensembles.ensembles_among, self.repository, wanted))
+        await asyncio.gather(*(self._load_logged(n) for n in wanted if n not in later))
+        await asyncio.gather(*(self._load_logged(n) for n in wanted if n in later))
 
     def _composing(self) -> Callable[[str, str], Composing]:
-        return lookup(self.models, self.model_names_on_disk)
+        return ensembles.lookup(self.models, self.model_names_on_disk)
 
     def _refresh_ensembles(self) -> None:
         """After any load or unload: the ensembles' states follow their composing models."""
-        refresh_ensembles(self.models, self._composing())
+        ensembles.refresh_ensembles(self.models, self._composing())
 
     async def _load_logged(self, name: str) -> None:
         try:
@@ -300,16 +294,12 @@ class ModelRegistry:
                         execution_timeout_s=timeout_s,
                     )
                 )
-        await asyncio.gather(
-            *(
-                load_version(mv, backend, model_dir, self.model_host, self.telemetry)
-                for mv in fresh
-                if not is_ensemble(mv.config)
-            )
-        )
+        versions = [mv for mv in fresh if not is_ensemble(mv.config)]
+        args = (backend, model_dir, self.model_host, self.telemetry)
+        await asyncio.gather(*(load_version(mv, *args) for mv in versions))
         for mv in fresh:
-            if is_ensemble(mv.config):
-                start_ensemble(mv, self._composing())
+            if is_ensemble(mv.config):  # its state follows its composing models
+                ensembles.start_ensemble(mv, self._composing())
 
         for mv in fresh:
             old = model.versions.get(mv.version)
