@@ -10,6 +10,7 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.access import TOKEN_ENV
+from inferd.cache.cache_settings import CacheConfigError, parse_cache_config
 from inferd.cli_env import EnvironmentParser, unknown_variables
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
@@ -193,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
         "line, bounded, with file paths cut to their last component and no traceback (the "
         "server log always has the full text)",
     )
+    serve.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="TIER,KEY=VALUE",
+        help="the response cache (Triton's flag), for models whose config sets response_cache "
+        "{ enable: true }: local,size=BYTES (an LRU of that many bytes; K/M/G suffixes) and/or "
+        "redis,host=H[,port=P][,password=...][,db=N][,ttl=SECONDS][,timeout_ms=5]; repeatable, "
+        "one setting per flag as Triton's works too; both: local in front of Redis "
+        "(docs/cache.md)",
+    )
     add_security_options(serve)
     add_limit_options(serve)
     add_capture_options(serve)
@@ -244,7 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             settings = settings_from(args)
             server.access_policy(settings)  # the security options, checked before anything runs
-        except (SecurityOptionError, AccessError, TlsError, CaptureOptionError) as exc:
+        except (
+            SecurityOptionError,
+            AccessError,
+            TlsError,
+            CaptureOptionError,
+            CacheConfigError,
+        ) as exc:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
         try:
@@ -289,6 +307,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         **security_settings(args),
         limits=limits_from(args),
         capture=capture_settings(args),
+        cache=parse_cache_config(args.cache_config),
     )
 
 

@@ -70,6 +70,7 @@ class DataPlane(InferenceSteps, StreamingSteps):
         self.max_response_bytes = 0  # responses past it fail with PAYLOAD_TOO_LARGE (0: none)
         self.workers = None  # a WorkerSlot, set in a worker of `--workers N`
         self._inflight = 0
+        self.response_cache = None  # set by the server with --cache-config (docs/cache.md)
         self.shared_memory = SharedMemoryRegistry()
         # Sampled requests: written by --capture-dir's writer, joined to feedback labels.
         self.capture = Capture(registry)

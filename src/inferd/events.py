@@ -103,6 +103,10 @@ class RequestRecord:
     responses: list[ResponseTimes] | None = None
     dropped: int = 0
     steps: list[StepTiming] | None = None  # an ensemble's request: its steps, as they ended
+    # A model with the response cache: "hit" or "miss" ("" otherwise), and how long the
+    # cache took (a hit: lookup and extraction; a miss: lookup and insert), as Triton's.
+    cache: str = ""
+    cache_ns: int = 0
 
     @property
     def is_success(self) -> bool:

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from inferd import classification
+from inferd.cached_call import run_cached
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.decoupled_call import MODEL_FAILURES
 from inferd.errors import ErrorKind, InferdError, shed, unavailable
@@ -30,10 +31,12 @@ from inferd.scheduling.admission import scheduling_parameters
 from inferd.scheduling.isolate import RequestFailedAloneError
 from inferd.scheduling.sequence_parameters import sequence_parameters
 from inferd.shared_memory import SharedMemoryRegistry
+from inferd.signature import BoundRequest
 from inferd.streaming import unary_to_decoupled
-from inferd.types import InferRequest, InferResponse, min_wire_bytes
+from inferd.types import InferRequest, InferResponse, Tensor, min_wire_bytes
 
 if TYPE_CHECKING:
+    from inferd.cache.response_cache import ResponseCache
     from inferd.internal_call import ModelCalls
 
 
@@ -47,6 +50,7 @@ class InferenceSteps:
     is_shutting_down: bool
     max_inflight: int
     max_response_bytes: int
+    response_cache: ResponseCache | None  # --cache-config (docs/cache.md)
     _inflight: int
 
     def start(self, model_name: str, version: str, ctx: CallContext) -> InferCall:
@@ -148,31 +152,19 @@ class InferenceSteps:
                 bound.correlation_id, bound.flags = sequence_parameters(
                     request, mv.name, mv.sequence is not None
                 )
-            if mv.ensemble is not None:  # its steps go through their models' schedulers
-                record.steps = []
-                outputs, times = await mv.ensemble.run(
-                    cast("ModelCalls", self), bound, ctx, priority, timeout_us, record.steps
-                )
+            if mv.cache is None:  # the one check a model without the cache pays
+                tensors = await self._execute(mv, bound, ctx, record, priority, timeout_us)
             else:
-                assert mv.batcher is not None  # a READY version always has one
-                outputs, times = await mv.batcher.submit(
-                    bound, priority, timeout_us, ctx.deadline_ns
-                )
-            record.times = times
-            t0 = time.perf_counter_ns()
-            signature = mv.signature
-            try:
-                tensors = [
-                    conform_output(signature, signature.outputs[name], outputs, bound.rows)
-                    for name in bound.output_names
-                ]
-            except OutputMismatchError as exc:
-                raise _model_error(mv, exc.message) from None
-            if bound.classes:
-                tensors = classification.apply(tensors, bound.classes, signature)
+                assert self.response_cache is not None  # mv.cache is set only with one
+                tensors = await run_cached(
+                    self.response_cache, mv.cache, mv, request, bound, record,
+                    lambda: self._execute(mv, bound, ctx, record, priority, timeout_us),
+                )  # fmt: skip
             if lease is not None:
+                t0 = time.perf_counter_ns()
                 tensors = lease.write_outputs(tensors)
-            times.compute_output_ns += time.perf_counter_ns() - t0
+                if record.times is not None:
+                    record.times.compute_output_ns += time.perf_counter_ns() - t0
         finally:
             if lease is not None:
                 lease.release()
@@ -184,6 +176,40 @@ class InferenceSteps:
         if fallback_from:
             response.parameters["fallback_from"] = fallback_from
         return response
+
+    async def _execute(
+        self,
+        mv: ModelVersion,
+        bound: BoundRequest,
+        ctx: CallContext,
+        record: RequestRecord,
+        priority: int,
+        timeout_us: int,
+    ) -> list[Tensor]:
+        """Run the request on its version (its batcher, or an ensemble's steps): its final
+        output tensors, conformed to the config and as classes where asked."""
+        if mv.ensemble is not None:  # its steps go through their models' schedulers
+            record.steps = []
+            outputs, times = await mv.ensemble.run(
+                cast("ModelCalls", self), bound, ctx, priority, timeout_us, record.steps
+            )
+        else:
+            assert mv.batcher is not None  # a READY version always has one
+            outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+        record.times = times
+        t0 = time.perf_counter_ns()
+        signature = mv.signature
+        try:
+            tensors = [
+                conform_output(signature, signature.outputs[name], outputs, bound.rows)
+                for name in bound.output_names
+            ]
+        except OutputMismatchError as exc:
+            raise _model_error(mv, exc.message) from None
+        if bound.classes:
+            tensors = classification.apply(tensors, bound.classes, signature)
+        times.compute_output_ns += time.perf_counter_ns() - t0
+        return tensors
 
 
 def _model_error(mv: ModelVersion, message: str) -> InferdError:

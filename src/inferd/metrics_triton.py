@@ -64,6 +64,27 @@ _COUNTERS: dict[str, tuple[str, Callable[[VersionStats], int]]] = {
     ),
 }
 FAILURE = "nv_inference_request_failure"
+# Exported for the versions whose model uses the response cache, as Triton does.
+_CACHE_COUNTERS: dict[str, tuple[str, Callable[[VersionStats], int]]] = {
+    "nv_cache_num_hits_per_model": (
+        "Number of response cache hits per model",
+        lambda s: s.cache_hit.count,
+    ),
+    "nv_cache_num_misses_per_model": (
+        "Number of response cache misses per model",
+        lambda s: s.cache_miss.count,
+    ),
+    "nv_cache_hit_duration_per_model": (
+        "Cumulative time requests spend retrieving a cached response per model on cache hits "
+        "(microseconds)",
+        lambda s: s.cache_hit.ns // 1000,
+    ),
+    "nv_cache_miss_duration_per_model": (
+        "Cumulative time requests spend looking up and inserting responses into the cache on "
+        "a cache miss (microseconds)",
+        lambda s: s.cache_miss.ns // 1000,
+    ),
+}
 
 
 class TritonCollector(Collector):
@@ -81,6 +102,7 @@ class TritonCollector(Collector):
         # Snapshots: the event loop adds keys to these dicts while this thread reads them.
         models = sorted(items(self._registry.models))
         ready = {(n, v) for n, m in models for v, mv in items(m.versions) if mv.is_ready}
+        cached = {(n, v) for n, m in models for v, mv in items(m.versions) if mv.cache}
         counted = list(self._statistics.versions)  # keys only: list() is safe (snapshots.py)
         failures: dict[tuple[str, str, str], int] = {}
         for (model, version, reason), count in items(self._failures):
@@ -90,6 +112,7 @@ class TritonCollector(Collector):
         # Triton exports a version's series from its load on, at 0 until something happens.
         families = {name: Metric(name, doc, "counter") for name, (doc, _) in _COUNTERS.items()}
         failure = Metric(FAILURE, "Number of failed inference requests, all batch sizes", "counter")
+        caches = {name: Metric(name, doc, "counter") for name, (doc, _) in _CACHE_COUNTERS.items()}
         empty = VersionStats()
         for model, version in sorted(ready.union(counted)):
             stats = self._statistics.versions.get((model, version), empty)  # get: no insert
@@ -99,6 +122,9 @@ class TritonCollector(Collector):
             for reason in TRITON_REASONS:
                 count = failures.get((model, version, reason), 0)
                 failure.add_sample(FAILURE, {**labels, "reason": reason}, float(count))
+            if (model, version) in cached or stats.cache_hit.count or stats.cache_miss.count:
+                for name, (_, read) in _CACHE_COUNTERS.items():
+                    caches[name].add_sample(name, labels, float(read(stats)))
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",
@@ -112,3 +138,4 @@ class TritonCollector(Collector):
         yield failure
         yield from (f for name, f in families.items() if name != "nv_inference_request_success")
         yield pending
+        yield from (f for f in caches.values() if f.samples)

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from inferd import error_text, memory, model_output, tls
 from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.backends.python_host import ServerHost
+from inferd.cache.response_cache import ResponseCache
 from inferd.canary import CanaryGuard
 from inferd.custom_metrics import CustomMetrics
 from inferd.dataplane import DataPlane
@@ -28,6 +29,7 @@ from inferd.engine.metrics import FrontEndCollector
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
 from inferd.metrics import MetricsSink
+from inferd.metrics_cache import CacheCollector
 from inferd.metrics_http import MetricsServer
 from inferd.monitoring.capture import Capture
 from inferd.monitoring.capture_metrics import CaptureCollector
@@ -100,6 +102,13 @@ class InferenceServer:
         self.dataplane.shared_memory.max_copy_bytes = settings.max_request_bytes
         self.dataplane.shared_memory.max_bytes_elements = settings.limits.max_bytes_elements
         self.dataplane.workers = worker
+        # The response cache: one per process (each worker of --workers N its own local tier,
+        # Redis shared; with --engine, the engine's), for models whose config enables it.
+        self.response_cache = ResponseCache(settings.cache) if settings.cache.enabled else None
+        self.dataplane.response_cache = self.response_cache
+        self.registry.cache_enabled = self.response_cache is not None
+        if self.response_cache is not None:
+            self.registry.on_retire = self.response_cache.invalidate_model
         self.capture = self.dataplane.capture = Capture(self.registry, settings.capture)
         self.capture.single_process = worker is None
         self.dataplane.runtime.trace = trace_settings
@@ -119,6 +128,8 @@ class InferenceServer:
             self.telemetry.add(self.metrics)
             self.metrics.prometheus.register(self.custom_metrics)
             self.metrics.prometheus.register(CaptureCollector(self.capture))
+            if self.response_cache is not None:
+                self.metrics.prometheus.register(CacheCollector(self.response_cache))
         # Large requests are decoded (and large responses encoded) off the event loop.
         self.offload = Offload(settings.limits.offload_bytes)
         self.app: InferdApp = build_app(
@@ -138,6 +149,8 @@ class InferenceServer:
         model_output.install()
         self.model_host.bind_loop(asyncio.get_running_loop())
         self.capture.start()
+        if self.response_cache is not None:
+            await self.response_cache.start()  # never fails on a Redis that is down
         log.info("loading model repository %s", self.settings.model_repository)
         if self.settings.model_control_mode == "explicit":
             names = list(self.settings.load_models)
@@ -222,6 +235,8 @@ class InferenceServer:
                 log.warning("models did not drain within %.1fs", self.settings.exit_timeout_s)
             self.dataplane.shared_memory.unregister()  # unmap the clients' regions
             await asyncio.to_thread(self.capture.close)  # the last captures, to disk
+            if self.response_cache is not None:
+                await self.response_cache.close()
             # 4. flush traces, then stop the metrics endpoint last, so the drain stays visible.
             if self.trace_sink is not None:
                 await asyncio.to_thread(self.trace_sink.shutdown)

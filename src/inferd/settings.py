@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferd.cache.cache_settings import CacheSettings
 from inferd.limits import Limits
 from inferd.monitoring.capture_options import CaptureSettings
 
@@ -55,3 +56,4 @@ class Settings:
     grpc_tls: TlsFiles | None = None
     limits: Limits = Limits()  # headers, timeouts, connections, streams (inferd.limits)
     capture: CaptureSettings = CaptureSettings()  # --capture-dir, --capture-max-mib
+    cache: CacheSettings = CacheSettings()  # --cache-config: the response cache's tiers (cache.md)

@@ -77,15 +77,16 @@ class VersionStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    # The response cache, as Triton's: a hit's lookup and extraction, a miss's lookup and
+    # insert (docs/cache.md). Hits count in success and queue, never as executions.
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
     inference_count: int = 0  # rows inferred
     execution_count: int = 0  # batches executed
     last_inference_ms: int = 0  # ms since the epoch
     batches: dict[int, BatchStats] = field(default_factory=lambda: defaultdict(BatchStats))
     # Decoupled models: by position in the stream ("0" the first response, ...).
     responses: dict[int, ResponseStats] = field(default_factory=lambda: defaultdict(ResponseStats))
-
-
-_ZERO = {"count": 0, "ns": 0}
 
 
 class StatisticsSink:
@@ -103,6 +104,12 @@ class StatisticsSink:
             stats.fail.add(record.duration_ns)
             return
         stats.success.add(record.duration_ns)
+        if record.cache:
+            if record.cache == "hit":
+                stats.cache_hit.add(record.cache_ns)
+                stats.queue.add(0)  # Triton's queue count includes hits; they never queue
+            else:
+                stats.cache_miss.add(record.cache_ns)
         if record.steps is not None:
             # An ensemble executes no batch of its own (its steps' models count theirs): as
             # Triton, each request it answered counts as one execution of its rows.
@@ -159,8 +166,8 @@ class StatisticsSink:
                 "compute_input": s.compute_input.to_dict(),
                 "compute_infer": s.compute_infer.to_dict(),
                 "compute_output": s.compute_output.to_dict(),
-                "cache_hit": dict(_ZERO),
-                "cache_miss": dict(_ZERO),
+                "cache_hit": s.cache_hit.to_dict(),
+                "cache_miss": s.cache_miss.to_dict(),
             },
             "response_stats": {str(k): r.to_dict() for k, r in sorted(s.responses.items())},
             "batch_stats": [

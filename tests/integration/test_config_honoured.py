@@ -64,7 +64,7 @@ REFUSED = [
         "sequence_batching { iterative_sequence: true }",
         "sequence_batching.iterative_sequence",
     ),
-    ("cached", "response_cache { enable: true }", "response_cache.enable"),
+    ("tagged", "metric_tags { key: 'team' value: 'a' }", "metric_tags"),
     (
         "decoupled",
         "model_transaction_policy { decoupled: true }",
@@ -208,12 +208,12 @@ def test_a_load_request_with_a_refused_field_is_a_400_naming_it(client: Client) 
             "name": "onnx_gpu",
             "platform": "onnxruntime_onnx",
             "max_batch_size": 8,
-            "response_cache": {"enable": True},
+            "metric_tags": {"team": "a"},
         }
     )
     with pytest.raises(InferenceServerException) as info:
         client.raw.load_model("onnx_gpu", config=config)
-    assert "onnx_gpu/config.pbtxt: response_cache.enable: " in str(info.value)
+    assert "onnx_gpu/config.pbtxt: metric_tags: " in str(info.value)
     expected = "400" if client.protocol == "http" else "StatusCode.INVALID_ARGUMENT"
     assert str(info.value.status()) == expected
     assert client.raw.is_model_ready("onnx_gpu")  # the loaded version keeps serving

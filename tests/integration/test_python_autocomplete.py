@@ -72,10 +72,10 @@ BROKEN = [
     ),
     (
         "ac_unhonoured",
-        'c.as_dict()["response_cache"] = {"enable": True}; return c',
+        'c.as_dict()["metric_tags"] = {"team": "a"}; return c',
         [
             "ac_unhonoured/config.pbtxt as completed by 1/model.py auto_complete_config",
-            "response_cache",
+            "metric_tags",
         ],
     ),
     (

@@ -345,7 +345,10 @@ FIELDS: dict[str, FieldRule] = {
         "model_repository_agents.agents.parameters",
     ),
     "response_cache": honoured(GROUP),
-    "response_cache.enable": refused("the response cache is not implemented"),
+    "response_cache.enable": honoured(
+        "answers served from the response cache when the server has one (--cache-config); "
+        "refused for decoupled and sequence-batched models (docs/cache.md)"
+    ),
     **each(
         refused("per-model metric options are not implemented (docs/metrics.md)"),
         "model_metrics",

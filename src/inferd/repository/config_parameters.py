@@ -67,6 +67,19 @@ INFERD_PARAMETERS: dict[str, str] = {
     "drift_p_value_threshold": "KS / chi-square alert below, default 0.001 (docs/monitoring.md)",
     "drift_psi_threshold": "PSI alert threshold, default 0.2 (docs/monitoring.md)",
     "drift_class_outputs": "outputs tested as predicted classes, `a,b` (docs/monitoring.md)",
+    "cache_ttl_seconds": (
+        "with response_cache: seconds an answer stays cached (default: the tier's; docs/cache.md)"
+    ),
+    "cache_max_entries": "with response_cache: the model's entries in the local tier, at most",
+    "cache_max_response_bytes": (
+        "with response_cache: larger answers are not cached; default 1 MiB (docs/cache.md)"
+    ),
+    "cache_float_decimals": (
+        "with response_cache: float inputs rounded to N decimals (0..15) before keying"
+    ),
+    "cache_text_normalize": (
+        "with response_cache: BYTES inputs normalised before keying, any of strip,lower,nfc"
+    ),
     "model_checksum": (
         "set by inferd in the config it serves (the files' sha256); a value given is replaced"
     ),

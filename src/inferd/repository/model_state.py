@@ -13,6 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.circuit import CircuitBreaker
 from inferd.repository.checksum import Fingerprint
 from inferd.repository.spec import ModelSpec
+from inferd.repository.spec_cache import CacheOptions
 from inferd.routing import Router
 from inferd.scheduling.scheduler import Scheduler
 from inferd.scheduling.sequence_config import SequenceOptions
@@ -54,6 +55,13 @@ class ModelVersion:
     waits_for: str = ""
     warmup_duration_s: float = 0.0
     drift: DriftMonitor | None = None  # its drift monitor (docs/monitoring.md)
+    # Set when both the config enables the response cache and the server has one: the one
+    # attribute the request path checks (docs/cache.md).
+    cache: CacheOptions | None = None
+    # The version as the cache keys it: its number and what it was loaded from (its files'
+    # and config's checksums), so a version reloaded from new files never meets the old
+    # files' answers, in this process's tier or in a Redis shared with other replicas.
+    cache_version: str = ""
     # model_transaction_policy { decoupled: true }: answers through a response stream.
     decoupled: bool = field(init=False)
 

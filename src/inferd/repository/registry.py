@@ -12,6 +12,7 @@ attempt version_load.py, and the checks of a load call's name and files uploads.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import tempfile
 from collections.abc import Callable
@@ -64,6 +65,9 @@ class ModelRegistry:
         # What Python models may ask of the server (pb_utils); set by the server.
         self.model_host: HostProvider | None = None
         self.memory = MemoryReleaser()
+        # Whether the server has a response cache (--cache-config); set by the server.
+        self.cache_enabled = False
+        self.on_retire: Callable[[str], None] | None = None  # the cache's invalidate_model
 
     # -- lookups on the request path ----------------------------------------------------
 
@@ -276,6 +280,15 @@ class ModelRegistry:
         config_changed = config_sum != model.config_checksum
         keep: dict[str, ModelVersion] = {}
         fresh: list[ModelVersion] = []
+        cache = spec.cache if spec.cache.enabled and self.cache_enabled else None
+        if spec.cache.enabled and not self.cache_enabled:
+            # As Triton, the model loads and serves uncached; never silently.
+            log.warning(
+                "model %s enables response_cache but the server has no cache "
+                "(--cache-config): its answers are not cached",
+                model.name,
+            )
+        config_digest = hashlib.blake2b(config_sum.encode(), digest_size=8).hexdigest()
         for v, digest in sums.items():
             old = model.versions.get(v)
             if old is not None and old.is_ready and not config_changed and old.checksum == digest:
@@ -292,6 +305,8 @@ class ModelRegistry:
                         checksum=digest,
                         sequence=sequence,
                         execution_timeout_s=timeout_s,
+                        cache=cache,
+                        cache_version=f"{v}:{digest}:{config_digest}",
                     )
                 )
         versions = [mv for mv in fresh if not is_ensemble(mv.config)]
@@ -360,6 +375,10 @@ class ModelRegistry:
             mv.state = State.UNAVAILABLE
             mv.reason = "unloaded"
             log.info("unloaded model %s version %s", mv.name, mv.version)
+        if self.on_retire is not None and versions:
+            # Hygiene: keys hold the version and its checksums, so these entries could never
+            # be served again; drop them now rather than when the LRU reaches them.
+            self.on_retire(versions[0].name)
         if release and versions:
             name = versions[0].name  # one model's versions: the callers hold its lock
             await self._release(name, [mv.version for mv in versions], "unloaded", rss_before)

@@ -4,8 +4,8 @@
 fails the load with an error naming the file, the field or parameter and the value; the
 server's consumers (scheduler, router, circuit, warm-up, readiness, metrics, backends) then
 read fields of the spec, never the config's strings, and nothing re-parses per request,
-readiness check or scrape. `parse_spec` (with spec_limits, spec_backend and spec_drift) is the only
-reader of `parameters`: a test holds it to that.
+readiness check or scrape. `parse_spec` (with spec_limits, spec_backend, spec_drift and
+spec_cache) is the only reader of `parameters`: a test holds it to that.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from inferd.repository.config import (
     parameter,
 )
 from inferd.repository.spec_backend import BackendSettings, read_backend_settings
+from inferd.repository.spec_cache import CacheOptions, read_cache_options
 from inferd.repository.spec_drift import DriftOptions, read_drift_options
 from inferd.repository.spec_limits import InputLimits, read_limits
 from inferd.routing import RollbackPolicy, parse_weights
@@ -60,6 +61,7 @@ class ModelSpec:
     text_inputs: frozenset[str] = frozenset()  # BYTES inputs the model decodes as UTF-8
     capture: CaptureOptions = CaptureOptions()  # capture_sample_rate, accuracy_* (capture.md)
     drift: DriftOptions = DriftOptions()  # drift_* (docs/monitoring.md)
+    cache: CacheOptions = CacheOptions()  # response_cache, cache_* (docs/cache.md)
 
     def execution_timeout_s(self, default_ms: int) -> float:
         """The execution timeout in seconds (0: none); `default_ms` the server's. A decoupled
@@ -94,6 +96,7 @@ def parse_spec(config: mc.ModelConfig, model_dir: Path) -> ModelSpec:
         text_inputs=_text_inputs(config),
         capture=_capture_options(config),
         drift=read_drift_options(config),
+        cache=read_cache_options(config),
     )
 
 

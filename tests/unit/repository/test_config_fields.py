@@ -74,6 +74,8 @@ _READERS = (
     "_positive_int_parameter",
     "_optional_int",
     "_bounded_parameter",
+    "_seconds_parameter",
+    "_int_in_range_parameter",
 )
 
 
@@ -143,7 +145,6 @@ REFUSED = [
         "sequence_batching { oldest { preserve_ordering: true } }",
         "sequence_batching.oldest.preserve_ordering",
     ),
-    ("response cache", "response_cache { enable: true }", "response_cache.enable"),
     ("decoupled", "model_transaction_policy { decoupled: true }", "model_transaction_policy"),
     (
         "ensemble steps",
@@ -246,10 +247,13 @@ def test_the_error_says_why_and_what_to_do(tmp_path: Path) -> None:
 
 
 def test_every_refused_field_is_named_at_once(tmp_path: Path) -> None:
-    text = LINEAR_CONFIG + "response_cache { enable: true }\nmetric_tags { key: 'a' value: 'b' }\n"
+    text = (
+        LINEAR_CONFIG
+        + "model_operations { op_library_filename: 'x' }\nmetric_tags { key: 'a' value: 'b' }\n"
+    )
     message = prepare_error(make_model(tmp_path, text))
     assert message.startswith("m/config.pbtxt: metric_tags: ")  # field order, as the proto
-    assert "(also refused: response_cache.enable)" in message
+    assert "(also refused: model_operations)" in message
 
 
 def test_a_refused_scheduler_is_caught_before_completion_replaces_it(tmp_path: Path) -> None:
@@ -268,9 +272,9 @@ def test_a_config_given_with_a_load_request_is_checked_too(tmp_path: Path) -> No
     config = mc.ModelConfig()
     config.name = "m"
     config.platform = "onnxruntime_onnx"
-    config.response_cache.enable = True
+    config.metric_tags["a"] = "b"
     override = parse_config_override("m", json_format.MessageToJson(config))
-    with pytest.raises(ConfigError, match=r"^m/config\.pbtxt: response_cache\.enable: "):
+    with pytest.raises(ConfigError, match=r"^m/config\.pbtxt: metric_tags: "):
         prepare(model_dir, override)
 
 

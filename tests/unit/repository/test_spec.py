@@ -155,6 +155,17 @@ PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     ({"drift_p_value_threshold": "0.01"}, "onnxruntime", lambda s: s.drift.p_value_threshold, 0.01),
     ({"drift_psi_threshold": "0.3"}, "onnxruntime", lambda s: s.drift.psi_threshold, 0.3),
     ({"drift_class_outputs": "y"}, "onnxruntime", lambda s: s.drift.class_outputs, {"y"}),
+    # (with response_cache { enable: true }: test_every_parameter_is_parsed adds it)
+    ({"cache_ttl_seconds": "2.5"}, "onnxruntime", lambda s: s.cache.ttl_s, 2.5),
+    ({"cache_max_entries": "10"}, "onnxruntime", lambda s: s.cache.max_entries, 10),
+    ({"cache_max_response_bytes": "99"}, "onnxruntime", lambda s: s.cache.max_response_bytes, 99),
+    ({"cache_float_decimals": "3"}, "onnxruntime", lambda s: s.cache.key.float_decimals, 3),
+    (
+        {"cache_text_normalize": "lower, strip"},
+        "python",
+        lambda s: s.cache.key.text_normalize,
+        ("strip", "lower"),
+    ),
 ]
 
 
@@ -170,7 +181,9 @@ def test_text_inputs_name_the_models_string_inputs() -> None:
 def test_every_parameter_is_parsed(
     parameters: dict[str, str], backend: str, read: Callable[[ModelSpec], Any], expected: Any
 ) -> None:
-    assert read(spec_of(parameters, backend)) == expected
+    cached = any(k.startswith("cache_") for k in parameters)
+    extra = "response_cache { enable: true }" if cached else ""
+    assert read(spec_of(parameters, backend, extra)) == expected
 
 
 def test_the_table_covers_every_parameter_inferd_reads() -> None:
@@ -293,6 +306,7 @@ SPEC_MODULES = {
     "repository/spec_backend.py",
     "repository/spec_limits.py",
     "repository/spec_drift.py",
+    "repository/spec_cache.py",
 }
 READERS = {"parameter", "int_parameter"}
 

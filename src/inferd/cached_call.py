@@ -1,0 +1,95 @@
+"""One request through the response cache (docs/cache.md): its key, the lookup, and on a
+miss the execution, whose final output tensors become the entry.
+
+Runs below the adapters, in `InferenceSteps._serve`, after the version is chosen (canary
+routing included) and the inputs are checked, so HTTP, gRPC, `--workers N` and the engine of
+`--engine` all go through it once. What is cached is what the response is built from: the
+outputs after conformance and classification, before a shared-memory lease writes them, so
+a hit is written into the request's own regions the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from inferd.cache.keys import UncacheableRequestError, cache_key
+from inferd.events import RequestRecord
+from inferd.signature import BoundRequest
+from inferd.types import InferRequest, Tensor
+
+if TYPE_CHECKING:
+    from inferd.cache.response_cache import ResponseCache
+    from inferd.repository.model_state import ModelVersion
+    from inferd.repository.spec_cache import CacheOptions
+
+# A Python model's response parameters travel in the entry as one extra tensor under a name
+# no model output can have (config names are identifiers), so a hit answers with them too.
+PARAMETERS_TENSOR = "\x00response_parameters"
+
+CACHE_HIT = "hit"
+CACHE_MISS = "miss"
+
+
+async def run_cached(
+    cache: ResponseCache,
+    options: CacheOptions,
+    mv: ModelVersion,
+    request: InferRequest,
+    bound: BoundRequest,
+    record: RequestRecord,
+    execute: Callable[[], Awaitable[list[Tensor]]],
+) -> list[Tensor]:
+    """The outputs for `request`, from the cache or from `execute()`; fills the record's
+    cache outcome and duration (Triton's cache_hit / cache_miss statistics) and
+    `bound.response_parameters` as the model gave them."""
+    try:
+        key = cache_key(
+            mv.name, mv.cache_version, request.inputs, request.outputs, request.parameters,
+            options.key,
+        )  # fmt: skip
+    except UncacheableRequestError:  # a parameter value with no canonical encoding: run uncached
+        return await execute()
+    run_ns = -1  # stays -1 unless this request's own execution ran
+
+    async def run() -> list[Tensor]:
+        nonlocal run_ns
+        t0 = time.perf_counter_ns()
+        tensors = await execute()
+        run_ns = time.perf_counter_ns() - t0
+        if bound.response_parameters:
+            return [*tensors, _parameters_tensor(bound.response_parameters)]
+        return tensors
+
+    t0 = time.perf_counter_ns()
+    tensors, _source = await cache.get_or_run(
+        key,
+        mv.name,
+        run,
+        ttl_s=options.ttl_s,
+        max_entries=options.max_entries,
+        max_response_bytes=options.max_response_bytes,
+    )
+    elapsed = time.perf_counter_ns() - t0
+    if run_ns >= 0:
+        # Triton's cache_miss: the lookup and the insert, not the execution.
+        record.cache, record.cache_ns = CACHE_MISS, max(0, elapsed - run_ns)
+    else:
+        # A hit, or a concurrent identical miss that waited for another's execution: either
+        # way this request executed nothing (its statistics count no execution).
+        record.cache, record.cache_ns = CACHE_HIT, elapsed
+    if tensors and tensors[-1].name == PARAMETERS_TENSOR:
+        *outputs, carried = tensors
+        if run_ns < 0:  # this request's own run already left them in `bound`
+            bound.response_parameters = json.loads(carried.data.reshape(-1)[0])
+        return outputs
+    return list(tensors)  # the cache's list stays the cache's
+
+
+def _parameters_tensor(parameters: dict[str, Any]) -> Tensor:
+    data = np.array([json.dumps(parameters).encode()], dtype=object)
+    return Tensor(PARAMETERS_TENSOR, "BYTES", (1,), data)
