@@ -1,0 +1,172 @@
+"""`--cache-config` values parsed into per-tier settings (Triton's flag, Triton's names).
+
+Two forms, mixed freely and merged per tier, as Triton's own parser merges them:
+
+    --cache-config local,size=64M
+    --cache-config redis,host=cache,port=6380,ttl=300,timeout_ms=5
+    --cache-config redis,host=cache --cache-config redis,port=6380     (Triton's: one per flag)
+
+A setting given twice with different values, a tier or setting we do not know, a missing
+required setting (redis without host, local without size) or a malformed value is a
+CacheConfigError naming the tier and the setting: we never accept what we do not honour.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class CacheConfigError(ValueError):
+    """A `--cache-config` value we cannot honour; the message names tier and setting."""
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    size_bytes: int  # bound on the bytes of stored entries (keys + values)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    host: str
+    port: int = 6379
+    password: str | None = None
+    db: int = 0
+    ttl_s: float | None = None  # default TTL for entries (per model cache_ttl_seconds wins)
+    timeout_ms: float = 5.0  # bound on every Redis call
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    local: LocalSettings | None = None
+    redis: RedisSettings | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.local is not None or self.redis is not None
+
+
+_SIZE = re.compile(r"(\d+)([KMG]?)(I?B)?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+SIZE_FORM = "a positive number of bytes, optionally with K, M or G (KiB, MiB, GiB: 64M = 67108864)"
+
+
+def parse_size(text: str) -> int:
+    """`1048576`, `64K`, `64KiB`, `64M`, `1G` (binary units) -> bytes; ValueError otherwise."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(text)
+    size = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    if size <= 0:
+        raise ValueError(text)
+    return size
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise ValueError(text)
+    return port
+
+
+def _db(text: str) -> int:
+    db = int(text)
+    if db < 0:
+        raise ValueError(text)
+    return db
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(text)
+    return value
+
+
+def _host(text: str) -> str:
+    if not text:
+        raise ValueError(text)
+    return text
+
+
+# setting -> (dataclass field, parser, what a valid value looks like)
+_Parser = Callable[[str], Any]
+_LOCAL: dict[str, tuple[str, _Parser, str]] = {
+    "size": ("size_bytes", parse_size, SIZE_FORM),
+}
+_REDIS: dict[str, tuple[str, _Parser, str]] = {
+    "host": ("host", _host, "a host name or address"),
+    "port": ("port", _port, "an integer 1..65535"),
+    "password": ("password", str, "a string"),
+    "db": ("db", _db, "an integer >= 0"),
+    "ttl": ("ttl_s", _positive_float, "seconds, a number > 0"),
+    "timeout_ms": ("timeout_ms", _positive_float, "milliseconds, a number > 0"),
+}
+_TIERS = {"local": _LOCAL, "redis": _REDIS}
+_REQUIRED = {"local": "size", "redis": "host"}
+
+
+def _shown(setting: str, text: str) -> str:
+    return "(hidden)" if setting == "password" else repr(text)
+
+
+def _where(tier: str, setting: str) -> str:
+    return f"--cache-config {tier},{setting}"
+
+
+def parse_cache_config(values: Sequence[str]) -> CacheSettings:
+    """The values of repeated `--cache-config` flags, merged per tier (see the module doc)."""
+    given: dict[str, dict[str, str]] = {}
+    for value in values:
+        tier, _, rest = value.partition(",")
+        tier = tier.strip()
+        if tier not in _TIERS:
+            raise CacheConfigError(
+                f"--cache-config {value!r}: unknown cache {tier!r}, expected local or redis"
+            )
+        if not rest.strip():
+            raise CacheConfigError(
+                f"--cache-config {value!r}: no settings for {tier}, expected {tier},name=value"
+            )
+        settings = given.setdefault(tier, {})
+        for item in rest.split(","):
+            name, eq, text = item.partition("=")
+            name = name.strip()
+            if not eq:
+                raise CacheConfigError(
+                    f"--cache-config {value!r}: {tier} setting {item!r} is not name=value"
+                )
+            if name not in _TIERS[tier]:
+                raise CacheConfigError(
+                    f"{_where(tier, name)}: unknown {tier} setting {name!r}, "
+                    f"expected one of {', '.join(_TIERS[tier])}"
+                )
+            if name in settings and settings[name] != text:
+                raise CacheConfigError(
+                    f"{_where(tier, name)}: given twice with different values "
+                    f"({_shown(name, settings[name])} and {_shown(name, text)})"
+                )
+            settings[name] = text
+    local = _build("local", given["local"]) if "local" in given else None
+    redis = _build("redis", given["redis"]) if "redis" in given else None
+    return CacheSettings(
+        local=local if isinstance(local, LocalSettings) else None,
+        redis=redis if isinstance(redis, RedisSettings) else None,
+    )
+
+
+def _build(tier: str, settings: dict[str, str]) -> LocalSettings | RedisSettings:
+    required = _REQUIRED[tier]
+    if required not in settings:
+        raise CacheConfigError(f"{_where(tier, required)}: {tier} needs {required}=...")
+    fields: dict[str, Any] = {}
+    for name, text in settings.items():
+        field_name, parse, form = _TIERS[tier][name]
+        try:
+            fields[field_name] = parse(text)
+        except ValueError:
+            raise CacheConfigError(f"{_where(tier, name)}={text}: expected {form}") from None
+    return LocalSettings(**fields) if tier == "local" else RedisSettings(**fields)

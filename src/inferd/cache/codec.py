@@ -1,0 +1,158 @@
+"""The compact form of a cached response in Redis: a small binary header per output (name,
+datatype, shape, scalar parameters) before its raw little-endian bytes, never JSON, behind
+the key description the lookup compares.
+
+    b"IFDC" version:u8  description_len:u32 description  outputs:u16
+    per output: name:u16+utf8  datatype:u8+ascii  ndim:u8 dims:i64*ndim
+                parameters:u16 (name:u16+utf8 tag:1 value)*  data_len:u64 data
+    BYTES data: elements:u64 (len:u32 bytes)*
+
+Decoding makes no copy of fixed-size data: the arrays are read-only views of the value.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from inferd.datatypes import V2_TO_WIRE
+from inferd.types import Tensor
+
+MAGIC = b"IFDC\x01"
+_U8 = struct.Struct("<B")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+
+
+class CorruptValueError(ValueError):
+    """A Redis value that is not one of ours, or is damaged: a miss, counted as an error."""
+
+
+class UnencodableError(ValueError):
+    """An output parameter that is not a bool, int, float or str: not stored in Redis."""
+
+
+def encode(description: bytes, outputs: Sequence[Tensor]) -> bytes:
+    parts: list[bytes | memoryview] = [MAGIC, _U32.pack(len(description)), description]
+    parts.append(_U16.pack(len(outputs)))
+    for t in outputs:
+        name = t.name.encode("utf-8")
+        datatype = t.datatype.encode("ascii")
+        parts += [_U16.pack(len(name)), name, _U8.pack(len(datatype)), datatype]
+        parts.append(_U8.pack(len(t.shape)) + b"".join(_I64.pack(d) for d in t.shape))
+        parts.append(_U16.pack(len(t.parameters)))
+        for key, value in t.parameters.items():
+            raw_key = str(key).encode("utf-8")
+            parts += [_U16.pack(len(raw_key)), raw_key, _scalar(value)]
+        if t.datatype == "BYTES":
+            elements = [bytes(e) if not isinstance(e, str) else e.encode() for e in t.data.flat]
+            body = b"".join(_U32.pack(len(e)) + e for e in elements)
+            parts += [_U64.pack(len(body)), _U64.pack(len(elements)), body]
+        else:
+            data = np.ascontiguousarray(t.data, dtype=V2_TO_WIRE[t.datatype])
+            raw = data.reshape(-1).view(np.uint8).data
+            parts += [_U64.pack(raw.nbytes), raw]
+    return b"".join(parts)
+
+
+def _scalar(value: Any) -> bytes:
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise UnencodableError(f"output parameter {value} is outside int64")
+        return b"i" + _I64.pack(value)
+    if isinstance(value, float):
+        return b"d" + _F64.pack(value)
+    if isinstance(value, str):
+        raw = value.encode("utf-8")
+        return b"s" + _U32.pack(len(raw)) + raw
+    raise UnencodableError(f"output parameter of type {type(value).__name__}")
+
+
+class _Reader:
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+        self.at = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.at + n
+        if n < 0 or end > len(self.value):
+            raise CorruptValueError(f"truncated at byte {self.at}")
+        chunk = self.value[self.at : end]
+        self.at = end
+        return chunk
+
+    def unpack(self, fmt: struct.Struct) -> Any:
+        return fmt.unpack(self.take(fmt.size))[0]
+
+
+def description_of(value: bytes) -> bytes:
+    """The key description a value answers (checked before anything else is decoded)."""
+    if not value.startswith(MAGIC):
+        raise CorruptValueError("not an inferd cache value (bad magic)")
+    reader = _Reader(value)
+    reader.take(len(MAGIC))
+    return reader.take(reader.unpack(_U32))
+
+
+def decode(value: bytes) -> tuple[bytes, list[Tensor]]:
+    """The description and the outputs; CorruptValueError for anything malformed."""
+    try:
+        return _decode(value)
+    except CorruptValueError:
+        raise
+    except (ValueError, KeyError, UnicodeDecodeError, struct.error) as exc:
+        raise CorruptValueError(f"malformed value: {exc}") from None
+
+
+def _decode(value: bytes) -> tuple[bytes, list[Tensor]]:
+    description = description_of(value)
+    reader = _Reader(value)
+    reader.at = len(MAGIC) + _U32.size + len(description)
+    outputs = []
+    for _ in range(reader.unpack(_U16)):
+        name = reader.take(reader.unpack(_U16)).decode("utf-8")
+        datatype = reader.take(reader.unpack(_U8)).decode("ascii")
+        shape = tuple(reader.unpack(_I64) for _ in range(reader.unpack(_U8)))
+        parameters = {}
+        for _ in range(reader.unpack(_U16)):
+            key = reader.take(reader.unpack(_U16)).decode("utf-8")
+            parameters[key] = _read_scalar(reader)
+        size = reader.unpack(_U64)
+        if datatype == "BYTES":
+            count = reader.unpack(_U64)
+            body = _Reader(reader.take(size))
+            elements = [body.take(body.unpack(_U32)) for _ in range(count)]
+            if body.at != size:
+                raise CorruptValueError(f"output {name!r}: BYTES body has trailing bytes")
+            data = np.empty(len(elements), dtype=object)
+            data[:] = elements
+        else:
+            dtype = V2_TO_WIRE[datatype]
+            offset = reader.at
+            reader.take(size)
+            data = np.frombuffer(value, dtype=dtype, count=size // dtype.itemsize, offset=offset)
+        outputs.append(Tensor(name, datatype, shape, data.reshape(shape), parameters))
+    if reader.at != len(value):
+        raise CorruptValueError("trailing bytes after the last output")
+    return description, outputs
+
+
+def _read_scalar(reader: _Reader) -> Any:
+    tag = reader.take(1)
+    if tag in (b"t", b"f"):
+        return tag == b"t"
+    if tag == b"i":
+        return reader.unpack(_I64)
+    if tag == b"d":
+        return reader.unpack(_F64)
+    if tag == b"s":
+        return reader.take(reader.unpack(_U32)).decode("utf-8")
+    raise CorruptValueError(f"unknown parameter tag {tag!r}")

@@ -1,0 +1,218 @@
+"""The Redis tier: shared by every worker process and replica, never on the tail of the
+critical path.
+
+- Every call is bounded by `timeout_ms` (the socket timeouts and an asyncio deadline over
+  the whole call; redis-py's own retries are off, so one call is one try).
+- A timeout, connection error, error reply or corrupt value is counted in `errors` and is a
+  miss: the request runs the model. The breaker (breaker.py) then skips Redis for a while.
+- Inserts never delay an answer: they go through a bounded queue (full: dropped, counted)
+  to one background task that writes them in pipelined batches, `SET key value PX ttl`.
+
+Keys are `inferd:cache:v1:<hex digest>`; values are codec.py's compact form, carrying the
+key description, compared on every hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from inferd.cache import codec
+from inferd.cache.breaker import Breaker
+from inferd.cache.cache_settings import CacheConfigError, RedisSettings
+from inferd.cache.entry import CachedResponse, frozen, make_entry
+from inferd.cache.keys import CacheKey
+from inferd.cache.stats import TierStats
+
+log = logging.getLogger("inferd.cache")
+
+KEY_PREFIX = "inferd:cache:v1:"
+QUEUE_ITEMS = 1024  # pending inserts; past it they are dropped (and counted)
+BATCH_ITEMS = 64  # inserts per pipelined round trip
+
+
+def _redis_asyncio() -> Any:
+    try:
+        import redis.asyncio
+        import redis.asyncio.retry
+        import redis.backoff
+    except ImportError:
+        raise CacheConfigError(
+            "--cache-config redis needs the redis client: pip install 'inferd[redis]'"
+        ) from None
+    return redis
+
+
+class RedisTier:
+    def __init__(
+        self,
+        settings: RedisSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        breaker: Breaker | None = None,
+        queue_items: int = QUEUE_ITEMS,
+        key_prefix: str = KEY_PREFIX,
+    ) -> None:
+        self._redis = _redis_asyncio()  # fails at construction, before serving, if missing
+        self.settings = settings
+        self.timeout_s = settings.timeout_ms / 1000
+        self.breaker = breaker or Breaker(clock=clock)
+        self.key_prefix = key_prefix
+        self.queue_items = queue_items
+        # What is in Redis is shared and expires there: this process cannot know it.
+        self.stats = TierStats("redis", bytes=-1, entries=-1)
+        self._client: Any = None
+        self._queue: asyncio.Queue[tuple[str, bytes, float | None]] | None = None
+        self._worker: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Make the client (it connects on first use) and the insert worker; idempotent.
+        Needs the running loop: it is the loop the worker and connections live on."""
+        if self._client is not None:
+            return
+        redis = self._redis
+        self._client = redis.asyncio.Redis(
+            host=self.settings.host,
+            port=self.settings.port,
+            db=self.settings.db,
+            password=self.settings.password,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
+            retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
+        )
+        self._queue = asyncio.Queue(self.queue_items)
+        self._worker = asyncio.create_task(self._insert_loop(), name="inferd-cache-redis")
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def key_of(self, key: CacheKey) -> str:
+        return self.key_prefix + key.digest.hex()
+
+    async def get(self, key: CacheKey, model: str) -> CachedResponse | None:
+        """The entry for `key`, or None: a miss, an open breaker, a failure (counted), a
+        value answering another description (a collision) or a corrupt one. Never raises."""
+        self.start()
+        if not self.breaker.allow():
+            self.stats.skipped += 1
+            self.stats.miss(model)
+            return None
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                value = await self._client.get(self.key_of(key))
+        except asyncio.CancelledError:
+            self.breaker.abandoned()
+            raise
+        except Exception as exc:  # any failure of Redis is a miss, never the request's
+            self._failed("lookup", exc)
+            self.stats.miss(model)
+            return None
+        self.breaker.succeeded()
+        self.stats.lookup_seconds.observe(time.perf_counter() - started)
+        entry = None if value is None else self._entry(key, value)
+        if entry is None:
+            self.stats.miss(model)
+        else:
+            self.stats.hit(model)
+        return entry
+
+    def _entry(self, key: CacheKey, value: bytes) -> CachedResponse | None:
+        try:
+            if codec.description_of(value) != key.description:
+                self.stats.collisions += 1
+                return None
+            _, outputs = codec.decode(value)
+        except codec.CorruptValueError as exc:
+            self.stats.errors += 1
+            log.warning("response cache: corrupt Redis value at %s: %s", self.key_of(key), exc)
+            return None
+        for t in outputs:
+            frozen(t.data)
+        return make_entry(key.description, tuple(outputs))
+
+    def put(self, key: CacheKey, entry: CachedResponse, ttl_s: float | None) -> None:
+        """Queue the entry for the background insert; never waits. ttl_s None: the tier's
+        default TTL (None there too: no expiry)."""
+        self.start()
+        assert self._queue is not None
+        if self.breaker.is_open:
+            self.stats.dropped_inserts += 1  # down: the probe is the lookups' job
+            return
+        try:
+            value = codec.encode(entry.description, entry.outputs)
+        except codec.UnencodableError:
+            self.stats.dropped_inserts += 1
+            return
+        ttl = self.settings.ttl_s if ttl_s is None else ttl_s
+        try:
+            self._queue.put_nowait((self.key_of(key), value, ttl))
+        except asyncio.QueueFull:
+            self.stats.dropped_inserts += 1
+
+    async def flush(self) -> None:
+        """Wait until every queued insert has been tried (tests; a clean shutdown)."""
+        if self._queue is not None:
+            await self._queue.join()
+
+    async def _insert_loop(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            while len(batch) < BATCH_ITEMS and not queue.empty():
+                batch.append(queue.get_nowait())
+            try:
+                await self._insert(batch)
+            finally:
+                for _ in batch:
+                    queue.task_done()
+
+    async def _insert(self, batch: list[tuple[str, bytes, float | None]]) -> None:
+        if not self.breaker.allow():
+            self.stats.dropped_inserts += len(batch)
+            return
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                pipe = self._client.pipeline(transaction=False)
+                for name, value, ttl in batch:
+                    pipe.set(name, value, px=None if ttl is None else math.ceil(ttl * 1000))
+                await pipe.execute()
+        except asyncio.CancelledError:
+            self.breaker.abandoned()
+            raise
+        except Exception as exc:
+            self._failed("insert", exc)
+            self.stats.dropped_inserts += len(batch)
+            return
+        self.breaker.succeeded()
+        elapsed = time.perf_counter() - started
+        for _ in batch:
+            self.stats.insert_seconds.observe(elapsed)
+        self.stats.inserts += len(batch)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.stats.errors += 1
+        was_open = self.breaker.is_open
+        self.breaker.failed()
+        if self.breaker.is_open and not was_open:
+            log.warning(
+                "response cache: Redis %s:%d %s failed (%s: %s); not trying it for %.0f s",
+                self.settings.host,
+                self.settings.port,
+                what,
+                type(exc).__name__,
+                exc or "timed out",
+                self.breaker.open_s,
+            )

@@ -1,0 +1,130 @@
+"""The response cache the front ends call: a local LRU in front of an optional Redis shared
+by every process and replica, with single flight for concurrent identical misses.
+
+    get_or_run(key, model, run) -> (outputs, source)
+      1. local tier           hit: "local" (no await, no task: the cheap path)
+      2. join or start the key's flight; the flight:
+         a. Redis tier        hit: fills local, "redis"   (bounded by timeout_ms; any failure
+                              is counted, skipped by the breaker, and is just a miss)
+         b. run()             the model: stored locally at once, queued for Redis, ""
+
+Every caller of a flight gets its source: "" means no tier had the answer (the model ran,
+for this caller or, when `coalesced` grew, for the identical request it waited on).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from inferd.cache.cache_settings import CacheSettings
+from inferd.cache.entry import CachedResponse, handed_out, make_entry, outputs_bytes, owned_copy
+from inferd.cache.keys import CacheKey
+from inferd.cache.local_tier import LocalTier
+from inferd.cache.single_flight import SingleFlight
+from inferd.cache.stats import TierStats
+from inferd.types import Tensor
+
+if TYPE_CHECKING:
+    from inferd.cache.redis_tier import RedisTier
+
+Run = Callable[[], Awaitable[list[Tensor]]]
+
+
+class ResponseCache:
+    def __init__(
+        self, settings: CacheSettings, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`clock` (monotonic seconds) times TTLs and the Redis breaker: tests inject one."""
+        self.settings = settings
+        self.local = LocalTier(settings.local.size_bytes, clock) if settings.local else None
+        self.redis: RedisTier | None = None
+        if settings.redis is not None:
+            from inferd.cache.redis_tier import RedisTier  # needs the redis extra
+
+            self.redis = RedisTier(settings.redis, clock=clock)
+        self._flights: SingleFlight[tuple[CachedResponse, str]] = SingleFlight()
+
+    async def start(self) -> None:
+        """Start the Redis tier's insert worker; connects lazily, never fails if it is down."""
+        if self.redis is not None:
+            self.redis.start()
+
+    async def close(self) -> None:
+        if self.redis is not None:
+            await self.redis.close()
+
+    async def get_or_run(
+        self,
+        key: CacheKey,
+        model: str,
+        run: Run,
+        ttl_s: float | None = None,
+        max_entries: int | None = None,
+        max_response_bytes: int | None = None,
+    ) -> tuple[list[Tensor], str]:
+        """The outputs (read-only arrays the cache owns: safe to keep) and where they came
+        from: "local", "redis", or "" (no tier had them). run()'s exception reaches every
+        caller of the flight, and nothing is cached then."""
+        if self.local is not None:
+            entry = self.local.get(key, model)
+            if entry is not None:
+                return handed_out(entry), "local"
+
+        async def fill() -> tuple[CachedResponse, str]:
+            return await self._fill(key, model, run, ttl_s, max_entries, max_response_bytes)
+
+        entry, source = await self._flights.run(key, fill)
+        return handed_out(entry), source
+
+    async def _fill(
+        self,
+        key: CacheKey,
+        model: str,
+        run: Run,
+        ttl_s: float | None,
+        max_entries: int | None,
+        max_response_bytes: int | None,
+    ) -> tuple[CachedResponse, str]:
+        if self.redis is not None:
+            found = await self.redis.get(key, model)
+            if found is not None:
+                if self.local is not None:
+                    self.local.put(key, model, found, ttl_s, max_entries)
+                return found, "redis"
+        outputs = await run()
+        if any(t.shared_memory is not None for t in outputs):
+            # Written into the client's region, not held by the response: nothing to keep.
+            return CachedResponse(key.description, tuple(outputs), 0), ""
+        entry = make_entry(key.description, owned_copy(outputs))
+        if max_response_bytes is not None and outputs_bytes(entry.outputs) > max_response_bytes:
+            for stats in self.stats:
+                stats.oversize += 1
+            return entry, ""
+        if self.local is not None:
+            self.local.put(key, model, entry, ttl_s, max_entries)
+        if self.redis is not None:
+            self.redis.put(key, entry, ttl_s)
+        return entry, ""
+
+    def invalidate_model(self, model: str) -> None:
+        """Drop the model's local entries (unload, version swap: keys hold the version, so
+        this is hygiene, not correctness). Redis entries age out by their TTL."""
+        if self.local is not None:
+            self.local.invalidate_model(model)
+
+    @property
+    def coalesced(self) -> int:
+        """Callers that waited on an identical request's flight instead of starting one."""
+        return self._flights.coalesced
+
+    @property
+    def stats(self) -> list[TierStats]:
+        """One per configured tier, "local" first."""
+        tiers: list[TierStats] = []
+        if self.local is not None:
+            tiers.append(self.local.stats)
+        if self.redis is not None:
+            tiers.append(self.redis.stats)
+        return tiers
