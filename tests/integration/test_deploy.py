@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferd.cache.cache_settings import parse_cache_config
 from tests.server_process import free_port, wait_until_serving
 from tests.servers import RunningServer, run_server
 
@@ -230,6 +231,9 @@ def with_drift_monitoring(good_repository: Path, repo: Path) -> Path:
         for key, value in (("drift_window", "10"), ("drift_class_outputs", "label")):
             config.write(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n')
         config.write('parameters { key: "drift_cpu_budget" value: { string_value: "1" } }\n')
+    # And `counter` cached, so the dashboard's response-cache row has series (docs/cache.md).
+    with (repo / "counter" / "config.pbtxt").open("a", encoding="utf-8") as config:
+        config.write("response_cache { enable: true }\n")
     return repo
 
 
@@ -238,8 +242,14 @@ def live(
     good_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     repo = with_drift_monitoring(good_repository, tmp_path_factory.mktemp("deploy") / "repo")
-    with run_server(repo, metrics_triton_names=True) as server:
+    cache = parse_cache_config(["local,size=1M"])
+    with run_server(repo, metrics_triton_names=True, cache=cache) as server:
         send_traffic(server)
+        with server.client() as client:  # counter's request again: a cache hit
+            body = {
+                "inputs": [{"name": "IN", "datatype": "FP32", "shape": [2, 3], "data": [1.0] * 6}]
+            }
+            assert client.post("/v2/models/counter/infer", json=body).status_code == 200
         monitor = server.server.registry.get("mlp").drift
         assert monitor is not None
         monitor.wait_idle()  # the windows of that traffic are tested
@@ -298,6 +308,13 @@ def test_dashboard_shape() -> None:
         "inferd_gc_pause_seconds",
         "inferd_drift_score",
         "inferd_drift_samples_dropped_total",
+        "inferd_cache_hits_total",
+        "inferd_cache_misses_total",
+        "inferd_cache_errors_total",
+        "inferd_cache_evictions_total",
+        "inferd_cache_dropped_inserts_total",
+        "inferd_cache_bytes",
+        "inferd_cache_lookup_seconds_bucket",
     ):
         assert needed in all_exprs, f"no panel shows {needed}"
 

@@ -54,6 +54,20 @@ def test_statistics_of_workers_add_up() -> None:
     assert [b["batch_size"] for b in m["batch_stats"]] == [1, 4, 8]
 
 
+def test_cache_statistics_of_workers_add_up() -> None:
+    def answer(hits: int, misses: int) -> list[dict[str, object]]:
+        s = VersionStats()
+        for _ in range(hits):
+            s.cache_hit.add(5)
+        for _ in range(misses):
+            s.cache_miss.add(7)
+        return [StatisticsSink._render("m", "1", s)]
+
+    stats = merge_model_stats([answer(2, 1), answer(3, 4)])[0]["inference_stats"]
+    assert stats["cache_hit"] == {"count": 5, "ns": 25}
+    assert stats["cache_miss"] == {"count": 5, "ns": 35}
+
+
 def test_response_statistics_of_workers_add_up_per_position() -> None:
     def answer(positions: int) -> list[dict[str, object]]:
         s = VersionStats()
