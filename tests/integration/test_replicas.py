@@ -6,9 +6,10 @@ restarted; the client sees no failed request and every answer is right.
 Needs nginx (Debian's package; scripts/install-test-tools.sh installs it). Skipped, saying
 why, where it is missing; failed instead where CI requires the test tools.
 
-The shared response cache (Redis) does not exist yet: when it lands, `Cluster` starts the
-replicas with it, and this test also asserts that a request answered by one replica is a
-cache hit on another (the load below repeats its inputs for that reason).
+The replicas share a response cache in the real Redis at 127.0.0.1:6379 (docs/cache.md; a
+database of this test's own, only the cache's keys deleted): the load repeats its inputs,
+so replicas answer some of it from entries others made, and a request answered by one
+replica is a cache hit on another, which executes nothing for it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import redis
 
+from inferd.cache.redis_tier import KEY_PREFIX
 from tests.models import write_counter
 from tests.server_process import check_port_free, free_port, status_of, wait_until_serving
 
@@ -37,6 +42,8 @@ MODEL = "counter"
 CLIENTS = 4
 DEADLINE_S = 60.0  # for each phase; the whole load stops by itself past 4 of them
 MAX_REQUESTS = 50_000  # the load's bound in count
+REDIS_DB = 13  # the shared cache's database (test_response_cache_redis.py uses 11)
+CACHE = f"redis,host=127.0.0.1,port=6379,db={REDIS_DB},timeout_ms=200"
 
 
 def nginx_binary() -> str:
@@ -68,7 +75,7 @@ class Replica:
                 [
                     sys.executable, "-m", "inferd", "serve", "--model-repository",
                     str(self.repository), "--http-port", str(self.port), "--grpc-port", "0",
-                    "--metrics-port", "0", "--exit-timeout-secs", "20",
+                    "--metrics-port", "0", "--exit-timeout-secs", "20", "--cache-config", CACHE,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -80,11 +87,25 @@ class Replica:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def successes(self) -> int:
-        """Requests this replica answered successfully (Triton's statistics)."""
+    def statistics(self) -> dict[str, Any]:
+        """This replica's Triton statistics of the model."""
         r = httpx.get(f"http://127.0.0.1:{self.port}/v2/models/{MODEL}/stats", timeout=10)
         r.raise_for_status()
-        return int(r.json()["model_stats"][0]["inference_stats"]["success"]["count"])
+        entry: dict[str, Any] = r.json()["model_stats"][0]
+        return entry
+
+    def successes(self) -> int:
+        """Requests this replica answered successfully (cache hits included)."""
+        return int(self.statistics()["inference_stats"]["success"]["count"])
+
+    def hits(self) -> int:
+        return int(self.statistics()["inference_stats"]["cache_hit"]["count"])
+
+    def ask(self, value: float) -> float:
+        body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [value]}]}
+        r = httpx.post(f"http://127.0.0.1:{self.port}/v2/models/{MODEL}/infer", json=body)
+        r.raise_for_status()
+        return float(r.json()["outputs"][0]["data"][0])
 
     def stop(self, sig: int) -> int:
         assert self.proc is not None
@@ -197,6 +218,11 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[Replica]]]:
     nginx = nginx_binary()
     repo = tmp_path / "models"
     write_counter(repo, MODEL)
+    with (repo / MODEL / "config.pbtxt").open("a", encoding="utf-8") as config:
+        config.write("response_cache { enable: true }\n")
+    shared = redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB)
+    for key in shared.scan_iter(f"{KEY_PREFIX}*"):
+        shared.delete(key)
     replicas = [Replica(repo, free_port(), tmp_path / f"replica{i}.log") for i in range(3)]
     for replica in replicas:
         replica.start()
@@ -224,6 +250,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[Replica]]]:
             if replica.proc is not None and replica.proc.poll() is None:
                 replica.proc.kill()
                 replica.proc.wait(timeout=30)
+        for key in shared.scan_iter(f"{KEY_PREFIX}*"):
+            shared.delete(key)
+        shared.close()
 
 
 def test_a_killed_and_a_drained_replica_lose_no_request(
@@ -253,3 +282,24 @@ def test_a_killed_and_a_drained_replica_lose_no_request(
         load.finish()
     assert load.failures == [], f"{len(load.failures)} failed: {load.failures[:5]}"
     assert load.ok >= 1200
+    # The shared cache: the repeated inputs were answered from it...
+    assert sum(r.hits() for r in (drained, steady)) > 0
+    # ...and an answer one replica made is a hit on another, which executes nothing.
+    value = 7777.0  # no load request sent it
+    assert steady.ask(value) == value
+    wait_until(_cached_in_redis, "steady's entry in Redis")
+    hits_before, inferences_before = drained.hits(), drained.statistics()["inference_count"]
+    assert drained.ask(value) == value
+    assert drained.hits() == hits_before + 1
+    assert drained.statistics()["inference_count"] == inferences_before
+
+
+def _cached_in_redis() -> bool:
+    """Whether Redis holds an entry for an input of 7777 (the only one holding that value:
+    the load's values stay below 4000)."""
+    shared = redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB)
+    try:
+        needle = np.float32(7777.0).tobytes()
+        return any(needle in (shared.get(k) or b"") for k in shared.scan_iter(f"{KEY_PREFIX}*"))
+    finally:
+        shared.close()

@@ -9,6 +9,7 @@ import json
 import logging
 import shutil
 import unicodedata
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,10 +18,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tritonclient.utils.shared_memory as shm
 from google.protobuf import json_format
 
 from inferd.cache.cache_settings import parse_cache_config
-from tests.cache_models import param, write_exec_model, write_params_model
+from tests.cache_models import CACHED, param, write_exec_model, write_params_model
+from tests.ensemble_models import ensemble_config, step, write_ensemble
 from tests.integration.test_metrics import scrape_url, value
 from tests.integration.test_protocols import PROTOCOLS, Client
 from tests.servers import RunningServer, run_server
@@ -42,6 +45,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_exec_model(repo, "raw_texts", datatype="TYPE_STRING")
     write_exec_model(repo, "small", extra=param("cache_max_response_bytes", "512"))
     write_params_model(repo)
+    # The top-level ensemble cached (as Triton does), its step's model not.
+    steps = [step("plain", {"IN": "IN"}, {"OUT": "OUT"})]
+    write_ensemble(repo, "pipe", ensemble_config("pipe", steps, 64, extra=CACHED))
     return repo
 
 
@@ -133,6 +139,44 @@ def test_a_hit_keeps_the_models_response_parameters(client: Client) -> None:
         params = [{k: v.int64_param for k, v in r.parameters.items()} for r in (first, second)]
     assert params[0] == params[1]
     assert params[0]["execution"] >= 1
+
+
+def test_an_ensemble_hit_runs_none_of_its_steps(client: Client, server: RunningServer) -> None:
+    x = {"IN": (np.array([[8.0 if client.protocol == "http" else 9.0]], np.float32), "FP32")}
+    before, step_before = stats(server, "pipe"), stats(server, "plain")
+    first = client.infer("pipe", x).as_numpy("OUT")
+    second = client.infer("pipe", x).as_numpy("OUT")
+    np.testing.assert_array_equal(first, second)
+    after, step_after = stats(server, "pipe"), stats(server, "plain")
+    assert _count(after, "cache_hit") - _count(before, "cache_hit") == 1
+    assert after["inference_count"] - before["inference_count"] == 1
+    assert step_after["inference_count"] - step_before["inference_count"] == 1  # one run
+
+
+def test_a_hit_writes_shared_memory_outputs_as_a_miss_does(client: Client) -> None:
+    key = f"/inferd-cache-{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region(key.lstrip("/"), key, 64)
+    region = f"out_{client.protocol}"
+    x = np.array([[11.0, 12.0] if client.protocol == "http" else [13.0, 14.0]], np.float32)
+    try:
+        client.raw.register_system_shared_memory(region, key, 64)
+        answers = []
+        for _ in range(2):
+            shm.set_shared_memory_region(handle, [np.zeros((1, 2), np.float32)])
+            inp = client.mod.InferInput("IN", [1, 2], "FP32")
+            inp.set_data_from_numpy(x)
+            out = client.mod.InferRequestedOutput("OUT")
+            out.set_shared_memory(region, 8)
+            result = client.raw.infer(
+                "cached", [inp], outputs=[out, client.mod.InferRequestedOutput("EXEC")]
+            )
+            written = shm.get_contents_as_numpy(handle, np.float32, [1, 2])
+            answers.append((written.tolist(), int(result.as_numpy("EXEC")[0, 0])))
+        assert answers[0] == answers[1]  # the same execution's answer, written again
+        assert answers[0][0] == x.tolist()
+    finally:
+        client.raw.unregister_system_shared_memory(region)
+        shm.destroy_shared_memory_region(handle)
 
 
 def test_64_identical_concurrent_requests_execute_once(server: RunningServer) -> None:

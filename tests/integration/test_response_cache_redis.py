@@ -117,6 +117,25 @@ def test_two_processes_share_hits_through_redis(
         assert value(samples, "inferd_cache_hits_total", tier="redis", model="cached") == 1
 
 
+def test_workers_share_redis_and_their_cache_statistics_add_up(
+    repo: Path, tmp_path: Path, shared_redis: redis.Redis
+) -> None:
+    values = [float(uuid.uuid4().int % 10_000), 2.0]
+    with run_cli_server(
+        repo, tmp_path / "workers.log", "--workers", "2", "--cache-config", "local,size=1M",
+        "--cache-config", f"redis,host=127.0.0.1,port=6379,db={REDIS_DB},timeout_ms=200",
+    ) as cli:  # fmt: skip
+        first = _ask(cli.url, values)
+        _wait_for(lambda: any(shared_redis.scan_iter(f"{KEY_PREFIX}*")), "the entry in Redis")
+        # New connections: the kernel spreads them over both workers; each worker's first
+        # is a Redis hit (filling its local tier), the rest local hits.
+        assert [_ask(cli.url, values) for _ in range(8)] == [first] * 8
+        entry = _stats(cli.url)  # one worker answers, with its sibling's numbers added
+        assert entry["inference_count"] == 1
+        assert entry["inference_stats"]["cache_miss"]["count"] == 1
+        assert entry["inference_stats"]["cache_hit"]["count"] == 8
+
+
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     port = free_port()

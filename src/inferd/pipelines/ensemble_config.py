@@ -28,7 +28,8 @@ from inferd.datatypes import CONFIG_TO_V2
 ENSEMBLE_PLATFORM = "ensemble"
 
 # The fields an ensemble's config may set; any other is refused at load (an ensemble has no
-# instances, batcher or backend of its own: its steps' models have them).
+# instances, batcher or backend of its own: its steps' models have them). response_cache:
+# its own answers are cached, as Triton caches a top-level ensemble's (docs/cache.md).
 ENSEMBLE_FIELDS = frozenset(
     {
         "name",
@@ -38,6 +39,7 @@ ENSEMBLE_FIELDS = frozenset(
         "output",
         "ensemble_scheduling",
         "version_policy",
+        "response_cache",
     }
 )
 
