@@ -10,7 +10,6 @@ from pathlib import Path
 
 from inferd import __version__
 from inferd.access import TOKEN_ENV
-from inferd.cache.cache_settings import CacheConfigError, parse_cache_config
 from inferd.cli_env import EnvironmentParser, unknown_variables
 from inferd.cli_security import SecurityOptionError, add_security_options, security_settings
 from inferd.help_format import DefaultsOnceFormatter
@@ -249,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         from inferd.access import AccessError
+        from inferd.cache.cache_settings import CacheConfigError
         from inferd.tls import TlsError
         from inferd.workers import supervisor
         from inferd.workers.supervisor import WorkersError
@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
+    from inferd.cache.cache_settings import parse_cache_config  # CacheConfigError when bad
+
     return Settings(
         model_repository=args.model_repository,
         host=args.host,

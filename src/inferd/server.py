@@ -104,7 +104,8 @@ class InferenceServer:
         self.dataplane.workers = worker
         # The response cache: one per process (each worker of --workers N its own local tier,
         # Redis shared; with --engine, the engine's), for models whose config enables it.
-        self.response_cache = ResponseCache(settings.cache) if settings.cache.enabled else None
+        cache = settings.cache
+        self.response_cache = ResponseCache(cache) if cache and cache.enabled else None
         self.dataplane.response_cache = self.response_cache
         self.registry.cache_enabled = self.response_cache is not None
         if self.response_cache is not None:

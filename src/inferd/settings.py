@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from inferd.cache.cache_settings import CacheSettings
 from inferd.limits import Limits
 from inferd.monitoring.capture_options import CaptureSettings
+
+if TYPE_CHECKING:
+    from inferd.cache.cache_settings import CacheSettings
 
 MIB = 1024 * 1024
 
@@ -56,4 +59,5 @@ class Settings:
     grpc_tls: TlsFiles | None = None
     limits: Limits = Limits()  # headers, timeouts, connections, streams (inferd.limits)
     capture: CaptureSettings = CaptureSettings()  # --capture-dir, --capture-max-mib
-    cache: CacheSettings = CacheSettings()  # --cache-config: the response cache's tiers (cache.md)
+    # --cache-config: the response cache's tiers (docs/cache.md); None: no cache.
+    cache: CacheSettings | None = None
