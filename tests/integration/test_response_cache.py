@@ -124,6 +124,33 @@ def test_a_model_without_the_cache_is_not_cached(client: Client, server: Running
     assert _count(entry, "cache_hit") == _count(entry, "cache_miss") == 0
 
 
+def test_request_parameters_and_requested_outputs_are_part_of_the_key(
+    server: RunningServer,
+) -> None:
+    def execution(**extra: Any) -> int:
+        body: dict[str, Any] = {
+            "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [42.0]}],
+            **extra,
+        }
+        r = httpx.post(f"{server.url}/v2/models/cached/infer", json=body, timeout=10)
+        assert r.status_code == 200, r.text
+        outputs = {o["name"]: o for o in r.json()["outputs"]}
+        return int(outputs["EXEC"]["data"][0])
+
+    variants = [
+        {},
+        {"parameters": {"tenant": "a"}},
+        {"parameters": {"tenant": "b"}},
+        {"parameters": {"tenant": 1}},  # typed: 1 is not "1"
+        {"parameters": {"tenant": "1"}},
+        {"outputs": [{"name": "EXEC"}]},  # other outputs asked for
+        {"outputs": [{"name": "EXEC"}, {"name": "OUT", "parameters": {"classification": 1}}]},
+    ]
+    first = [execution(**v) for v in variants]
+    assert len(set(first)) == len(variants)  # each its own entry: each executed
+    assert [execution(**v) for v in variants] == first  # and each then a hit on its own
+
+
 def test_a_hit_keeps_the_models_response_parameters(client: Client) -> None:
     x = {
         "IN": (
