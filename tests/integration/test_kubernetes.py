@@ -9,6 +9,7 @@ fields KServe requires of a serving runtime.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from inferd.cache.cache_settings import parse_cache_config
 from inferd.cli import build_parser, serve_parser
 from inferd.cli_env import from_text, options, variable_name
 
@@ -212,6 +214,14 @@ def test_the_redis_component_adds_a_redis(tmp_path: Path) -> None:
     redis = one(docs, "Deployment", "inferd-redis")
     assert one(docs, "Service", "inferd-redis")["spec"]["ports"][0]["port"] == 6379
     assert redis["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    # inferd is pointed at it: the cache's variable, a value `inferd serve` accepts.
+    inferd = one(docs, "Deployment", "inferd")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in inferd["env"]}
+    assert "INFERD_MODEL_REPOSITORY" in env  # the base's variables kept
+    values = shlex.split(env["INFERD_CACHE_CONFIG"])
+    settings = parse_cache_config(values)
+    assert settings.redis is not None and settings.redis.host == "inferd-redis"
+    assert settings.redis.port == 6379 and settings.local is not None
     for doc in docs:
         if _schema_checked(doc):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
