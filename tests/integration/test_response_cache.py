@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 import unicodedata
 import uuid
 from collections.abc import Iterator
@@ -44,6 +45,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     write_exec_model(repo, "raw_texts", datatype="TYPE_STRING")
     write_exec_model(repo, "small", extra=param("cache_max_response_bytes", "512"))
+    write_exec_model(repo, "bounded", extra=param("cache_max_entries", "2"))
+    write_exec_model(repo, "brief", extra=param("cache_ttl_seconds", "0.2"))
     write_params_model(repo)
     # The top-level ensemble cached (as Triton does), its step's model not.
     steps = [step("plain", {"IN": "IN"}, {"OUT": "OUT"})]
@@ -268,6 +271,24 @@ def test_an_answer_over_cache_max_response_bytes_is_not_cached(client: Client) -
     _, small_first = _infer(client, "small", [1.0])
     _, small_second = _infer(client, "small", [1.0])
     assert small_second == small_first
+
+
+def test_cache_max_entries_bounds_a_models_entries(client: Client) -> None:
+    base = 100.0 if client.protocol == "http" else 200.0
+    _, first = _infer(client, "bounded", [base])
+    assert _infer(client, "bounded", [base])[1] == first  # cached
+    _infer(client, "bounded", [base + 1])
+    _infer(client, "bounded", [base + 2])  # a third entry: the least recently used goes
+    assert _infer(client, "bounded", [base])[1] != first  # executed again
+
+
+def test_cache_ttl_seconds_expires_an_answer(client: Client) -> None:
+    values = [7.25] if client.protocol == "http" else [8.25]
+    _, first = _infer(client, "brief", values)
+    deadline = time.monotonic() + 30
+    while (latest := _infer(client, "brief", values)[1]) == first:  # hits until it expires
+        assert time.monotonic() < deadline, "the entry never expired"
+    assert latest > first
 
 
 # -- metrics ---------------------------------------------------------------------------------
