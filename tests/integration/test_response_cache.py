@@ -140,7 +140,7 @@ def test_request_parameters_and_requested_outputs_are_part_of_the_key(
         outputs = {o["name"]: o for o in r.json()["outputs"]}
         return int(outputs["EXEC"]["data"][0])
 
-    variants = [
+    variants: list[dict[str, Any]] = [
         {},
         {"parameters": {"tenant": "a"}},
         {"parameters": {"tenant": "b"}},
