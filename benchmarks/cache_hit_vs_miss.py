@@ -11,8 +11,10 @@ wrk (one thread) at 1 and then 64 connections runs, alternating, in each round:
 
 - `miss`: `mlp` on the local server, the same row every request: the plain execution path
   (what every request costs without the cache);
-- `miss+cache local`: `mlp_cached` on the local server, a different row every request
-  (benchmarks/wrk/mlp_json_unique.lua): the execution plus the lookup and the insert;
+- `miss unique rows`: `mlp`, a different row every request (benchmarks/wrk/
+  mlp_json_unique.lua): the same, with the load generator's cost of a new body per request;
+- `miss+cache local`: `mlp_cached` on the local server, a different row every request: the
+  execution plus the lookup and the insert (compare it with `miss unique rows`);
 - `miss+cache redis`: the same on the redis server (the insert goes out in the background);
 - `hit local`: `mlp_cached` on the local server, the same row every request;
 - `hit redis`: the same on the redis server.
@@ -53,6 +55,7 @@ CONNECTIONS = (1, 64)
 # case -> (server, model, script)
 CASES = {
     "miss": ("local", "mlp", SAME),
+    "miss unique rows": ("local", "mlp", UNIQUE),
     "miss+cache local": ("local", "mlp_cached", UNIQUE),
     "miss+cache redis": ("redis", "mlp_cached", UNIQUE),
     "hit local": ("local", "mlp_cached", SAME),

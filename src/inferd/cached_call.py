@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inferd.cache.keys import UncacheableRequestError, cache_key
+from inferd.cache.response_cache import ResponseCache
 from inferd.events import RequestRecord
 from inferd.signature import BoundRequest
 from inferd.types import InferRequest, Tensor
 
 if TYPE_CHECKING:
-    from inferd.cache.response_cache import ResponseCache
+    from inferd.cache.cache_settings import CacheSettings
+    from inferd.dataplane import DataPlane
     from inferd.repository.model_state import ModelVersion
     from inferd.repository.spec_cache import CacheOptions
 
@@ -33,6 +35,18 @@ PARAMETERS_TENSOR = "\x00response_parameters"
 
 CACHE_HIT = "hit"
 CACHE_MISS = "miss"
+
+
+def attach_cache(settings: CacheSettings | None, dataplane: DataPlane) -> ResponseCache | None:
+    """The server process's one ResponseCache (None without --cache-config), wired into its
+    data plane and registry: models load with it, retired versions' entries are dropped."""
+    if settings is None or not settings.enabled:
+        return None
+    cache = ResponseCache(settings)
+    dataplane.response_cache = cache
+    dataplane.registry.cache_enabled = True
+    dataplane.registry.on_retire = cache.invalidate_model
+    return cache
 
 
 async def run_cached(

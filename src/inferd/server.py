@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from inferd import error_text, memory, model_output, tls
 from inferd.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.backends.python_host import ServerHost
-from inferd.cache.response_cache import ResponseCache
+from inferd.cached_call import attach_cache
 from inferd.canary import CanaryGuard
 from inferd.custom_metrics import CustomMetrics
 from inferd.dataplane import DataPlane
@@ -104,12 +104,7 @@ class InferenceServer:
         self.dataplane.workers = worker
         # The response cache: one per process (each worker of --workers N its own local tier,
         # Redis shared; with --engine, the engine's), for models whose config enables it.
-        cache = settings.cache
-        self.response_cache = ResponseCache(cache) if cache and cache.enabled else None
-        self.dataplane.response_cache = self.response_cache
-        self.registry.cache_enabled = self.response_cache is not None
-        if self.response_cache is not None:
-            self.registry.on_retire = self.response_cache.invalidate_model
+        self.response_cache = attach_cache(settings.cache, self.dataplane)
         self.capture = self.dataplane.capture = Capture(self.registry, settings.capture)
         self.capture.single_process = worker is None
         self.dataplane.runtime.trace = trace_settings

@@ -42,6 +42,7 @@ from inferd.repository.model_state import (
     ready_versions,
 )
 from inferd.repository.spec import ModelSpec
+from inferd.repository.spec_cache import served_cache
 from inferd.repository.uploads import check_model_name, checked_paths, write_files
 from inferd.repository.version_load import load_version
 from inferd.routing import parse_weights
@@ -280,14 +281,7 @@ class ModelRegistry:
         config_changed = config_sum != model.config_checksum
         keep: dict[str, ModelVersion] = {}
         fresh: list[ModelVersion] = []
-        cache = spec.cache if spec.cache.enabled and self.cache_enabled else None
-        if spec.cache.enabled and not self.cache_enabled:
-            # As Triton, the model loads and serves uncached; never silently.
-            log.warning(
-                "model %s enables response_cache but the server has no cache "
-                "(--cache-config): its answers are not cached",
-                model.name,
-            )
+        cache = served_cache(model.name, spec.cache, self.cache_enabled)
         config_digest = hashlib.blake2b(config_sum.encode(), digest_size=8).hexdigest()
         for v, digest in sums.items():
             old = model.versions.get(v)
@@ -375,9 +369,7 @@ class ModelRegistry:
             mv.state = State.UNAVAILABLE
             mv.reason = "unloaded"
             log.info("unloaded model %s version %s", mv.name, mv.version)
-        if self.on_retire is not None and versions:
-            # Hygiene: keys hold the version and its checksums, so these entries could never
-            # be served again; drop them now rather than when the LRU reaches them.
+        if self.on_retire is not None and versions:  # cache entries no key can reach again
             self.on_retire(versions[0].name)
         if release and versions:
             name = versions[0].name  # one model's versions: the callers hold its lock

@@ -1,10 +1,11 @@
 """A model's response cache settings (docs/cache.md): `response_cache { enable: true }` and
 the `cache_*` parameters, parsed once at load into `CacheOptions`, errors naming file and
-field. Whether the server has a cache (`--cache-config`) is the registry's business: these are
-the model's side only."""
+field; and `served_cache`, what a loaded version is served with given whether the server
+has a cache (`--cache-config`)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -12,6 +13,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.cache.keys import KeyOptions
 from inferd.repository.config import CONFIG_FILE, ConfigError, parameter
+
+log = logging.getLogger("inferd.repository")
 
 DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
 TEXT_NORMALIZERS = ("strip", "lower", "nfc")  # applied in this order (cache/keys.py)
@@ -74,6 +77,22 @@ def read_cache_options(config: mc.ModelConfig) -> CacheOptions:
         or DEFAULT_MAX_RESPONSE_BYTES,
         key=KeyOptions(float_decimals=decimals, text_normalize=_normalizers(config, where)),
     )
+
+
+def served_cache(model: str, options: CacheOptions, server_has_cache: bool) -> CacheOptions | None:
+    """The options a loaded version is served with: None unless its config enables the cache
+    and the server has one. Only the config: as Triton, the model serves uncached, and never
+    silently (a WARNING naming the model and the missing flag)."""
+    if not options.enabled:
+        return None
+    if not server_has_cache:
+        log.warning(
+            "model %s enables response_cache but the server has no cache (--cache-config): "
+            "its answers are not cached",
+            model,
+        )
+        return None
+    return options
 
 
 def _seconds_parameter(config: mc.ModelConfig, key: str, where: str) -> float | None:
