@@ -132,6 +132,7 @@ class RedisTier:
             self.breaker.abandoned()
             raise
         except Exception as exc:  # any failure of Redis is a miss, never the request's
+            self.stats.lookup_seconds.observe(time.perf_counter() - started)  # timeouts too
             self._failed("lookup", exc)
             self.stats.miss(model)
             return None

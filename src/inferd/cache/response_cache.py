@@ -80,14 +80,21 @@ class ResponseCache:
     ) -> tuple[list[Tensor], str]:
         """The outputs (read-only arrays the cache owns: safe to keep) and where they came
         from: "local", "redis", or "" (no tier had them). run()'s exception reaches every
-        caller of the flight, and nothing is cached then."""
+        caller of the flight, and nothing is cached then.
+
+        `ttl_s` (the model's cache_ttl_seconds) is the entries' TTL in both tiers; without
+        it the Redis tier's `ttl` is, in the local tier as well (a local copy then lives at
+        most that long after it was stored or read from Redis); with neither, entries stay
+        until evicted (Redis: until its own maxmemory policy removes them)."""
         if self.local is not None:
             entry = self.local.get(key, model)
             if entry is not None:
                 return handed_out(entry), "local"
 
+        ttl = ttl_s if ttl_s is not None or self.redis is None else self.redis.settings.ttl_s
+
         async def fill() -> tuple[CachedResponse, str]:
-            return await self._fill(key, model, run, ttl_s, max_entries, max_response_bytes)
+            return await self._fill(key, model, run, ttl, max_entries, max_response_bytes)
 
         entry, source = await self._flights.run(key, fill)
         return handed_out(entry), source

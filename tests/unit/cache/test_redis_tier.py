@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import redis
-from tests.unit.cache.cache_helpers import Model, key, outputs
+from tests.unit.cache.cache_helpers import Model, key, outputs, wait_for
 from tests.unit.cache.redis_servers import MAIN_REDIS, OwnRedis, silent_listener
 
 from inferd.cache import (
@@ -239,3 +239,42 @@ def test_redis_settings_without_the_package_say_what_to_install(monkeypatch):
     with pytest.raises(CacheConfigError, match=r"pip install 'inferd\[redis\]'"):
         ResponseCache(CacheSettings(redis=MAIN))
     ResponseCache(CacheSettings(local=LocalSettings(1024)))  # the local tier needs nothing
+
+
+def test_identical_misses_look_redis_up_once_and_run_once(prefix):
+    async def scenario():
+        cache = ResponseCache(CacheSettings(LocalSettings(1 << 20), MAIN), redis_key_prefix=prefix)
+        model = Model()
+        model.gate.clear()
+        tasks = [
+            asyncio.create_task(cache.get_or_run(key(3), "m", model.run(3))) for _ in range(64)
+        ]
+        await wait_for(lambda: cache.coalesced == 63 and model.started.is_set())
+        model.gate.set()
+        results = await asyncio.gather(*tasks)
+        assert model.calls == 1 and {source for _, source in results} == {""}
+        local, shared = cache.stats
+        assert (local.misses, shared.misses, shared.hits) == (64, 1, 0)
+        await cache.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_redis_ttl_bounds_local_copies_too(prefix):
+    async def scenario():
+        clock = Clock()
+        settings = CacheSettings(
+            LocalSettings(1 << 20), RedisSettings(*MAIN_REDIS, ttl_s=10, timeout_ms=2000)
+        )
+        cache = ResponseCache(settings, clock=clock, redis_key_prefix=prefix)
+        model = Model()
+        await cache.get_or_run(key(1), "m", model.run(1))
+        await cache.flush()
+        clock.now += 9
+        assert (await cache.get_or_run(key(1), "m", model.run(1)))[1] == "local"
+        clock.now += 1  # the local copy expired; Redis (real time) still holds it
+        assert (await cache.get_or_run(key(1), "m", model.run(1)))[1] == "redis"
+        assert model.calls == 1 and cache.stats[0].expired == 1
+        await cache.close()
+
+    asyncio.run(scenario())
