@@ -136,6 +136,8 @@ def _decode(value: bytes) -> tuple[bytes, list[Tensor]]:
             data[:] = elements
         else:
             dtype = V2_TO_WIRE[datatype]
+            if size % dtype.itemsize:
+                raise CorruptValueError(f"output {name!r}: {size} bytes of {datatype}")
             offset = reader.at
             reader.take(size)
             data = np.frombuffer(value, dtype=dtype, count=size // dtype.itemsize, offset=offset)

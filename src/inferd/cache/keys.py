@@ -20,7 +20,7 @@ import hashlib
 import struct
 import unicodedata
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,11 @@ _I64 = struct.Struct(">q")
 _F64 = struct.Struct(">d")
 
 
+def _text(text: str) -> bytes:
+    data = text.encode("utf-8", "surrogatepass")
+    return _U32.pack(len(data)) + data
+
+
 class UncacheableRequestError(ValueError):
     """A request parameter holds a value with no canonical encoding: run it uncached."""
 
@@ -48,6 +53,7 @@ class UncacheableRequestError(ValueError):
 class KeyOptions:
     float_decimals: int | None = None  # cache_float_decimals: round float inputs first
     text_normalize: tuple[str, ...] = ()  # cache_text_normalize: any of strip, lower, nfc
+    encoded: bytes = field(init=False, repr=False, compare=False)  # in every description
 
     def __post_init__(self) -> None:
         if self.float_decimals is not None and not 0 <= self.float_decimals <= 15:
@@ -58,11 +64,9 @@ class KeyOptions:
                 f"text_normalize: unknown {', '.join(map(repr, unknown))}, "
                 f"expected any of {', '.join(TEXT_NORMALIZATIONS)}"
             )
-
-    def encoded(self) -> bytes:
         decimals = -1 if self.float_decimals is None else self.float_decimals
         steps = ",".join(n for n in TEXT_NORMALIZATIONS if n in self.text_normalize)
-        return b"o" + _I64.pack(decimals) + _text(steps)
+        object.__setattr__(self, "encoded", b"o" + _I64.pack(decimals) + _text(steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +85,7 @@ def cache_key(
 ) -> CacheKey:
     """The key of one request (see the module doc). UncacheableRequestError for a parameter
     value that has no canonical encoding (not JSON-like, numpy scalar or array)."""
-    parts: list[bytes | memoryview] = [_MAGIC, _text(model), _text(version), options.encoded()]
+    parts: list[bytes | memoryview] = [_MAGIC, _text(model), _text(version), options.encoded]
     parts.append(_U32.pack(len(inputs)))
     for tensor in sorted(inputs, key=_name):
         _tensor(tensor, options, parts)
@@ -102,25 +106,20 @@ def _name(tensor: Tensor) -> str:
     return tensor.name
 
 
-def _text(text: str) -> bytes:
-    data = text.encode("utf-8", "surrogatepass")
-    return _U32.pack(len(data)) + data
-
-
 def _tensor(tensor: Tensor, options: KeyOptions, parts: list[bytes | memoryview]) -> None:
     shape = tuple(tensor.shape)
     parts += [
         _text(tensor.name),
         _text(tensor.datatype),
         _U32.pack(len(shape)),
-        b"".join(_I64.pack(d) for d in shape),
+        struct.pack(f">{len(shape)}q", *shape),
     ]
     if tensor.datatype == "BYTES":
         _bytes_elements(tensor.data, options.text_normalize, parts)
         return
     data = np.asarray(tensor.data)
     expected = V2_TO_NUMPY.get(tensor.datatype)
-    if expected is not None and data.dtype != expected:
+    if expected is not None and data.dtype is not expected and data.dtype != expected:
         data = data.astype(expected)  # native order, the datatype's own type: one form
     if options.float_decimals is not None and tensor.datatype in FLOAT_DATATYPES:
         data = _rounded(data, options.float_decimals)
@@ -179,9 +178,25 @@ def _shared_memory(ref: SharedMemoryRef | None, parts: list[bytes | memoryview])
         parts += [b"M", _text(ref.region), _I64.pack(ref.byte_size), _I64.pack(ref.offset)]
 
 
+_EMPTY_MAP = b"m" + _U32.pack(0)
+
+
 def _value(value: Any, parts: list[bytes | memoryview]) -> None:
     """A typed encoding: a tag, then a length or count where the value has one."""
-    if value is None:
+    kind = type(value)
+    if kind is str:
+        parts.append(b"s" + _text(value))
+    elif kind is dict and all(type(k) is str for k in value):
+        # The common case (wire parameters), in str order; any other key set takes the
+        # general path below, sorted by each key's encoding: one order per key set.
+        if not value:
+            parts.append(_EMPTY_MAP)
+            return
+        parts.append(b"m" + _U32.pack(len(value)))
+        for name in sorted(value):
+            parts.append(b"s" + _text(name))
+            _value(value[name], parts)
+    elif value is None:
         parts.append(b"n")
     elif isinstance(value, bool | np.bool_):
         parts.append(b"t" if value else b"f")

@@ -32,6 +32,7 @@ log = logging.getLogger("inferd.cache")
 
 KEY_PREFIX = "inferd:cache:v1:"
 QUEUE_ITEMS = 1024  # pending inserts; past it they are dropped (and counted)
+CLOSE_FLUSH_S = 1.0  # how long close() lets queued inserts go out
 BATCH_ITEMS = 64  # inserts per pipelined round trip
 
 
@@ -45,6 +46,15 @@ def _redis_asyncio() -> Any:
             "--cache-config redis needs the redis client: pip install 'inferd[redis]'"
         ) from None
     return redis
+
+
+def _reraise_swallowed_cancel() -> None:
+    """redis-py (8.1 seen) can return normally from a call its task was cancelled in; our
+    own tasks (the flight, the insert worker) must still stop, or asyncio.run's shutdown
+    waits for them forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class RedisTier:
@@ -88,6 +98,12 @@ class RedisTier:
         self._worker = asyncio.create_task(self._insert_loop(), name="inferd-cache-redis")
 
     async def close(self) -> None:
+        if self._queue is not None and self._worker is not None:
+            try:
+                async with asyncio.timeout(CLOSE_FLUSH_S):
+                    await self._queue.join()
+            except TimeoutError:
+                pass  # dropped: a cache may lose entries, never delay a shutdown long
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
@@ -111,10 +127,12 @@ class RedisTier:
         try:
             async with asyncio.timeout(self.timeout_s):
                 value = await self._client.get(self.key_of(key))
+            _reraise_swallowed_cancel()
         except asyncio.CancelledError:
             self.breaker.abandoned()
             raise
         except Exception as exc:  # any failure of Redis is a miss, never the request's
+            self.stats.lookup_seconds.observe(time.perf_counter() - started)  # timeouts too
             self._failed("lookup", exc)
             self.stats.miss(model)
             return None
@@ -174,6 +192,7 @@ class RedisTier:
                 batch.append(queue.get_nowait())
             try:
                 await self._insert(batch)
+                _reraise_swallowed_cancel()
             finally:
                 for _ in batch:
                     queue.task_done()
@@ -213,6 +232,6 @@ class RedisTier:
                 self.settings.port,
                 what,
                 type(exc).__name__,
-                exc or "timed out",
+                str(exc) or "timed out",
                 self.breaker.open_s,
             )

@@ -34,16 +34,24 @@ Run = Callable[[], Awaitable[list[Tensor]]]
 
 class ResponseCache:
     def __init__(
-        self, settings: CacheSettings, *, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: CacheSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        redis_key_prefix: str | None = None,
     ) -> None:
-        """`clock` (monotonic seconds) times TTLs and the Redis breaker: tests inject one."""
+        """`clock` (monotonic seconds) times TTLs and the Redis breaker: tests inject one.
+        `redis_key_prefix` (default `inferd:cache:v1:`) keeps deployments sharing one Redis
+        apart. CacheConfigError at once if Redis is configured without the redis package."""
         self.settings = settings
         self.local = LocalTier(settings.local.size_bytes, clock) if settings.local else None
         self.redis: RedisTier | None = None
         if settings.redis is not None:
-            from inferd.cache.redis_tier import RedisTier  # needs the redis extra
+            from inferd.cache.redis_tier import KEY_PREFIX, RedisTier  # needs the redis extra
 
-            self.redis = RedisTier(settings.redis, clock=clock)
+            self.redis = RedisTier(
+                settings.redis, clock=clock, key_prefix=redis_key_prefix or KEY_PREFIX
+            )
         self._flights: SingleFlight[tuple[CachedResponse, str]] = SingleFlight()
 
     async def start(self) -> None:
@@ -52,8 +60,14 @@ class ResponseCache:
             self.redis.start()
 
     async def close(self) -> None:
+        """Give queued Redis inserts a moment (bounded), then stop."""
         if self.redis is not None:
             await self.redis.close()
+
+    async def flush(self) -> None:
+        """Wait until every queued Redis insert has been tried (tests, shutdown)."""
+        if self.redis is not None:
+            await self.redis.flush()
 
     async def get_or_run(
         self,
@@ -66,14 +80,21 @@ class ResponseCache:
     ) -> tuple[list[Tensor], str]:
         """The outputs (read-only arrays the cache owns: safe to keep) and where they came
         from: "local", "redis", or "" (no tier had them). run()'s exception reaches every
-        caller of the flight, and nothing is cached then."""
+        caller of the flight, and nothing is cached then.
+
+        `ttl_s` (the model's cache_ttl_seconds) is the entries' TTL in both tiers; without
+        it the Redis tier's `ttl` is, in the local tier as well (a local copy then lives at
+        most that long after it was stored or read from Redis); with neither, entries stay
+        until evicted (Redis: until its own maxmemory policy removes them)."""
         if self.local is not None:
             entry = self.local.get(key, model)
             if entry is not None:
                 return handed_out(entry), "local"
 
+        ttl = ttl_s if ttl_s is not None or self.redis is None else self.redis.settings.ttl_s
+
         async def fill() -> tuple[CachedResponse, str]:
-            return await self._fill(key, model, run, ttl_s, max_entries, max_response_bytes)
+            return await self._fill(key, model, run, ttl, max_entries, max_response_bytes)
 
         entry, source = await self._flights.run(key, fill)
         return handed_out(entry), source

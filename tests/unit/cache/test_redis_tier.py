@@ -1,0 +1,280 @@
+"""The Redis tier against the real Redis at 127.0.0.1:6379 (keys under a prefix of this
+test run's own, deleted afterwards), and against redis-servers the tests start and kill."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import redis
+from tests.unit.cache.cache_helpers import Model, key, outputs, wait_for
+from tests.unit.cache.redis_servers import MAIN_REDIS, OwnRedis, silent_listener
+
+from inferd.cache import (
+    CacheConfigError,
+    CacheSettings,
+    LocalSettings,
+    RedisSettings,
+    ResponseCache,
+)
+from inferd.cache.breaker import FAILURES, Breaker
+from inferd.cache.redis_tier import RedisTier
+
+MAIN = RedisSettings(*MAIN_REDIS, timeout_ms=2000)  # a loaded CI box: no spurious timeouts
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    name = f"inferd:test:cache-core:{uuid.uuid4().hex}:"
+    yield name
+    client = redis.Redis(*MAIN_REDIS)
+    stale = list(client.scan_iter(match=name + "*"))
+    if stale:
+        client.delete(*stale)
+    client.close()
+
+
+def main_redis() -> redis.Redis:
+    return redis.Redis(*MAIN_REDIS)
+
+
+def breaker_of(cache: ResponseCache) -> Breaker:
+    assert cache.redis is not None
+    return cache.redis.breaker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_second_cache_hits_what_the_first_stored_and_fills_its_local_tier(prefix):
+    async def scenario():
+        writer = ResponseCache(CacheSettings(redis=MAIN), redis_key_prefix=prefix)
+        reader = ResponseCache(CacheSettings(LocalSettings(1 << 20), MAIN), redis_key_prefix=prefix)
+        model = Model()
+        assert (await writer.get_or_run(key(5), "m", model.run(5)))[1] == ""
+        await writer.flush()
+        got, source = await reader.get_or_run(key(5), "m", model.run(5))
+        assert source == "redis" and model.calls == 1
+        assert got[0].data.tolist() == [5.0] * 4 and not got[0].data.flags.writeable
+        assert (await reader.get_or_run(key(5), "m", model.run(5)))[1] == "local"
+        local, shared = reader.stats
+        assert (local.tier, local.hits, local.misses, local.entries) == ("local", 1, 1, 1)
+        assert (shared.tier, shared.hits, shared.misses, shared.errors) == ("redis", 1, 0, 0)
+        assert writer.stats[0].inserts == 1 and writer.stats[0].misses == 1
+        assert shared.lookup_seconds.count == 1 and writer.stats[0].insert_seconds.count == 1
+        await writer.close()
+        await reader.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("tier_ttl", "model_ttl", "expected"),
+    [(None, None, None), (100, None, 100), (100, 30, 30), (None, 2.5, 3)],
+)
+def test_entries_carry_the_ttl(prefix, tier_ttl, model_ttl, expected):
+    async def scenario():
+        settings = RedisSettings(*MAIN_REDIS, ttl_s=tier_ttl, timeout_ms=2000)
+        cache = ResponseCache(CacheSettings(redis=settings), redis_key_prefix=prefix)
+        await cache.get_or_run(key(1), "m", Model().run(1), ttl_s=model_ttl)
+        await cache.flush()
+        await cache.close()
+
+    asyncio.run(scenario())
+    client = main_redis()
+    (name,) = client.keys(prefix + "*")
+    ttl = client.ttl(name)
+    if expected is None:
+        assert ttl == -1  # no expiry
+    else:
+        assert 0 < ttl <= expected
+    client.close()
+
+
+def test_values_are_compact_raw_bytes_behind_a_small_header(prefix):
+    async def scenario():
+        cache = ResponseCache(CacheSettings(redis=MAIN), redis_key_prefix=prefix)
+        await cache.get_or_run(key(1), "m", Model().run(1, size=10_000))
+        await cache.flush()
+        await cache.close()
+
+    asyncio.run(scenario())
+    client = main_redis()
+    (name,) = client.keys(prefix + "*")
+    assert name == (prefix + key(1).digest.hex()).encode()
+    value = client.get(name)
+    assert isinstance(value, bytes)
+    raw = 10_000 * 4 + len(key(1).description)
+    assert raw <= len(value) <= raw + 64
+    assert np.frombuffer(value[-40_000:], "<f4").tolist() == [1.0] * 10_000
+    client.close()
+
+
+def test_a_corrupt_value_is_an_error_and_a_miss(prefix):
+    client = main_redis()
+    client.set(prefix + key(1).digest.hex(), b"IFDC\x01\xff\xff")  # truncated
+    client.set(prefix + key(2).digest.hex(), b'{"not": "ours"}')
+    client.close()
+
+    async def scenario():
+        cache = ResponseCache(CacheSettings(redis=MAIN), redis_key_prefix=prefix)
+        model = Model()
+        for n in (1, 2):
+            got, source = await cache.get_or_run(key(n), "m", model.run(n))
+            assert source == "" and got[0].data[0] == n
+        stats = cache.stats[0]
+        assert (model.calls, stats.errors, stats.misses, stats.hits) == (2, 2, 2, 0)
+        assert not breaker_of(cache).is_open  # Redis answered: it is the value that is bad
+        await cache.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_value_for_another_description_is_a_miss(prefix):
+    """A digest collision across processes: the stored description differs, so no hit."""
+
+    async def scenario():
+        from inferd.cache import CacheKey
+
+        cache = ResponseCache(CacheSettings(redis=MAIN), redis_key_prefix=prefix)
+        model = Model()
+        await cache.get_or_run(CacheKey(b"\x07" * 16, b"a"), "m", model.run(1))
+        await cache.flush()
+        got, source = await cache.get_or_run(CacheKey(b"\x07" * 16, b"b"), "m", model.run(2))
+        assert source == "" and got[0].data[0] == 2.0
+        assert cache.stats[0].collisions == 1 and cache.stats[0].errors == 0
+        await cache.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_redis_outage_degrades_to_no_cache_and_the_breaker_recovers():
+    server = OwnRedis()
+    server.start()
+    try:
+        asyncio.run(outage(server))
+    finally:
+        server.kill()
+
+
+async def outage(server: OwnRedis) -> None:
+    clock = Clock()
+    settings = RedisSettings("127.0.0.1", server.port, timeout_ms=2000)
+    cache = ResponseCache(CacheSettings(redis=settings), clock=clock)
+    model = Model()
+    stats, breaker = cache.stats[0], breaker_of(cache)
+    await cache.get_or_run(key(1), "m", model.run(1))
+    await cache.flush()
+    assert (await cache.get_or_run(key(1), "m", model.run(1)))[1] == "redis"
+
+    server.kill()
+    for n in range(2, 12):  # every request answered, by the model
+        got, source = await cache.get_or_run(key(n), "m", model.run(n))
+        assert source == "" and got[0].data[0] == n
+    assert model.calls == 11
+    assert breaker.is_open and breaker.opens == 1
+    errors = stats.errors
+    assert errors == FAILURES  # lookups' and background inserts': then it stopped trying
+    assert stats.skipped >= 10 - FAILURES
+    await cache.flush()
+    assert stats.errors == errors and stats.dropped_inserts > 0
+
+    clock.now += breaker.open_s  # the probe is due; Redis is still down: open again
+    assert (await cache.get_or_run(key(20), "m", model.run(20)))[1] == ""
+    assert stats.errors == errors + 1 and breaker.opens == 2
+
+    server.start()  # the same port
+    clock.now += breaker.open_s
+    assert (await cache.get_or_run(key(21), "m", model.run(21)))[1] == ""  # the probe: a miss
+    assert not breaker.is_open
+    await cache.flush()
+    got, source = await cache.get_or_run(key(21), "m", model.run(21))
+    assert source == "redis" and got[0].data[0] == 21.0
+    await cache.close()
+
+
+def test_a_redis_that_never_answers_is_bounded_by_timeout_ms():
+    async def scenario(port: int) -> None:
+        settings = RedisSettings("127.0.0.1", port, timeout_ms=50)
+        cache = ResponseCache(CacheSettings(redis=settings))
+        model = Model()
+        async with asyncio.timeout(30):  # hung calls would fail here, not pass
+            for n in range(FAILURES + 2):
+                got, source = await cache.get_or_run(key(n), "m", model.run(n))
+                assert source == "" and got[0].data[0] == n
+        stats = cache.stats[0]
+        assert stats.errors == FAILURES and stats.skipped >= 2
+        assert breaker_of(cache).is_open
+        await cache.close()
+
+    with silent_listener() as port:
+        asyncio.run(scenario(port))
+
+
+def test_a_full_insert_queue_drops_and_counts():
+    async def scenario():
+        tier = RedisTier(MAIN, queue_items=2)
+        from inferd.cache.entry import make_entry, owned_copy
+
+        for n in range(5):  # no await between: the worker cannot drain meanwhile
+            tier.put(key(n), make_entry(key(n).description, owned_copy(outputs(n))), 1)
+        assert tier.stats.dropped_inserts == 3
+        await tier.close()
+
+    asyncio.run(scenario())
+
+
+def test_redis_settings_without_the_package_say_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "redis", None)
+    monkeypatch.setitem(sys.modules, "redis.asyncio", None)
+    with pytest.raises(CacheConfigError, match=r"pip install 'inferd\[redis\]'"):
+        ResponseCache(CacheSettings(redis=MAIN))
+    ResponseCache(CacheSettings(local=LocalSettings(1024)))  # the local tier needs nothing
+
+
+def test_identical_misses_look_redis_up_once_and_run_once(prefix):
+    async def scenario():
+        cache = ResponseCache(CacheSettings(LocalSettings(1 << 20), MAIN), redis_key_prefix=prefix)
+        model = Model()
+        model.gate.clear()
+        tasks = [
+            asyncio.create_task(cache.get_or_run(key(3), "m", model.run(3))) for _ in range(64)
+        ]
+        await wait_for(lambda: cache.coalesced == 63 and model.started.is_set())
+        model.gate.set()
+        results = await asyncio.gather(*tasks)
+        assert model.calls == 1 and {source for _, source in results} == {""}
+        local, shared = cache.stats
+        assert (local.misses, shared.misses, shared.hits) == (64, 1, 0)
+        await cache.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_redis_ttl_bounds_local_copies_too(prefix):
+    async def scenario():
+        clock = Clock()
+        settings = CacheSettings(
+            LocalSettings(1 << 20), RedisSettings(*MAIN_REDIS, ttl_s=10, timeout_ms=2000)
+        )
+        cache = ResponseCache(settings, clock=clock, redis_key_prefix=prefix)
+        model = Model()
+        await cache.get_or_run(key(1), "m", model.run(1))
+        await cache.flush()
+        clock.now += 9
+        assert (await cache.get_or_run(key(1), "m", model.run(1)))[1] == "local"
+        clock.now += 1  # the local copy expired; Redis (real time) still holds it
+        assert (await cache.get_or_run(key(1), "m", model.run(1)))[1] == "redis"
+        assert model.calls == 1 and cache.stats[0].expired == 1
+        await cache.close()
+
+    asyncio.run(scenario())
