@@ -102,7 +102,7 @@ class TritonCollector(Collector):
         # Snapshots: the event loop adds keys to these dicts while this thread reads them.
         models = sorted(items(self._registry.models))
         ready = {(n, v) for n, m in models for v, mv in items(m.versions) if mv.is_ready}
-        cached = {(n, v) for n, m in models for v, mv in items(m.versions) if mv.cache}
+        cached = {(n, v) for n, m in models for v, mv in items(m.versions) if mv.cache is not None}
         counted = list(self._statistics.versions)  # keys only: list() is safe (snapshots.py)
         failures: dict[tuple[str, str, str], int] = {}
         for (model, version, reason), count in items(self._failures):
