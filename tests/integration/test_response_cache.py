@@ -5,6 +5,7 @@ leaves alone. Redis, --engine and several processes: test_response_cache_redis.p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import shutil
@@ -12,7 +13,6 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import tritonclient.utils.shared_memory as shm
 from google.protobuf import json_format
 
 from inferd.cache.cache_settings import parse_cache_config
+from tests.async_infer import OK, AsyncInfer
 from tests.cache_models import CACHED, param, write_exec_model, write_params_model
 from tests.ensemble_models import ensemble_config, step, write_ensemble
 from tests.integration.test_metrics import scrape_url, value
@@ -209,21 +210,23 @@ def test_a_hit_writes_shared_memory_outputs_as_a_miss_does(client: Client) -> No
         shm.destroy_shared_memory_region(handle)
 
 
-def test_64_identical_concurrent_requests_execute_once(server: RunningServer) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_64_identical_concurrent_requests_execute_once(
+    server: RunningServer, protocol: str
+) -> None:
     before = stats(server, "slow")
-    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [64.0]}]}
+    value = 64.0 if protocol == "http" else 65.0
 
-    def ask(_: int) -> httpx.Response:
-        with httpx.Client(base_url=server.url, timeout=30) as c:
-            return c.post("/v2/models/slow/infer", json=body)
+    async def scenario() -> list[Any]:
+        async with AsyncInfer(protocol, server, connections=64) as infer:
+            return await asyncio.gather(*(infer("slow", value) for _ in range(64)))
 
-    with ThreadPoolExecutor(64) as pool:
-        replies = list(pool.map(ask, range(64)))
-    assert [r.status_code for r in replies] == [200] * 64
-    execs = {r.json()["outputs"][1]["data"][0] for r in replies}
-    assert len(execs) == 1
-    after = stats(server, "slow")
+    replies = asyncio.run(scenario())
+    assert [r.status for r in replies] == [OK[protocol]] * 64
+    assert {tuple(r.data) for r in replies} == {(value,)}
+    after = stats(server, "slow")  # the server's own count: one execution of one row
     assert after["inference_count"] - before["inference_count"] == 1
+    assert after["execution_count"] - before["execution_count"] == 1
     assert _count(after, "cache_miss") - _count(before, "cache_miss") == 1
     assert _count(after, "cache_hit") - _count(before, "cache_hit") == 63
 
