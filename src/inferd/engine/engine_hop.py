@@ -4,6 +4,9 @@ through the DataPlane's own steps (inference.py), as if it had come in over HTTP
 Inputs are read in place from the front end's request slab; outputs are written once into
 its response slab. Every request gets exactly one answer (ANSWER or FAILED), a cancelled one
 included: only then does the front end reuse the request's slab regions.
+
+Each front end gets the model table (model_table.py) after its hello and again whenever the
+registry changes what serves, so it checks requests against the signatures before the hop.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, cast
 
 from inferd.dataplane import DataPlane
 from inferd.engine import hop
+from inferd.engine.model_table import ModelTable
 from inferd.engine.slab import Slab, SlabAllocator
 from inferd.errors import ErrorKind, InferdError, unavailable
 
@@ -33,6 +37,15 @@ class EngineHop:
         self.requests: dict[int, int] = {}
         self.reported: dict[int, dict[str, int]] = {}
         self._server: asyncio.AbstractServer | None = None
+        self.table = ModelTable(dataplane.registry.models)
+        self.table.refresh()
+        dataplane.checked_signatures = self.table  # whose checks the DataPlane may trust
+        dataplane.registry.changed = self._models_changed
+
+    def _models_changed(self) -> None:
+        table = self.table.refresh()
+        for link in self.links:
+            link.send_table(table)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -97,6 +110,7 @@ class _FrontEndLink(asyncio.Protocol):
                 self.requests.unlink()
                 self.responses.unlink()
                 self.allocator = SlabAllocator(response_size)
+                self.send_table(self.owner.table.message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # The front end died (or stopped): its clients are gone with it.
@@ -107,6 +121,12 @@ class _FrontEndLink(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def send_table(self, table: dict[str, Any]) -> None:
+        """At once, not with the next turn's writes: the answer to a repository call that
+        changed it must not reach a client before its front ends have the new table."""
+        self.writer.send((hop.TABLE, table))
+        self.writer.flush()
 
     async def _serve(self, seq: int, message: tuple[Any, ...]) -> None:
         dp = self.dp

@@ -11,11 +11,15 @@ ready in the same turn of the event loop leave in one write (`FrameWriter`).
 Messages (the first item says which):
     HELLO    front end -> engine   (HELLO, request slab path, size, response slab path, size,
                                     front end index, {counter: value} of what it did alone)
-    REQUEST  front end -> engine   (REQUEST, seq, model, version, ctx, request fields, inputs)
+    REQUEST  front end -> engine   (REQUEST, seq, model, version, ctx, request fields, inputs,
+                                    the signature generation it was checked against, 0: none)
     CANCEL   front end -> engine   (CANCEL, seq): the client left; the request leaves its queue
     RELEASE  front end -> engine   (RELEASE, [offset, ...]): response regions read and encoded
     ANSWER   engine -> front end   (ANSWER, seq, model, version, id, parameters, outputs)
     FAILED   engine -> front end   (FAILED, seq, ErrorKind value, message)
+    TABLE    engine -> front end   (TABLE, {model: entry}): the signatures a front end checks
+                                    requests against (model_table.py); sent after the HELLO
+                                    and again on every change of the models' versions
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from inferd.events import CallContext
 from inferd.protocol.tensor_wire import NO_DATA
 from inferd.types import InferRequest, InferResponse, RequestedOutput, SharedMemoryRef, Tensor
 
-HELLO, REQUEST, CANCEL, RELEASE, ANSWER, FAILED = range(6)
+HELLO, REQUEST, CANCEL, RELEASE, ANSWER, FAILED, TABLE = range(7)
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME = 1 << 30  # a descriptor with inline tensors; past it the peer is broken
@@ -133,12 +137,13 @@ def request_message(
     return (
         REQUEST, seq, request.model_name, request.model_version, context, request.id,
         request.parameters, outputs, request.uses_shared_memory, inputs,
+        request.signature_generation,
     )  # fmt: skip
 
 
 def request_from(message: tuple[Any, ...], slab: Slab) -> tuple[int, InferRequest, CallContext]:
     """The engine's side of `request_message`: (seq, request with inputs in place, ctx)."""
-    _, seq, model, version, context, rid, parameters, outputs, uses_shm, inputs = message
+    _, seq, model, version, context, rid, parameters, outputs, uses_shm, inputs, checked = message
     ctx = CallContext(*context)
     requested = (
         None
@@ -156,6 +161,7 @@ def request_from(message: tuple[Any, ...], slab: Slab) -> tuple[int, InferReques
         parameters,
         uses_shm,
         inputs_borrowed=True,  # views of the front end's slab, reused once answered
+        signature_generation=checked,
     )
     return seq, request, ctx
 
