@@ -1,0 +1,158 @@
+"""The model table of `--engine` (engine/model_table.py): a signature rebuilt from its plain
+description refuses what the original refuses, word for word, and binds what it binds;
+`bind(checked=True)` binds as `bind`; through a real engine link, the front end refuses a bad
+request before the hop, and the engine trusts a check only against the current signature."""
+
+from __future__ import annotations
+
+import asyncio
+import marshal
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from onnx import TensorProto
+from tests.models import builders
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferd.access import AccessPolicy
+from inferd.dataplane import DataPlane
+from inferd.engine.client import EngineClient
+from inferd.engine.engine_hop import EngineHop
+from inferd.engine.model_table import describe, rebuild
+from inferd.errors import InferdError
+from inferd.events import CallContext, Telemetry
+from inferd.repository.registry import ModelRegistry
+from inferd.repository.spec_limits import InputLimits
+from inferd.signature import ModelSignature
+from inferd.types import InferRequest, RequestedOutput, Tensor
+
+CONFIG = """
+    name: "m"
+    max_batch_size: 4
+    input [
+      { name: "A", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 2, 2 ] } },
+      { name: "T", data_type: TYPE_STRING, dims: [ 1 ], optional: true }
+    ]
+    output [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] } ]
+"""
+
+
+def _original() -> tuple[ModelSignature, mc.ModelConfig]:
+    config = mc.ModelConfig()
+    text_format.Parse(textwrap.dedent(CONFIG), config)
+    signature = ModelSignature(config, InputLimits({"A": (4,)}, 12, 3))
+    signature.server_inputs["START"] = "a sequence control input"
+    signature.text_inputs = frozenset({"T"})
+    return signature, config
+
+
+def _a(rows: int, width: int = 4, datatype: str = "FP32") -> Tensor:
+    data = np.zeros((rows, width), np.float32 if datatype == "FP32" else np.int32)
+    return Tensor("A", datatype, (rows, width), data)
+
+
+def _t(*values: bytes) -> Tensor:
+    return Tensor("T", "BYTES", (len(values), 1), np.array(values, dtype=object).reshape(-1, 1))
+
+
+BAD = {
+    "datatype": [_a(1, datatype="INT32")],
+    "shape": [_a(1, 3)],
+    "batch": [_a(5)],
+    "elements": [_a(4)],  # 16 > max_input_elements 12
+    "unknown": [_a(1), Tensor("Z", "FP32", (1,), np.zeros(1, np.float32))],
+    "server input": [_a(1), Tensor("START", "FP32", (1, 1), np.zeros((1, 1), np.float32))],
+    "missing": [_t(b"ok")],
+    "bytes too long": [_a(1), _t(b"long")],
+    "not utf-8": [_a(1), _t(b"\xff")],
+    "twice": [_a(1), _a(1)],
+}
+
+
+def _message(signature: ModelSignature, request: InferRequest) -> str:
+    with pytest.raises(InferdError) as info:
+        signature.bind(request)
+    return f"{info.value.kind.name}: {info.value.message}"
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_rebuilt_signature_refuses_as_the_original(case: str) -> None:
+    original, config = _original()
+    copy = rebuild(marshal.loads(marshal.dumps(describe(original, config))))
+    request = InferRequest("m", "", BAD[case])
+    assert _message(copy, request) == _message(original, request)
+
+
+def test_a_rebuilt_signature_and_a_checked_bind_bind_as_the_original() -> None:
+    original, config = _original()
+    copy = rebuild(marshal.loads(marshal.dumps(describe(original, config))))
+    request = InferRequest("m", "", [_a(2), _t(b"a", b"b")], outputs=[RequestedOutput("X")])
+    expected = original.bind(request)
+    for bound in (copy.bind(request), original.bind(request, checked=True)):
+        assert (bound.rows, bound.shape_key, bound.output_names) == (
+            expected.rows,
+            expected.shape_key,
+            expected.output_names,
+        )
+        assert {n: a.shape for n, a in bound.inputs.items()} == {"A": (2, 2, 2), "T": (2, 1)}
+
+
+def test_the_front_end_refuses_before_the_hop_and_the_engine_trusts_only_current_checks(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "models"
+    builders._save(
+        builders.identity(TensorProto.FLOAT, ["batch", "n"]), repo / "identity" / "1" / "model.onnx"
+    )
+
+    async def scenario() -> None:
+        registry = ModelRegistry(repo, Telemetry())
+        dataplane = DataPlane(registry, registry.telemetry)
+        await registry.load_all()
+        engine = EngineHop(dataplane, tmp_path / "engine.sock")
+        await engine.start()
+        client = EngineClient(AccessPolicy(), tmp_path / "engine.sock", tmp_path, 1 << 20)
+        await client.connect()
+        ctx = CallContext("http")
+        x = np.ones((1, 3), np.float32)
+        good = InferRequest("identity", "", [Tensor("INPUT0", "FP32", (1, 3), x)])
+        bad = InferRequest("identity", "1", [Tensor("INPUT0", "INT32", (1, 3), x.astype(int))])
+        # The table arrives after the hello: the first request may already find it.
+        await asyncio.wait_for(_until(lambda: client.table.check(good) != 0), 5)
+        with client.start("identity", "1", ctx) as call, pytest.raises(InferdError) as refused:
+            await client.infer(call, bad)
+        expected = registry.get("identity").signature
+        assert f"{refused.value.kind.name}: {refused.value.message}" == _message(expected, bad)
+        assert engine.requests == {}  # never crossed the hop
+        with client.start("identity", "", ctx) as call:
+            response = await client.infer(call, good)
+            np.testing.assert_array_equal(response.outputs[0].data, x)
+        assert engine.requests == {0: 1}
+        generation = good.signature_generation
+        mv = registry.get("identity")
+        assert engine.table.is_current(mv, generation)
+        # A reload with another config: a new version object, a new signature, a new
+        # generation; the old one no longer vouches for anything.
+        config = mc.ModelConfig()
+        config.CopyFrom(mv.config)
+        config.max_batch_size = 2
+        await registry.load_model("identity", override=config)
+        reloaded = registry.get("identity")
+        assert reloaded is not mv
+        assert not engine.table.is_current(reloaded, generation)
+        await asyncio.wait_for(_until(lambda: client.table.check(good) not in (0, generation)), 5)
+        assert engine.table.is_current(reloaded, client.table.check(good))
+        client.close()
+        await engine.close()
+        await registry.unload_all()
+
+    asyncio.run(scenario())
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
