@@ -138,12 +138,7 @@ class ModelSignature:
         holds), so only the binding is left to do."""
         model = request.model_name
         given, rows = self._given_checked(request) if checked else self._given(request)
-        inputs: dict[str, Array] = {}
-        for name, spec in self.inputs.items():
-            if name in given:
-                inputs[name] = given[name]
-            elif not spec.optional:
-                raise invalid(f"missing input '{name}' for model '{model}'")
+        inputs = self._declared(given, model)
         keyed = self._keyed
         shape_key = (
             tuple(a.shape[1:] for a in inputs.values())
@@ -166,6 +161,25 @@ class ModelSignature:
         if request.parameters and self.model_parameters:
             bound.parameters, bound.timeout_us = model_parameters(request.parameters)
         return bound
+
+    def check(self, request: InferRequest) -> None:
+        """Refuse what `bind` refuses, with its errors in its order, binding nothing: what a
+        front end of `--engine` runs before the hop (engine/model_table.py)."""
+        model = request.model_name
+        self._declared(self._given(request)[0], model)
+        self._output_names(request.outputs, model)
+        if request.parameters and self.model_parameters:
+            model_parameters(request.parameters)
+
+    def _declared(self, given: dict[str, Array], model: str) -> dict[str, Array]:
+        """The inputs given, in the model's declared order; every required one is there."""
+        inputs: dict[str, Array] = {}
+        for name, spec in self.inputs.items():
+            if name in given:
+                inputs[name] = given[name]
+            elif not spec.optional:
+                raise invalid(f"missing input '{name}' for model '{model}'")
+        return inputs
 
     def _given(self, request: InferRequest) -> tuple[dict[str, Array], int]:
         """Each input checked against its spec (name, datatype, shape, batch size, the

@@ -124,7 +124,9 @@ class FrontTable:
     """A front end's side: the signatures, rebuilt from the engine's latest table."""
 
     def __init__(self) -> None:
-        self._models: dict[str, tuple[int, dict[str, tuple[int, ModelSignature]]]] = {}
+        # model -> (generation and signature for a request naming no version, or None;
+        # {version: (generation, signature)})
+        self._models: dict[str, tuple[_Checked | None, dict[str, _Checked]]] = {}
         self.checked = 0  # requests checked here
         self.refused = 0  # of them, refused here (the engine never saw them)
 
@@ -135,37 +137,33 @@ class FrontTable:
     def update(self, table: dict[str, Entry]) -> None:
         # Signatures of generations already rebuilt are kept (one engine numbers each
         # signature once): a push after an unrelated change rebuilds nothing.
-        old = {gen: sig for _, versions in self._models.values() for gen, sig in versions.values()}
-        models = {}
+        old = {c[0]: c for _, versions in self._models.values() for c in versions.values()}
+        models: dict[str, tuple[_Checked | None, dict[str, _Checked]]] = {}
         for name, (unnamed, versions) in table.items():
             rebuilt = {
-                v: (gen, old.get(gen) or rebuild(description))
+                v: old.get(gen) or (gen, rebuild(description))
                 for v, (gen, description) in versions.items()
             }
-            models[name] = (unnamed, rebuilt)
+            old.update((c[0], c) for c in rebuilt.values())
+            models[name] = (old.get(unnamed) if unnamed else None, rebuilt)
         self._models = models
 
     def check(self, request: InferRequest) -> int:
         """Check `request` as the engine would (raises its InferdError); the generation it
         was checked against, or 0 when this front end cannot tell which version takes it."""
-        if request.uses_shared_memory:
-            return 0
         entry = self._models.get(request.model_name)
-        if entry is None:
+        if entry is None or request.uses_shared_memory:
             return 0
-        unnamed, versions = entry
-        found = versions.get(request.model_version) if request.model_version else None
-        if found is not None:
-            generation, signature = found
-        elif request.model_version or not unnamed:
+        found = entry[1].get(request.model_version) if request.model_version else entry[0]
+        if found is None:
             return 0
-        else:
-            generation = unnamed
-            signature = next(sig for gen, sig in versions.values() if gen == unnamed)
         self.checked += 1
         try:
-            signature.bind(request)
+            found[1].check(request)
         except BaseException:
             self.refused += 1
             raise
-        return generation
+        return found[0]
+
+
+_Checked = tuple[int, ModelSignature]  # a signature and its generation

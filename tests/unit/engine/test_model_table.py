@@ -73,9 +73,12 @@ BAD = {
 }
 
 
-def _message(signature: ModelSignature, request: InferRequest) -> str:
+def _message(signature: ModelSignature, request: InferRequest, front: bool = False) -> str:
     with pytest.raises(InferdError) as info:
-        signature.bind(request)
+        if front:
+            signature.check(request)  # what a front end runs
+        else:
+            signature.bind(request)  # what one process runs
     return f"{info.value.kind.name}: {info.value.message}"
 
 
@@ -84,7 +87,15 @@ def test_a_rebuilt_signature_refuses_as_the_original(case: str) -> None:
     original, config = _original()
     copy = rebuild(marshal.loads(marshal.dumps(describe(original, config))))
     request = InferRequest("m", "", BAD[case])
-    assert _message(copy, request) == _message(original, request)
+    assert _message(copy, request, front=True) == _message(original, request)
+
+
+def test_check_refuses_a_bad_requested_output_as_bind() -> None:
+    original, _ = _original()
+    for outputs in ([RequestedOutput("Q")], [RequestedOutput("X"), RequestedOutput("X")]):
+        request = InferRequest("m", "", [_a(1)], outputs=outputs)
+        assert _message(original, request, front=True) == _message(original, request)
+    original.check(InferRequest("m", "", [_a(1)], outputs=[RequestedOutput("X")]))
 
 
 def test_a_rebuilt_signature_and_a_checked_bind_bind_as_the_original() -> None:
