@@ -15,8 +15,11 @@ itself. A front end whose table is late (a push in flight) is therefore never tr
 a signature that changed, and a request is never accepted unchecked.
 
 What a front end never checks, leaving it to the engine as one process orders it: requests
-naming shared-memory regions (their data is the engine's to map), decoupled models (refused
+naming shared-memory regions (their data is the engine's to map), decoupled versions (refused
 for a unary call first) and models with a circuit breaker (an open circuit answers first).
+What one process checks before the body is read (shutting down, --max-inflight-requests, a
+full queue) the engine checks after the front end's check: a request that is both malformed
+and shed gets the 400 rather than the 429.
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class ModelTable:
         current: dict[ModelVersion, int] = {}
         table: dict[str, Entry] = {}
         for name, model in self.models.items():
+            if model.circuit.policy.enabled:
+                continue  # an open circuit (or its fallback) answers before any signature
             versions: dict[str, tuple[int, tuple[Any, ...]]] = {}
             for v, mv in model.versions.items():
                 if not mv.is_ready or mv.decoupled:
@@ -114,8 +119,6 @@ class ModelTable:
 
     @staticmethod
     def _unnamed(model: Model, current: dict[ModelVersion, int]) -> int:
-        if model.circuit.policy.enabled:
-            return 0  # an open circuit (or its fallback) answers before the signature
         seen = {current.get(mv, 0) for mv in routable(model)}
         return seen.pop() if len(seen) == 1 else 0  # 0 in it: a decoupled version
 

@@ -112,13 +112,24 @@ def test_a_rebuilt_signature_and_a_checked_bind_bind_as_the_original() -> None:
         assert {n: a.shape for n, a in bound.inputs.items()} == {"A": (2, 2, 2), "T": (2, 1)}
 
 
+GUARDED = """
+name: "guarded"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+parameters { key: "circuit_breaker_failures" value: { string_value: "3" } }
+"""
+
+
 def test_the_front_end_refuses_before_the_hop_and_the_engine_trusts_only_current_checks(
     tmp_path: Path,
 ) -> None:
     repo = tmp_path / "models"
-    builders._save(
-        builders.identity(TensorProto.FLOAT, ["batch", "n"]), repo / "identity" / "1" / "model.onnx"
-    )
+    for name in ("identity", "guarded"):
+        model = builders.identity(TensorProto.FLOAT, ["batch", "n"])
+        builders._save(model, repo / name / "1" / "model.onnx")
+    (repo / "guarded" / "config.pbtxt").write_text(GUARDED)
 
     async def scenario() -> None:
         registry = ModelRegistry(repo, Telemetry())
@@ -143,6 +154,14 @@ def test_the_front_end_refuses_before_the_hop_and_the_engine_trusts_only_current
             response = await client.infer(call, good)
             np.testing.assert_array_equal(response.outputs[0].data, x)
         assert engine.requests == {0: 1}
+        # A model with a circuit breaker: an open circuit answers before the signature, so
+        # its requests are the engine's to check, and its answer is one process's.
+        guarded = InferRequest("guarded", "1", bad.inputs)
+        with client.start("guarded", "1", ctx) as call, pytest.raises(InferdError) as refused:
+            await client.infer(call, guarded)
+        expected = registry.get("guarded").signature
+        assert f"{refused.value.kind.name}: {refused.value.message}" == _message(expected, guarded)
+        assert engine.requests == {0: 2}
         generation = good.signature_generation
         mv = registry.get("identity")
         assert engine.table.is_current(mv, generation)
