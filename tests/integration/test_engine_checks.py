@@ -8,8 +8,9 @@ front ends check the new one; a canary whose signature differs is left to the en
 from __future__ import annotations
 
 import json
+import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,16 @@ class Served:
     metrics: str
     models: Path
 
-    def hop_requests(self) -> float:
-        """Infer requests the front ends passed to the engine, all front ends together."""
+    def hop_requests(self, family: str = "inferd_front_end_requests_total") -> float:
+        """Infer requests the front ends passed to the engine, all front ends together (or
+        those they refused themselves: inferd_front_end_invalid_total)."""
         samples = scrape_url(self.metrics)
-        return sum(value(samples, "inferd_front_end_requests_total", front_end=i) for i in "01")
+        return sum(value(samples, family, front_end=i) for i in "01")
+
+    def failures(self, model: str) -> int:
+        """The model's failed requests, by its statistics."""
+        doc = httpx.get(f"{self.url}/v2/models/{model}/stats", timeout=10).json()
+        return int(doc["model_stats"][0]["inference_stats"]["fail"]["count"])
 
 
 def _serve(root: Path, *args: str) -> Iterator[Served]:
@@ -105,6 +112,13 @@ GOOD = [("A", "FP32", [1, 2]), ("B", "FP32", [1, 2])]
 PROTOCOLS = ["http", "grpc"]
 
 
+def _eventually(condition: Callable[[], bool], within_s: float = 10) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.01)
+
+
 def _infer(
     served: Served,
     protocol: str,
@@ -139,12 +153,19 @@ def _infer(
 def test_a_bad_request_is_refused_by_the_front_end_as_by_one_process(
     engine: Served, single: Served, protocol: str, case: str
 ) -> None:
+    failed = single.failures("pair")
     expected = _infer(single, protocol, "pair", BAD[case])
     assert expected[0] in ("400", "INVALID_ARGUMENT"), expected
-    before = engine.hop_requests()
+    assert single.failures("pair") == failed + 1
+    before, failed = engine.hop_requests(), engine.failures("pair")
+    invalid = engine.hop_requests("inferd_front_end_invalid_total")
     for version in ("", "1"):  # by default route and by version: the table has both
         assert _infer(engine, protocol, "pair", BAD[case], version) == expected
     assert engine.hop_requests() == before  # refused before the hop: the engine never saw it
+    # ... but counted as one process counts it: a failed request of the model (the front
+    # end's note of it crosses the hop beside the answer: waited for, with a deadline).
+    _eventually(lambda: engine.failures("pair") == failed + 2)
+    assert engine.hop_requests("inferd_front_end_invalid_total") == invalid + 2
     assert _infer(engine, protocol, "pair", GOOD) == _infer(single, protocol, "pair", GOOD)
     assert engine.hop_requests() == before + 1
 

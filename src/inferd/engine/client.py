@@ -30,7 +30,7 @@ from inferd.access import AccessPolicy
 from inferd.engine import hop
 from inferd.engine.model_table import FrontTable
 from inferd.engine.slab import DEFAULT_SLAB_BYTES, Slab, SlabAllocator
-from inferd.errors import unavailable
+from inferd.errors import InferdError, unavailable
 from inferd.events import CallContext
 from inferd.types import InferRequest, InferResponse
 
@@ -195,7 +195,11 @@ class EngineClient(asyncio.Protocol):
         if link is None:
             raise unavailable(_ENGINE_GONE)
         _, writer, requests, responses = link
-        request.signature_generation = self.table.check(request)  # raises as the engine would
+        try:
+            request.signature_generation = self.table.check(request)  # raises as the engine would
+        except InferdError as exc:
+            writer.send(hop.refused_message(request, call.ctx, exc))  # counted there
+            raise
         seq = next(self._seq)
         regions: list[int] = []
         try:

@@ -21,6 +21,7 @@ from inferd.engine import hop
 from inferd.engine.model_table import ModelTable
 from inferd.engine.slab import Slab, SlabAllocator
 from inferd.errors import ErrorKind, InferdError, unavailable
+from inferd.events import RequestRecord, note_failure
 
 log = logging.getLogger("inferd.engine")
 
@@ -36,6 +37,7 @@ class EngineHop:
         # and what each front end reported at its last hello (its own 503s, engine losses).
         self.requests: dict[int, int] = {}
         self.reported: dict[int, dict[str, int]] = {}
+        self.invalid: dict[int, int] = {}  # requests a front end refused on the signature
         self._server: asyncio.AbstractServer | None = None
         self.table = ModelTable(dataplane.registry.models)
         self.table.refresh()
@@ -46,6 +48,22 @@ class EngineHop:
         table = self.table.refresh()
         for link in self.links:
             link.send_table(table)
+
+    def front_end_refused(self, front_end: int, message: tuple[Any, ...]) -> None:
+        """A request a front end refused on the model's signature: told to telemetry as one
+        process tells its failed request (statistics, metrics, the request log; no inputs)."""
+        model, version, ctx, request_id, exc, duration_ns = hop.refusal_from(message)
+        self.invalid[front_end] = self.invalid.get(front_end, 0) + 1
+        record = RequestRecord("", "", ctx, duration_ns, request_id)
+        registry = self.dataplane.registry
+        if model in registry.models:
+            record.model = model
+            try:  # the version one process names: the one it routed the request to
+                record.version = registry.get(model, version, ctx.routing_key or request_id).version
+            except InferdError:  # gone meanwhile
+                record.version = version
+        note_failure(record, exc)
+        self.dataplane.telemetry.request(record)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -96,6 +114,8 @@ class _FrontEndLink(asyncio.Protocol):
             elif kind == hop.RELEASE:
                 for offset in message[1]:
                     self.allocator.free(offset)
+            elif kind == hop.REFUSED:
+                self.owner.front_end_refused(self.front_end, message)
             elif kind == hop.CANCEL:
                 task = self.tasks.get(message[1])
                 if task is not None:
