@@ -6,7 +6,8 @@
 #   (default: 5 2 64 tiny 2 <this checkout's src>; a SRC is a directory holding `inferd/`,
 #   e.g. `git archive <commit> src | tar -x -C /tmp/before` then /tmp/before/src)
 # CPU is utime + stime from /proc/PID/stat (clock ticks: 10 ms each), read before and after
-# the wrk run, divided by the model's inference_count over the run (the engine's statistics).
+# the wrk run, divided by the requests wrk completed. V2_INPUT=WRONG (v2_infer.lua) sends a
+# request with an unknown input each time: what a bad request costs each process.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -19,10 +20,6 @@ SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/server_process.py")
 ticks() {  # $1 pid -> utime + stime (fields 14 and 15, counted after the command's ")")
   local stat; stat=$(<"/proc/$1/stat"); stat=${stat##*) }
   read -r -a f <<<"$stat"; echo $(( f[11] + f[12] ))
-}
-count() {
-  curl -s "http://127.0.0.1:$PORT/v2/models/$MODEL/stats" |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["model_stats"][0]["inference_count"])'
 }
 hz=$(getconf CLK_TCK)
 for round in $(seq "$ROUNDS"); do
@@ -42,18 +39,18 @@ for round in $(seq "$ROUNDS"); do
       awk '{gsub(/\)/, "", $5); print $2 ":" $5}' | sort -t: -k1,1n -u)
     declare -A before=()
     for p in "${pids[@]}"; do before[$p]=$(ticks "${p#*:}"); done
-    n0=$(count)
     wrk -t1 -c"$CONNS" -d"${SECS}s" -s "$HERE/v2_infer.lua" \
       "http://127.0.0.1:$PORT/v2/models/$MODEL/infer" > "$log.wrk"
-    n1=$(count)
+    n=$(awk '/requests in/ {print $1}' "$log.wrk")
     line="round $round $(basename "$(dirname "$src")")/$(basename "$src") $MODEL c=$CONNS"
     line+=" $(awk '/Requests\/sec/ {print $2}' "$log.wrk") req/s"
+    line+=" non-2xx $(awk '/Non-2xx/ {print $NF}' "$log.wrk" | grep . || echo 0)"
     engine=0 fronts=0
     for p in "${pids[@]}"; do
       t=$(( $(ticks "${p#*:}") - before[$p] ))
       if [[ "${p%%:*}" == "$N" ]]; then engine=$t; else fronts=$(( fronts + t )); fi
     done
-    per() { python3 -c "print(f'{$1 / $hz * 1e6 / ($n1 - $n0):.1f}')"; }
+    per() { python3 -c "print(f'{$1 / $hz * 1e6 / $n:.1f}')"; }
     line+=" | CPU per request: engine $(per $engine) µs, front ends (all) $(per $fronts) µs"
     echo "$line"
     kill -INT -- "-$pid" 2>/dev/null || true

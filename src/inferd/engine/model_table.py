@@ -66,7 +66,8 @@ def rebuild(description: tuple[Any, ...]) -> ModelSignature:
 def routable(model: Model) -> list[ModelVersion]:
     """Every READY version a request naming none may reach: those with routing weight and
     the default (the registry's fallback when a weighted pick is not ready). A superset is
-    safe: it only makes a front end check less."""
+    safe: it only makes a front end check less; so the canary guard's automatic rollback,
+    which only takes routes away, pushes no new table."""
     chosen = {v: mv for v, mv in model.versions.items() if mv.is_ready}
     weights = model.router.weights
     out = [mv for v, mv in chosen.items() if weights.get(v, 0) > 0]

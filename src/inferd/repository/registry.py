@@ -64,8 +64,7 @@ class ModelRegistry:
         # What Python models may ask of the server (pb_utils); set by the server.
         self.model_host: HostProvider | None = None
         self.memory = MemoryReleaser()
-        # Called after every change of what serves (versions, states, routing): the engine
-        # of --engine pushes its front ends' model table (engine/model_table.py).
+        # After each change of what serves: --engine pushes its model table (engine/).
         self.changed: Callable[[], None] = lambda: None
 
     # -- lookups on the request path ----------------------------------------------------
@@ -149,7 +148,7 @@ class ModelRegistry:
         """Undo the last step forward (`Router.rollback`)."""
         model = self._model(name)
         model.router.rollback(version, name)
-        self.changed()  # (the canary guard's rollback only narrows the routes: no push)
+        self.changed()
         log.info("model %s rolled back; routing weights now %s", name, model.router.weights)
         return dict(model.router.weights)
 
