@@ -186,3 +186,63 @@ def test_the_front_end_refuses_before_the_hop_and_the_engine_trusts_only_current
 async def _until(condition: Callable[[], bool]) -> None:
     while not condition():
         await asyncio.sleep(0.005)
+
+
+M_CONFIG = """
+name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: {max_batch}
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] }} ]
+"""
+
+
+def test_a_restarted_engine_s_generations_never_vouch_for_the_old_engine_s_signatures(
+    tmp_path: Path,
+) -> None:
+    """Each engine numbers its signatures from 1: a front end reconnecting to a new engine
+    (a crash, a restart) drops the old table, or the old signature of generation 1 would be
+    checked and the new engine would trust it for its own generation 1."""
+    repos = {}
+    for name, max_batch in (("old", 8), ("new", 2)):
+        repo = repos[name] = tmp_path / name
+        builders._save(
+            builders.identity(TensorProto.FLOAT, ["batch", "n"]), repo / "m" / "1" / "model.onnx"
+        )
+        (repo / "m" / "config.pbtxt").write_text(M_CONFIG.format(max_batch=max_batch))
+    socket = tmp_path / "engine.sock"
+
+    async def engine(repo: Path) -> tuple[ModelRegistry, EngineHop]:
+        registry = ModelRegistry(repo, Telemetry())
+        await registry.load_all()
+        hop = EngineHop(DataPlane(registry, registry.telemetry), socket)
+        await hop.start()
+        return registry, hop
+
+    def rows(n: int) -> InferRequest:
+        return InferRequest(
+            "m", "", [Tensor("INPUT0", "FP32", (n, 1), np.ones((n, 1), np.float32))]
+        )
+
+    async def scenario() -> None:
+        registry, old = await engine(repos["old"])
+        client = EngineClient(AccessPolicy(), socket, tmp_path, 1 << 20)
+        await client.connect()
+        await asyncio.wait_for(_until(lambda: client.table.check(rows(4)) != 0), 5)
+        await old.close()
+        await registry.unload_all()
+        registry, new = await engine(repos["new"])
+        await asyncio.wait_for(_until(lambda: bool(new.links)), 5)
+        await asyncio.wait_for(_until(lambda: client.table.check(rows(1)) != 0), 5)
+        ctx = CallContext("http")
+        with client.start("m", "", ctx) as call, pytest.raises(InferdError) as refused:
+            await client.infer(call, rows(4))
+        assert refused.value.message == (
+            "input 'INPUT0': batch size 4 is outside 1..2 (max_batch_size of model 'm')"
+        )
+        assert new.requests == {}  # refused by the front end, on the new engine's table
+        client.close()
+        await new.close()
+        await registry.unload_all()
+
+    asyncio.run(scenario())
