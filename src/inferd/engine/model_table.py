@@ -4,9 +4,10 @@ model's signature before the hop, pushed by the engine on connect and on every c
 The engine (`ModelTable`) describes each READY version's `ModelSignature` in plain values
 (the config as protobuf bytes, its input limits, the inputs the server feeds, the text
 inputs) under a generation number; versions whose signatures are equal share one. A front
-end (`FrontTable`) rebuilds `ModelSignature` objects from it and runs their own `bind` on
-each request, so its errors are one process's, word for word, and a bad request never
-crosses the hop. It checks only where it knows the version the engine will pick: the one
+end (`FrontTable`) rebuilds `ModelSignature` objects from it and runs their own checks on
+each request (`ModelSignature.check`: `bind`'s, in its order), so its errors are one
+process's, word for word, and a bad request never crosses the hop (only a note of it, for
+the engine's statistics). It checks only where it knows the version the engine will pick: the one
 named, or, for a request that names none, the one signature every routable version has.
 
 The engine trusts a front end's check only when the request carries the generation of the
