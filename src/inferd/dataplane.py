@@ -69,6 +69,9 @@ class DataPlane(InferenceSteps, StreamingSteps):
         self.max_inflight = 0  # server-wide limit of requests in flight (0: none)
         self.max_response_bytes = 0  # responses past it fail with PAYLOAD_TOO_LARGE (0: none)
         self.workers = None  # a WorkerSlot, set in a worker of `--workers N`
+        # The engine's model table of `--workers N --engine` (engine/model_table.py): whose
+        # front ends' signature checks a request may carry; None in one process.
+        self.checked_signatures = None
         self._inflight = 0
         self.response_cache = None  # set by the server with --cache-config (docs/cache.md)
         self.shared_memory = SharedMemoryRegistry()

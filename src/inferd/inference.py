@@ -37,6 +37,7 @@ from inferd.types import InferRequest, InferResponse, Tensor, min_wire_bytes
 
 if TYPE_CHECKING:
     from inferd.cache.response_cache import ResponseCache
+    from inferd.engine.model_table import ModelTable
     from inferd.internal_call import ModelCalls
 
 
@@ -52,6 +53,7 @@ class InferenceSteps:
     max_response_bytes: int
     response_cache: ResponseCache | None  # --cache-config (docs/cache.md)
     _inflight: int
+    checked_signatures: ModelTable | None  # the engine's of --engine: front ends check too
 
     def start(self, model_name: str, version: str, ctx: CallContext) -> InferCall:
         """A request begins: counted in flight (and against --max-inflight-requests) until
@@ -143,7 +145,13 @@ class InferenceSteps:
         # the lease keeps those regions mapped until the answer is built.
         lease = self.shared_memory.lease(request) if request.uses_shared_memory else None
         try:
-            bound = mv.signature.bind(request)
+            checks = self.checked_signatures
+            checked = (
+                checks is not None
+                and request.signature_generation != 0
+                and checks.is_current(mv, request.signature_generation)
+            )
+            bound = mv.signature.bind(request, checked)
             bound.classes = classification.requested_classes(request, mv.signature)
             record.rows = bound.rows
             bound.ctx = ctx

@@ -132,7 +132,58 @@ class ModelSignature:
         """The shape a client sends or receives: a leading -1 when the model batches."""
         return ([-1] if self.is_batched else []) + list(spec.dims)
 
-    def bind(self, request: InferRequest) -> BoundRequest:
+    def bind(self, request: InferRequest, checked: bool = False) -> BoundRequest:
+        """`request` checked and bound. `checked`: a front end of `--engine` ran this very
+        check on this request against this signature (engine/model_table.py says when that
+        holds), so only the binding is left to do."""
+        model = request.model_name
+        given, rows = self._given_checked(request) if checked else self._given(request)
+        inputs = self._declared(given, model)
+        keyed = self._keyed
+        shape_key = (
+            tuple(a.shape[1:] for a in inputs.values())
+            if keyed is None
+            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs)
+        )
+        if self._optional:
+            # Which optional inputs it sends keys the batch too: requests sending different
+            # ones cannot be merged (two sending one each, of the same shape, failed with
+            # KeyError in the merge, and 49 of 50 valid requests with it).
+            shape_key += (tuple(int(n in inputs) for n in self._optional),)
+        bound = BoundRequest(
+            inputs=inputs,
+            rows=rows if self.is_batched else 1,
+            shape_key=shape_key,
+            output_names=self._output_names(request.outputs, model),
+            request_id=request.id,
+            borrowed=request.uses_shared_memory or request.inputs_borrowed,
+        )
+        if request.parameters and self.model_parameters:
+            bound.parameters, bound.timeout_us = model_parameters(request.parameters)
+        return bound
+
+    def check(self, request: InferRequest) -> None:
+        """Refuse what `bind` refuses, with its errors in its order, binding nothing: what a
+        front end of `--engine` runs before the hop (engine/model_table.py)."""
+        model = request.model_name
+        self._declared(self._given(request)[0], model)
+        self._output_names(request.outputs, model)
+        if request.parameters and self.model_parameters:
+            model_parameters(request.parameters)
+
+    def _declared(self, given: dict[str, Array], model: str) -> dict[str, Array]:
+        """The inputs given, in the model's declared order; every required one is there."""
+        inputs: dict[str, Array] = {}
+        for name, spec in self.inputs.items():
+            if name in given:
+                inputs[name] = given[name]
+            elif not spec.optional:
+                raise invalid(f"missing input '{name}' for model '{model}'")
+        return inputs
+
+    def _given(self, request: InferRequest) -> tuple[dict[str, Array], int]:
+        """Each input checked against its spec (name, datatype, shape, batch size, the
+        config's limits) and reshaped for the model; and the request's batch size."""
         model = request.model_name
         given: dict[str, Array] = {}
         rows = -1
@@ -193,34 +244,22 @@ class ModelSignature:
                         f"reshape {list(spec.reshape)}"
                     ) from None
             given[tensor.name] = data
-        inputs: dict[str, Array] = {}
-        for name, spec in self.inputs.items():
-            if name in given:
-                inputs[name] = given[name]
-            elif not spec.optional:
-                raise invalid(f"missing input '{name}' for model '{model}'")
-        keyed = self._keyed
-        shape_key = (
-            tuple(a.shape[1:] for a in inputs.values())
-            if keyed is None
-            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs)
-        )
-        if self._optional:
-            # Which optional inputs it sends keys the batch too: requests sending different
-            # ones cannot be merged (two sending one each, of the same shape, failed with
-            # KeyError in the merge, and 49 of 50 valid requests with it).
-            shape_key += (tuple(int(n in inputs) for n in self._optional),)
-        bound = BoundRequest(
-            inputs=inputs,
-            rows=rows if self.is_batched else 1,
-            shape_key=shape_key,
-            output_names=self._output_names(request.outputs, model),
-            request_id=request.id,
-            borrowed=request.uses_shared_memory or request.inputs_borrowed,
-        )
-        if request.parameters and self.model_parameters:
-            bound.parameters, bound.timeout_us = model_parameters(request.parameters)
-        return bound
+        return given, rows
+
+    def _given_checked(self, request: InferRequest) -> tuple[dict[str, Array], int]:
+        """`_given` for a request that passed it already: the same inputs and batch size,
+        none of the checks (reshape cannot fail: `_given` tried it)."""
+        given: dict[str, Array] = {}
+        rows = -1
+        for tensor in request.inputs:
+            spec = self.inputs[tensor.name]
+            data = tensor.data
+            if self.is_batched:
+                rows = tensor.shape[0]
+            if spec.reshape is not None:
+                data = data.reshape(((rows,) if self.is_batched else ()) + spec.reshape)
+            given[tensor.name] = data
+        return given, rows
 
     def _check_limits(
         self,

@@ -60,6 +60,9 @@ class InferRequest:
     # slab; a client's shared-memory region too): whatever keeps an input past the answer
     # (capture, drift samples) copies it first.
     inputs_borrowed: bool = False
+    # The generation of the signature a front end of `--engine` checked it against
+    # (engine/model_table.py); 0: unchecked. Only the hop sets it, never a client.
+    signature_generation: int = 0
 
 
 @dataclass(slots=True)

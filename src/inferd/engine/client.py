@@ -7,6 +7,10 @@ input tensors into its request slab and sends a descriptor; the engine's answer 
 as tensors read in place from the response slab, which the adapter encodes. An error in the
 engine comes back as the same `InferdError` (kind and message), so both answer alike.
 
+Before the hop, each request is checked against its model's signature here, with the engine's
+own code (model_table.py: the table the engine pushes): a bad request is answered without
+crossing it, exactly as the engine would answer it.
+
 While no engine is connected (starting, restarting after a crash) every request fails at
 once with UNAVAILABLE (HTTP 503): never a hang. A request whose engine dies before answering
 fails the same way; one that was accepted always gets exactly one answer.
@@ -24,8 +28,9 @@ from typing import Any, Self
 
 from inferd.access import AccessPolicy
 from inferd.engine import hop
+from inferd.engine.model_table import FrontTable
 from inferd.engine.slab import DEFAULT_SLAB_BYTES, Slab, SlabAllocator
-from inferd.errors import unavailable
+from inferd.errors import InferdError, unavailable
 from inferd.events import CallContext
 from inferd.types import InferRequest, InferResponse
 
@@ -81,6 +86,7 @@ class EngineClient(asyncio.Protocol):
         self._access = access
         self.index = index  # which front end this is (its metrics' `front_end` label)
         self.refused = 0  # requests answered 503 here for want of an engine
+        self.table = FrontTable()  # the engine's signatures, as of its latest push
         self.socket_path = socket_path
         self.slab_directory = slab_directory
         self.slab_bytes = slab_bytes
@@ -129,6 +135,7 @@ class EngineClient(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         link, self._link = self._link, None
         self.connected.clear()
+        self.table.clear()
         if link is not None:
             link[2].unlink()
             link[3].unlink()
@@ -146,6 +153,9 @@ class EngineClient(asyncio.Protocol):
         if link is None:
             return
         for message in self._reader.feed(data):
+            if message[0] == hop.TABLE:
+                self.table.update(message[1])
+                continue
             p = self._pending.pop(message[1], None)
             if p is None:
                 continue
@@ -185,6 +195,11 @@ class EngineClient(asyncio.Protocol):
         if link is None:
             raise unavailable(_ENGINE_GONE)
         _, writer, requests, responses = link
+        try:
+            request.signature_generation = self.table.check(request)  # raises as the engine would
+        except InferdError as exc:
+            writer.send(hop.refused_message(request, call.ctx, exc))  # counted there
+            raise
         seq = next(self._seq)
         regions: list[int] = []
         try:

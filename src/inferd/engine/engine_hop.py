@@ -4,6 +4,9 @@ through the DataPlane's own steps (inference.py), as if it had come in over HTTP
 Inputs are read in place from the front end's request slab; outputs are written once into
 its response slab. Every request gets exactly one answer (ANSWER or FAILED), a cancelled one
 included: only then does the front end reuse the request's slab regions.
+
+Each front end gets the model table (model_table.py) after its hello and again whenever the
+registry changes what serves, so it checks requests against the signatures before the hop.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import Any, cast
 
 from inferd.dataplane import DataPlane
 from inferd.engine import hop
+from inferd.engine.model_table import ModelTable
 from inferd.engine.slab import Slab, SlabAllocator
 from inferd.errors import ErrorKind, InferdError, unavailable
+from inferd.events import RequestRecord, note_failure
 
 log = logging.getLogger("inferd.engine")
 
@@ -32,7 +37,33 @@ class EngineHop:
         # and what each front end reported at its last hello (its own 503s, engine losses).
         self.requests: dict[int, int] = {}
         self.reported: dict[int, dict[str, int]] = {}
+        self.invalid: dict[int, int] = {}  # requests a front end refused on the signature
         self._server: asyncio.AbstractServer | None = None
+        self.table = ModelTable(dataplane.registry.models)
+        self.table.refresh()
+        dataplane.checked_signatures = self.table  # whose checks the DataPlane may trust
+        dataplane.registry.changed = self._models_changed
+
+    def _models_changed(self) -> None:
+        table = self.table.refresh()
+        for link in self.links:
+            link.send_table(table)
+
+    def front_end_refused(self, front_end: int, message: tuple[Any, ...]) -> None:
+        """A request a front end refused on the model's signature: told to telemetry as one
+        process tells its failed request (statistics, metrics, the request log; no inputs)."""
+        model, version, ctx, request_id, exc, duration_ns = hop.refusal_from(message)
+        self.invalid[front_end] = self.invalid.get(front_end, 0) + 1
+        record = RequestRecord("", "", ctx, duration_ns, request_id)
+        registry = self.dataplane.registry
+        if model in registry.models:
+            record.model = model
+            try:  # the version one process names: the one it routed the request to
+                record.version = registry.get(model, version, ctx.routing_key or request_id).version
+            except InferdError:  # gone meanwhile
+                record.version = version
+        note_failure(record, exc)
+        self.dataplane.telemetry.request(record)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -83,6 +114,8 @@ class _FrontEndLink(asyncio.Protocol):
             elif kind == hop.RELEASE:
                 for offset in message[1]:
                     self.allocator.free(offset)
+            elif kind == hop.REFUSED:
+                self.owner.front_end_refused(self.front_end, message)
             elif kind == hop.CANCEL:
                 task = self.tasks.get(message[1])
                 if task is not None:
@@ -97,6 +130,7 @@ class _FrontEndLink(asyncio.Protocol):
                 self.requests.unlink()
                 self.responses.unlink()
                 self.allocator = SlabAllocator(response_size)
+                self.send_table(self.owner.table.message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # The front end died (or stopped): its clients are gone with it.
@@ -107,6 +141,12 @@ class _FrontEndLink(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def send_table(self, table: dict[str, Any]) -> None:
+        """At once, not with the next turn's writes: the answer to a repository call that
+        changed it must not reach a client before its front ends have the new table."""
+        self.writer.send((hop.TABLE, table))
+        self.writer.flush()
 
     async def _serve(self, seq: int, message: tuple[Any, ...]) -> None:
         dp = self.dp

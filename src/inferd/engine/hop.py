@@ -11,11 +11,19 @@ ready in the same turn of the event loop leave in one write (`FrameWriter`).
 Messages (the first item says which):
     HELLO    front end -> engine   (HELLO, request slab path, size, response slab path, size,
                                     front end index, {counter: value} of what it did alone)
-    REQUEST  front end -> engine   (REQUEST, seq, model, version, ctx, request fields, inputs)
+    REQUEST  front end -> engine   (REQUEST, seq, model, version, ctx, request fields, inputs,
+                                    the signature generation it was checked against, 0: none)
     CANCEL   front end -> engine   (CANCEL, seq): the client left; the request leaves its queue
     RELEASE  front end -> engine   (RELEASE, [offset, ...]): response regions read and encoded
     ANSWER   engine -> front end   (ANSWER, seq, model, version, id, parameters, outputs)
     FAILED   engine -> front end   (FAILED, seq, ErrorKind value, message)
+    TABLE    engine -> front end   (TABLE, {model: entry}): the signatures a front end checks
+                                    requests against (model_table.py); sent after the HELLO
+                                    and again on every change of the models' versions
+    REFUSED  front end -> engine   (REFUSED, model, version, ctx, request id, ErrorKind value,
+                                    message, duration ns): a request the front end refused on
+                                    the signature, no tensors; the engine counts it as one
+                                    process counts a failed request (statistics, metrics, log)
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import marshal
 import struct
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,7 +44,7 @@ from inferd.events import CallContext
 from inferd.protocol.tensor_wire import NO_DATA
 from inferd.types import InferRequest, InferResponse, RequestedOutput, SharedMemoryRef, Tensor
 
-HELLO, REQUEST, CANCEL, RELEASE, ANSWER, FAILED = range(6)
+HELLO, REQUEST, CANCEL, RELEASE, ANSWER, FAILED, TABLE, REFUSED = range(8)
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME = 1 << 30  # a descriptor with inline tensors; past it the peer is broken
@@ -126,19 +135,45 @@ def request_message(
             for o in request.outputs
         ]
     )
-    context = (
+    return (
+        REQUEST, seq, request.model_name, request.model_version, _context(ctx), request.id,
+        request.parameters, outputs, request.uses_shared_memory, inputs,
+        request.signature_generation,
+    )  # fmt: skip
+
+
+def _context(ctx: CallContext) -> tuple[Any, ...]:
+    return (
         ctx.protocol, ctx.client, ctx.traceparent, ctx.wall_start_s, ctx.start_ns,
         ctx.routing_key, ctx.deadline_ns,
     )  # fmt: skip
+
+
+def refused_message(request: InferRequest, ctx: CallContext, exc: InferdError) -> tuple[Any, ...]:
+    duration_ns = time.perf_counter_ns() - ctx.start_ns  # the clock is the machine's (monotonic)
     return (
-        REQUEST, seq, request.model_name, request.model_version, context, request.id,
-        request.parameters, outputs, request.uses_shared_memory, inputs,
+        REFUSED, request.model_name, request.model_version, _context(ctx), request.id,
+        exc.kind.value, exc.message, duration_ns,
     )  # fmt: skip
+
+
+def refusal_from(message: tuple[Any, ...]) -> tuple[str, str, CallContext, str, InferdError, int]:
+    """The engine's side of `refused_message`: (model, version, ctx, request id, the error,
+    duration in ns)."""
+    _, model, version, context, rid, kind, text, duration_ns = message
+    return (
+        model,
+        version,
+        CallContext(*context),
+        rid,
+        InferdError(ErrorKind(kind), text),
+        duration_ns,
+    )
 
 
 def request_from(message: tuple[Any, ...], slab: Slab) -> tuple[int, InferRequest, CallContext]:
     """The engine's side of `request_message`: (seq, request with inputs in place, ctx)."""
-    _, seq, model, version, context, rid, parameters, outputs, uses_shm, inputs = message
+    _, seq, model, version, context, rid, parameters, outputs, uses_shm, inputs, checked = message
     ctx = CallContext(*context)
     requested = (
         None
@@ -156,6 +191,7 @@ def request_from(message: tuple[Any, ...], slab: Slab) -> tuple[int, InferReques
         parameters,
         uses_shm,
         inputs_borrowed=True,  # views of the front end's slab, reused once answered
+        signature_generation=checked,
     )
     return seq, request, ctx
 

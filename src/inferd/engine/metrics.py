@@ -33,6 +33,15 @@ class FrontEndCollector(Collector):
         for index, count in sorted(self.hop.requests.items()):
             requests.add_metric([str(index)], count)
         yield requests
+        invalid = CounterMetricFamily(
+            "inferd_front_end_invalid",
+            "Infer requests a front end refused itself on the model's signature, before the "
+            "hop (also counted as failed requests of their model)",
+            labels=["front_end"],
+        )
+        for index, count in sorted(self.hop.invalid.items()):
+            invalid.add_metric([str(index)], count)
+        yield invalid
         inflight = GaugeMetricFamily(
             "inferd_front_end_inflight",
             "Infer requests from a front end in the engine now",

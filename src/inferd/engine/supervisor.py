@@ -11,8 +11,10 @@ drains its open requests, which the engine still serves), then the engine.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import multiprocessing
 import os
+import signal
 
 from inferd import log as inferd_log
 from inferd.limits import ensure_file_descriptors
@@ -31,8 +33,11 @@ def _is_engine(slot: WorkerSlot) -> bool:
 
 
 def _child_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> None:
-    """A child's entry point (forked by the fork server, started with SIGINT ignored)."""
-    _die_with_parent()  # the fork server's death, which follows the supervisor's
+    """A child's entry point (forked by the supervisor, started with SIGINT ignored)."""
+    # The fork copied the supervisor's SIGTERM handler, which only flags the supervisor's
+    # own loop: until uvicorn installs its handlers, SIGTERM must end the child.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent()
     try:
         os.kill(supervisor_pid, 0)
     except ProcessLookupError:
@@ -56,13 +61,23 @@ class EngineSupervisor(Supervisor):
         # The engine's metrics are the server's: it serves the port, not the supervisor.
         super().__init__(dataclasses.replace(settings, metrics_port=None))
         self.engine_settings = settings
-        # Children forked from one fork server that has imported inferd once: the pages of
-        # that code are shared (copy on write), so N front ends cost far less than N fresh
-        # interpreters (docs/benchmarks.md, "Memory: weights once"). Nothing it imports
-        # starts a thread or touches an accelerator; the engine loads models after its fork.
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["inferd.engine.front_end", "inferd.server"])
-        self.context = context
+        # Children forked from the supervisor itself, which has imported what they run: the
+        # interpreter's heap of that code (module dicts, functions, classes) is shared copy on
+        # write, so N front ends cost far less than N fresh interpreters or a fork server's
+        # children (docs/benchmarks.md, "Memory: weights once"). Forking is safe here: in this
+        # mode the supervisor serves no metrics, so it has no thread; nothing imported starts
+        # one or touches an accelerator (the engine loads models after its fork).
+        import inferd.engine.front_end  # noqa: F401
+        import inferd.server  # noqa: F401
+
+        self.context = multiprocessing.get_context("fork")
+
+    def _start(self, slot: WorkerSlot) -> multiprocessing.process.BaseProcess:
+        # Frozen objects are left alone by the children's collector, which would otherwise
+        # write to (and so copy) every page holding one when it walks them.
+        gc.collect()
+        gc.freeze()
+        return super()._start(slot)
 
     def _slots(self) -> list[WorkerSlot]:
         n = self.settings.workers

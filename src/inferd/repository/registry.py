@@ -69,6 +69,8 @@ class ModelRegistry:
         # Whether the server has a response cache (--cache-config); set by the server.
         self.cache_enabled = False
         self.on_retire: Callable[[str], None] | None = None  # the cache's invalidate_model
+        # After each change of what serves: --engine pushes its model table (engine/).
+        self.changed: Callable[[], None] = lambda: None
 
     # -- lookups on the request path ----------------------------------------------------
 
@@ -136,12 +138,14 @@ class ModelRegistry:
         model = self._model(name)
         weights = parse_weights(raw, f"model '{name}' routing")
         model.router.set_weights(weights, ready_versions(model), name)
+        self.changed()
         log.info("model %s routing weights set to %s", name, weights)
         return weights
 
     def promote(self, name: str, version: str) -> dict[str, int]:
         model = self._model(name)
         model.router.promote(version, ready_versions(model), name)
+        self.changed()
         log.info("model %s routing weights set to %s", name, model.router.weights)
         return dict(model.router.weights)
 
@@ -149,6 +153,7 @@ class ModelRegistry:
         """Undo the last step forward (`Router.rollback`)."""
         model = self._model(name)
         model.router.rollback(version, name)
+        self.changed()
         log.info("model %s rolled back; routing weights now %s", name, model.router.weights)
         return dict(model.router.weights)
 
@@ -239,6 +244,7 @@ class ModelRegistry:
             raise
         finally:
             self._refresh_ensembles()
+            self.changed()
 
     async def _load_locked(
         self, model: Model, model_dir: Path, override: mc.ModelConfig | None
@@ -337,6 +343,7 @@ class ModelRegistry:
         model.router.configure(spec.canary, _config_weights(model, spec))
         if model.circuit.policy != spec.circuit or model.circuit.model != model.name:
             model.circuit = CircuitBreaker(model.name, spec.circuit)
+        self.changed()  # now, not after the old versions drained
         if retired:
             await self._retire(retired)
         elif failed:
@@ -391,8 +398,10 @@ class ModelRegistry:
             model.router.clear()
             if forget:
                 del self.models[name]
+            self.changed()
             await self._retire([v for v in retired if v.batcher is not None])
         self._refresh_ensembles()
+        self.changed()
 
     async def unload_all(self) -> None:
         """At shutdown: every version drains and closes (no trim: the process exits)."""

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.context import ForkContext, SpawnContext
 from pathlib import Path
 from types import FrameType
 
@@ -141,7 +141,7 @@ class _WorkersCollector(Collector):
 class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.context: SpawnContext | ForkServerContext = multiprocessing.get_context("spawn")
+        self.context: SpawnContext | ForkContext = multiprocessing.get_context("spawn")
         self.directory = Path(tempfile.mkdtemp(prefix="inferd-workers-"))  # 0700
         self.workers: list[_Worker] = []
         self.stopping = False
