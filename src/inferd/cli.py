@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from inferd.access import AccessError
         from inferd.cache.cache_settings import CacheConfigError
+        from inferd.cache.response_cache import ResponseCache
         from inferd.tls import TlsError
         from inferd.workers import supervisor
         from inferd.workers.supervisor import WorkersError
@@ -256,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             settings = settings_from(args)
             server.access_policy(settings)  # the security options, checked before anything runs
+            if settings.cache is not None and settings.cache.enabled:
+                # Built once here to check it (a Redis tier needs the redis package) before
+                # any worker starts; it connects to nothing yet.
+                ResponseCache(settings.cache)
         except (
             SecurityOptionError,
             AccessError,
