@@ -147,16 +147,17 @@ class RedisTier:
 
     def _entry(self, key: CacheKey, value: bytes) -> CachedResponse | None:
         try:
-            if codec.description_of(value) != key.description:
-                self.stats.collisions += 1
+            if not codec.answers(value, key.description):
+                codec.description_of(value)  # not even ours: CorruptValueError
+                self.stats.collisions += 1  # ours, for another request
                 return None
-            _, outputs = codec.decode(value)
+            outputs = codec.decode(value)
         except codec.CorruptValueError as exc:
             self.stats.errors += 1
             log.warning("response cache: corrupt Redis value at %s: %s", self.key_of(key), exc)
             return None
-        for t in outputs:
-            frozen(t.data)
+        for output in outputs:
+            frozen(output[3])
         return make_entry(key.description, tuple(outputs))
 
     def put(self, key: CacheKey, entry: CachedResponse, ttl_s: float | None) -> None:
@@ -168,7 +169,7 @@ class RedisTier:
             self.stats.dropped_inserts += 1  # down: the probe is the lookups' job
             return
         try:
-            value = codec.encode(entry.description, entry.outputs)
+            value = codec.encode(entry[0], entry[1])
         except codec.UnencodableError:
             self.stats.dropped_inserts += 1
             return
