@@ -76,6 +76,7 @@ class RedisTier:
         # What is in Redis is shared and expires there: this process cannot know it.
         self.stats = TierStats("redis", bytes=-1, entries=-1)
         self._client: Any = None
+        self._pool: Any = None
         self._queue: asyncio.Queue[tuple[str, bytes, float | None]] | None = None
         self._worker: asyncio.Task[None] | None = None
 
@@ -84,16 +85,28 @@ class RedisTier:
         Needs the running loop: it is the loop the worker and connections live on."""
         if self._client is not None:
             return
-        redis = self._redis
-        self._client = redis.asyncio.Redis(
-            host=self.settings.host,
-            port=self.settings.port,
-            db=self.settings.db,
-            password=self.settings.password,
-            socket_timeout=self.timeout_s,
-            socket_connect_timeout=self.timeout_s,
-            retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
-        )
+        redis, settings = self._redis, self.settings
+        connection = {
+            "host": settings.host,
+            "port": settings.port,
+            "db": settings.db,
+            "username": settings.user,
+            "password": settings.password,
+            "socket_timeout": self._socket_s(settings.socket_timeout_ms),
+            "socket_connect_timeout": self._socket_s(settings.connect_timeout_ms),
+            "retry": redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
+        }
+        if settings.pool_size is None:
+            self._client = redis.asyncio.Redis(**connection)
+        else:  # bounded: callers wait for a free connection (wait_timeout, timeout_ms)
+            wait_ms = settings.wait_timeout_ms
+            pool = redis.asyncio.BlockingConnectionPool(
+                max_connections=settings.pool_size,
+                timeout=None if not wait_ms else wait_ms / 1000,
+                **connection,
+            )
+            self._client = redis.asyncio.Redis(connection_pool=pool)
+            self._pool = pool  # the client does not close a pool it was given
         self._queue = asyncio.Queue(self.queue_items)
         self._worker = asyncio.create_task(self._insert_loop(), name="inferd-cache-redis")
 
@@ -111,6 +124,15 @@ class RedisTier:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._pool is not None:
+            await self._pool.disconnect()
+            self._pool = None
+
+    def _socket_s(self, ms: float | None) -> float | None:
+        """A per-socket timeout: timeout_ms unless set; 0 lifts it (the call's stays)."""
+        if ms is None:
+            return self.timeout_s
+        return None if ms == 0 else ms / 1000
 
     def key_of(self, key: CacheKey) -> str:
         return self.key_prefix + key.digest.hex()

@@ -290,3 +290,55 @@ def test_the_redis_ttl_bounds_local_copies_too(prefix):
         await cache.close()
 
     asyncio.run(scenario())
+
+
+def test_an_acl_user_and_password_authenticate_and_a_wrong_one_is_only_a_miss():
+    server = OwnRedis()
+    server.start()
+    try:
+        admin = redis.Redis("127.0.0.1", server.port)
+        admin.acl_setuser(
+            "app", enabled=True, passwords=["+s3cret"], keys=["*"], commands=["+@all"]
+        )
+        admin.close()
+
+        async def scenario() -> None:
+            right = RedisSettings("127.0.0.1", server.port, "s3cret", timeout_ms=2000, user="app")
+            cache = ResponseCache(CacheSettings(redis=right))
+            model = Model()
+            await cache.get_or_run(key(1), "m", model.run(1))
+            await cache.flush()
+            assert (await cache.get_or_run(key(1), "m", model.run(1)))[1] == "redis"
+            assert cache.stats[0].errors == 0
+            await cache.close()
+
+            wrong = RedisSettings("127.0.0.1", server.port, "nope", timeout_ms=2000, user="app")
+            cache = ResponseCache(CacheSettings(redis=wrong))
+            got, source = await cache.get_or_run(key(1), "m", model.run(1))
+            assert source == "" and got[0].data[0] == 1.0 and cache.stats[0].errors == 1
+            await cache.close()
+
+        asyncio.run(scenario())
+    finally:
+        server.kill()
+
+
+def test_a_bounded_pool_makes_callers_wait_for_a_connection_not_fail(prefix):
+    async def scenario() -> None:
+        settings = RedisSettings(*MAIN_REDIS, timeout_ms=5000, pool_size=2, wait_timeout_ms=0)
+        cache = ResponseCache(CacheSettings(redis=settings), redis_key_prefix=prefix)
+        model = Model()
+        results = await asyncio.gather(
+            *(cache.get_or_run(key(n), "m", model.run(n)) for n in range(32))
+        )
+        assert [got[0].data[0] for got, _ in results] == list(range(32))
+        await cache.flush()
+        results = await asyncio.gather(
+            *(cache.get_or_run(key(n), "m", model.run(n)) for n in range(32))
+        )
+        assert {source for _, source in results} == {"redis"}
+        assert cache.stats[0].errors == 0 and model.calls == 32
+        assert cache.redis is not None and cache.redis._pool.max_connections == 2
+        await cache.close()
+
+    asyncio.run(scenario())
