@@ -48,12 +48,18 @@ def _redis_asyncio() -> Any:
     return redis
 
 
-def _reraise_swallowed_cancel() -> None:
-    """redis-py (8.1 seen) can return normally from a call its task was cancelled in; our
-    own tasks (the flight, the insert worker) must still stop, or asyncio.run's shutdown
-    waits for them forever."""
+def _cancels() -> int:
     task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    return 0 if task is None else task.cancelling()
+
+
+def _reraise_swallowed_cancel(before: int) -> None:
+    """redis-py (8.1 seen) can return normally from a call its task was cancelled in. The
+    cancellation must still win (a request's, the insert worker's: else asyncio.run's
+    shutdown waits on the worker for ever). Only a cancel that came during the call counts:
+    `before` is the task's count of pending cancels when it began (a timeout's own cancel
+    is withdrawn by asyncio.timeout, so it does not count)."""
+    if _cancels() > before:
         raise asyncio.CancelledError
 
 
@@ -145,11 +151,11 @@ class RedisTier:
             self.stats.skipped += 1
             self.stats.miss(model)
             return None
-        started = time.perf_counter()
+        started, cancels = time.perf_counter(), _cancels()
         try:
             async with asyncio.timeout(self.timeout_s):
                 value = await self._client.get(self.key_of(key))
-            _reraise_swallowed_cancel()
+            _reraise_swallowed_cancel(cancels)
         except asyncio.CancelledError:
             self.breaker.abandoned()
             raise
@@ -214,8 +220,9 @@ class RedisTier:
             while len(batch) < BATCH_ITEMS and not queue.empty():
                 batch.append(queue.get_nowait())
             try:
+                cancels = _cancels()
                 await self._insert(batch)
-                _reraise_swallowed_cancel()
+                _reraise_swallowed_cancel(cancels)
             finally:
                 for _ in batch:
                     queue.task_done()

@@ -342,3 +342,38 @@ def test_a_bounded_pool_makes_callers_wait_for_a_connection_not_fail(prefix):
         await cache.close()
 
     asyncio.run(scenario())
+
+
+LEFT_OPEN = """
+import asyncio
+from inferd.cache import CacheSettings, RedisSettings, ResponseCache
+from tests.unit.cache.cache_helpers import Model, key
+
+async def left_open(n):
+    settings = RedisSettings("127.0.0.1", 6379, timeout_ms=2000)
+    cache = ResponseCache(CacheSettings(redis=settings), redis_key_prefix=PREFIX)
+    await cache.get_or_run(key(n), "m", Model().run(n))  # queues its insert
+    for _ in range(n % 10):  # let the worker get that far into writing it
+        await asyncio.sleep(0)
+    raise RuntimeError("the scenario fails before cache.close()")
+
+for n in range(40):
+    try:
+        asyncio.run(left_open(n))
+    except RuntimeError:
+        pass
+print("ended")
+"""
+
+
+def test_a_loop_ending_with_the_cache_open_does_not_hang(prefix):
+    """asyncio.run cancels the insert worker mid-write; redis-py 8.1 swallows that cancel,
+    and without _reraise_swallowed_cancel the worker waited for its next insert for ever
+    (seen: this script then hangs within its 40 runs; in a subprocess, so it fails)."""
+    import subprocess
+
+    code = f"PREFIX = {prefix!r}\n" + LEFT_OPEN
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ended", done.stderr[-2000:]
