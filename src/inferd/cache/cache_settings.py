@@ -6,6 +6,10 @@ Two forms, mixed freely and merged per tier, as Triton's own parser merges them:
     --cache-config redis,host=cache,port=6380,ttl=300,timeout_ms=5
     --cache-config redis,host=cache --cache-config redis,port=6380     (Triton's: one per flag)
 
+Redis also takes Triton's redis cache settings: user, pool_size, wait_timeout,
+connect_timeout, socket_timeout (milliseconds). Whatever they say, timeout_ms still bounds
+every call as a whole (Triton's 0, "wait forever", lifts only the per-socket bound).
+
 A setting given twice with different values, a tier or setting we do not know, a missing
 required setting (redis without host, local without size) or a malformed value is a
 CacheConfigError naming the tier and the setting: we never accept what we do not honour.
@@ -37,6 +41,12 @@ class RedisSettings:
     db: int = 0
     ttl_s: float | None = None  # default TTL for entries (per model cache_ttl_seconds wins)
     timeout_ms: float = 5.0  # bound on every Redis call
+    # Added to the shared interface, Triton's redis cache settings (all milliseconds):
+    user: str | None = None  # Redis ACL user (Triton's `user`; None: the default user)
+    pool_size: int | None = None  # at most this many connections (None: as many as needed)
+    wait_timeout_ms: float | None = None  # wait for a pooled connection (needs pool_size)
+    connect_timeout_ms: float | None = None  # per socket connect (None: timeout_ms; 0: none)
+    socket_timeout_ms: float | None = None  # per socket read/write (None: timeout_ms; 0: none)
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,20 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def _milliseconds(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(text)
+    return value
+
+
 def _host(text: str) -> str:
     if not text:
         raise ValueError(text)
@@ -104,6 +128,11 @@ _REDIS: dict[str, tuple[str, _Parser, str]] = {
     "db": ("db", _db, "an integer >= 0"),
     "ttl": ("ttl_s", _positive_float, "seconds, a number > 0"),
     "timeout_ms": ("timeout_ms", _positive_float, "milliseconds, a number > 0"),
+    "user": ("user", _host, "a user name"),
+    "pool_size": ("pool_size", _positive_int, "an integer > 0"),
+    "wait_timeout": ("wait_timeout_ms", _milliseconds, "milliseconds, a number >= 0"),
+    "connect_timeout": ("connect_timeout_ms", _milliseconds, "milliseconds, a number >= 0"),
+    "socket_timeout": ("socket_timeout_ms", _milliseconds, "milliseconds, a number >= 0"),
 }
 _TIERS = {"local": _LOCAL, "redis": _REDIS}
 _REQUIRED = {"local": "size", "redis": "host"}
@@ -169,4 +198,11 @@ def _build(tier: str, settings: dict[str, str]) -> LocalSettings | RedisSettings
             fields[field_name] = parse(text)
         except ValueError:
             raise CacheConfigError(f"{_where(tier, name)}={text}: expected {form}") from None
-    return LocalSettings(**fields) if tier == "local" else RedisSettings(**fields)
+    if tier == "local":
+        return LocalSettings(**fields)
+    if "wait_timeout" in settings and "pool_size" not in settings:
+        raise CacheConfigError(
+            f"{_where(tier, 'wait_timeout')}: waits for a pooled connection, "
+            "and there is no pool bound without pool_size=N"
+        )
+    return RedisSettings(**fields)

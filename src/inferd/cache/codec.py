@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from inferd.cache.entry import CachedOutput, cached_output
 from inferd.datatypes import V2_TO_WIRE
-from inferd.types import Tensor
 
 MAGIC = b"IFDC\x01"
 _U8 = struct.Struct("<B")
@@ -38,24 +38,24 @@ class UnencodableError(ValueError):
     """An output parameter that is not a bool, int, float or str: not stored in Redis."""
 
 
-def encode(description: bytes, outputs: Sequence[Tensor]) -> bytes:
+def encode(description: bytes, outputs: Sequence[CachedOutput]) -> bytes:
     parts: list[bytes | memoryview] = [MAGIC, _U32.pack(len(description)), description]
     parts.append(_U16.pack(len(outputs)))
-    for t in outputs:
-        name = t.name.encode("utf-8")
-        datatype = t.datatype.encode("ascii")
+    for name_text, datatype_text, shape, array, parameters, _ in outputs:
+        name = name_text.encode("utf-8")
+        datatype = datatype_text.encode("ascii")
         parts += [_U16.pack(len(name)), name, _U8.pack(len(datatype)), datatype]
-        parts.append(_U8.pack(len(t.shape)) + b"".join(_I64.pack(d) for d in t.shape))
-        parts.append(_U16.pack(len(t.parameters)))
-        for key, value in t.parameters.items():
+        parts.append(_U8.pack(len(shape)) + b"".join(_I64.pack(d) for d in shape))
+        parts.append(_U16.pack(len(parameters)))
+        for key, value in parameters:
             raw_key = str(key).encode("utf-8")
             parts += [_U16.pack(len(raw_key)), raw_key, _scalar(value)]
-        if t.datatype == "BYTES":
-            elements = [bytes(e) if not isinstance(e, str) else e.encode() for e in t.data.flat]
+        if datatype_text == "BYTES":
+            elements = [bytes(e) if not isinstance(e, str) else e.encode() for e in array.flat]
             body = b"".join(_U32.pack(len(e)) + e for e in elements)
             parts += [_U64.pack(len(body)), _U64.pack(len(elements)), body]
         else:
-            data = np.ascontiguousarray(t.data, dtype=V2_TO_WIRE[t.datatype])
+            data = np.ascontiguousarray(array, dtype=V2_TO_WIRE[datatype_text])
             raw = data.reshape(-1).view(np.uint8).data
             parts += [_U64.pack(raw.nbytes), raw]
     return b"".join(parts)
@@ -89,8 +89,25 @@ class _Reader:
         self.at = end
         return chunk
 
+    def skip(self, n: int) -> int:
+        """Step over n bytes without copying them; where they start."""
+        start, end = self.at, self.at + n
+        if n < 0 or end > len(self.value):
+            raise CorruptValueError(f"truncated at byte {self.at}")
+        self.at = end
+        return start
+
     def unpack(self, fmt: struct.Struct) -> Any:
         return fmt.unpack(self.take(fmt.size))[0]
+
+
+def answers(value: bytes, description: bytes) -> bool:
+    """Whether the value is ours and answers exactly this description (no copy made)."""
+    end = len(MAGIC) + _U32.size
+    if len(value) < end or not value.startswith(MAGIC):
+        return False
+    (size,) = _U32.unpack_from(value, len(MAGIC))
+    return size == len(description) and memoryview(value)[end : end + size] == description
 
 
 def description_of(value: bytes) -> bytes:
@@ -102,8 +119,9 @@ def description_of(value: bytes) -> bytes:
     return reader.take(reader.unpack(_U32))
 
 
-def decode(value: bytes) -> tuple[bytes, list[Tensor]]:
-    """The description and the outputs; CorruptValueError for anything malformed."""
+def decode(value: bytes) -> list[CachedOutput]:
+    """The outputs (read `description_of` or `answers` first); CorruptValueError for
+    anything malformed."""
     try:
         return _decode(value)
     except CorruptValueError:
@@ -112,19 +130,21 @@ def decode(value: bytes) -> tuple[bytes, list[Tensor]]:
         raise CorruptValueError(f"malformed value: {exc}") from None
 
 
-def _decode(value: bytes) -> tuple[bytes, list[Tensor]]:
-    description = description_of(value)
+def _decode(value: bytes) -> list[CachedOutput]:
+    if not value.startswith(MAGIC):
+        raise CorruptValueError("not an inferd cache value (bad magic)")
     reader = _Reader(value)
-    reader.at = len(MAGIC) + _U32.size + len(description)
+    reader.skip(len(MAGIC))
+    reader.skip(reader.unpack(_U32))  # the description: compared by `answers`
     outputs = []
     for _ in range(reader.unpack(_U16)):
         name = reader.take(reader.unpack(_U16)).decode("utf-8")
         datatype = reader.take(reader.unpack(_U8)).decode("ascii")
         shape = tuple(reader.unpack(_I64) for _ in range(reader.unpack(_U8)))
-        parameters = {}
+        parameters = []
         for _ in range(reader.unpack(_U16)):
             key = reader.take(reader.unpack(_U16)).decode("utf-8")
-            parameters[key] = _read_scalar(reader)
+            parameters.append((key, _read_scalar(reader)))
         size = reader.unpack(_U64)
         if datatype == "BYTES":
             count = reader.unpack(_U64)
@@ -138,13 +158,12 @@ def _decode(value: bytes) -> tuple[bytes, list[Tensor]]:
             dtype = V2_TO_WIRE[datatype]
             if size % dtype.itemsize:
                 raise CorruptValueError(f"output {name!r}: {size} bytes of {datatype}")
-            offset = reader.at
-            reader.take(size)
+            offset = reader.skip(size)
             data = np.frombuffer(value, dtype=dtype, count=size // dtype.itemsize, offset=offset)
-        outputs.append(Tensor(name, datatype, shape, data.reshape(shape), parameters))
+        outputs.append(cached_output(name, datatype, shape, data.reshape(shape), tuple(parameters)))
     if reader.at != len(value):
         raise CorruptValueError("trailing bytes after the last output")
-    return description, outputs
+    return outputs
 
 
 def _read_scalar(reader: _Reader) -> Any:

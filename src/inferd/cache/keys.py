@@ -124,7 +124,8 @@ def _tensor(tensor: Tensor, options: KeyOptions, parts: list[bytes | memoryview]
     if options.float_decimals is not None and tensor.datatype in FLOAT_DATATYPES:
         data = _rounded(data, options.float_decimals)
     data = np.ascontiguousarray(data)  # a view when it already is (nearly always)
-    raw = data.reshape(-1).view(np.uint8).data
+    # The array's own buffer; BF16 (an ml_dtypes type) exports none: through its bytes.
+    raw = data.reshape(-1).view(np.uint8).data if data.dtype == BF16 else data.data
     parts += [_U64.pack(raw.nbytes), raw]
 
 
@@ -186,6 +187,8 @@ def _value(value: Any, parts: list[bytes | memoryview]) -> None:
     kind = type(value)
     if kind is str:
         parts.append(b"s" + _text(value))
+    elif kind is bool:
+        parts.append(b"t" if value else b"f")
     elif kind is dict and all(type(k) is str for k in value):
         # The common case (wire parameters), in str order; any other key set takes the
         # general path below, sorted by each key's encoding: one order per key set.

@@ -1,24 +1,21 @@
 """The in-process tier: an LRU bounded by the bytes of its entries (keys + values), with an
 optional per-model entry bound and per-entry TTL. Synchronous and lock-free: it runs on the
-event loop only, between awaits."""
+event loop only, between awaits. Slots are plain tuples, like the entries (entry.py), so the
+garbage collector untracks them."""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TypeAlias
 
 from inferd.cache.entry import CachedResponse
 from inferd.cache.keys import CacheKey
 from inferd.cache.stats import TierStats
 
-
-@dataclass(slots=True)
-class _Slot:
-    entry: CachedResponse
-    model: str
-    expires_at: float | None  # on the tier's clock
+# (entry, model, expires_at on the tier's clock or None): a plain tuple, untracked by the GC
+_Slot: TypeAlias = tuple[CachedResponse, str, float | None]
 
 
 class LocalTier:
@@ -32,21 +29,21 @@ class LocalTier:
     def get(self, key: CacheKey, model: str) -> CachedResponse | None:
         started = time.perf_counter()
         slot = self._slots.get(key.digest)
-        if slot is not None and slot.expires_at is not None and self.clock() >= slot.expires_at:
+        if slot is not None and slot[2] is not None and self.clock() >= slot[2]:
             self._remove(key.digest)
             self.stats.expired += 1
             slot = None
-        if slot is not None and slot.entry.description != key.description:
+        if slot is not None and slot[0][0] != key.description:
             self.stats.collisions += 1  # another request's answer: never served
             slot = None
         if slot is None:
             self.stats.miss(model)
         else:
             self._slots.move_to_end(key.digest)
-            self._by_model[slot.model].move_to_end(key.digest)
+            self._by_model[slot[1]].move_to_end(key.digest)
             self.stats.hit(model)
         self.stats.lookup_seconds.observe(time.perf_counter() - started)
-        return None if slot is None else slot.entry
+        return None if slot is None else slot[0]
 
     def put(
         self,
@@ -60,7 +57,8 @@ class LocalTier:
         bound. Evicts least recently used entries, of any model for bytes and of this
         model for `max_entries`."""
         started = time.perf_counter()
-        if entry.nbytes > self.size_bytes:
+        nbytes = entry[2]
+        if nbytes > self.size_bytes:
             self.stats.oversize += 1
             return False
         if key.digest in self._slots:
@@ -69,13 +67,13 @@ class LocalTier:
         if max_entries is not None:
             while len(model_slots) >= max_entries:
                 self._evict(next(iter(model_slots)))
-        while self.stats.bytes + entry.nbytes > self.size_bytes:
+        while self.stats.bytes + nbytes > self.size_bytes:
             self._evict(next(iter(self._slots)))
         expires_at = None if ttl_s is None else self.clock() + ttl_s
-        self._slots[key.digest] = _Slot(entry, model, expires_at)
+        self._slots[key.digest] = (entry, model, expires_at)
         # _evict may have dropped the model's (then empty) index: look it up again.
         self._by_model.setdefault(model, model_slots)[key.digest] = None
-        self.stats.bytes += entry.nbytes
+        self.stats.bytes += nbytes
         self.stats.entries += 1
         self.stats.inserts += 1
         self.stats.insert_seconds.observe(time.perf_counter() - started)
@@ -90,10 +88,10 @@ class LocalTier:
         self.stats.evictions += 1
 
     def _remove(self, digest: bytes) -> None:
-        slot = self._slots.pop(digest)
-        model_slots = self._by_model[slot.model]
+        entry, model, _ = self._slots.pop(digest)
+        model_slots = self._by_model[model]
         del model_slots[digest]
         if not model_slots:
-            del self._by_model[slot.model]
-        self.stats.bytes -= slot.entry.nbytes
+            del self._by_model[model]
+        self.stats.bytes -= entry[2]
         self.stats.entries -= 1

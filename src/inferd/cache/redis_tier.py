@@ -48,12 +48,18 @@ def _redis_asyncio() -> Any:
     return redis
 
 
-def _reraise_swallowed_cancel() -> None:
-    """redis-py (8.1 seen) can return normally from a call its task was cancelled in; our
-    own tasks (the flight, the insert worker) must still stop, or asyncio.run's shutdown
-    waits for them forever."""
+def _cancels() -> int:
     task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    return 0 if task is None else task.cancelling()
+
+
+def _reraise_swallowed_cancel(before: int) -> None:
+    """redis-py (8.1 seen) can return normally from a call its task was cancelled in. The
+    cancellation must still win (a request's, the insert worker's: else asyncio.run's
+    shutdown waits on the worker for ever). Only a cancel that came during the call counts:
+    `before` is the task's count of pending cancels when it began (a timeout's own cancel
+    is withdrawn by asyncio.timeout, so it does not count)."""
+    if _cancels() > before:
         raise asyncio.CancelledError
 
 
@@ -76,6 +82,7 @@ class RedisTier:
         # What is in Redis is shared and expires there: this process cannot know it.
         self.stats = TierStats("redis", bytes=-1, entries=-1)
         self._client: Any = None
+        self._pool: Any = None
         self._queue: asyncio.Queue[tuple[str, bytes, float | None]] | None = None
         self._worker: asyncio.Task[None] | None = None
 
@@ -84,16 +91,28 @@ class RedisTier:
         Needs the running loop: it is the loop the worker and connections live on."""
         if self._client is not None:
             return
-        redis = self._redis
-        self._client = redis.asyncio.Redis(
-            host=self.settings.host,
-            port=self.settings.port,
-            db=self.settings.db,
-            password=self.settings.password,
-            socket_timeout=self.timeout_s,
-            socket_connect_timeout=self.timeout_s,
-            retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
-        )
+        redis, settings = self._redis, self.settings
+        connection = {
+            "host": settings.host,
+            "port": settings.port,
+            "db": settings.db,
+            "username": settings.user,
+            "password": settings.password,
+            "socket_timeout": self._socket_s(settings.socket_timeout_ms),
+            "socket_connect_timeout": self._socket_s(settings.connect_timeout_ms),
+            "retry": redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
+        }
+        if settings.pool_size is None:
+            self._client = redis.asyncio.Redis(**connection)
+        else:  # bounded: callers wait for a free connection (wait_timeout, timeout_ms)
+            wait_ms = settings.wait_timeout_ms
+            pool = redis.asyncio.BlockingConnectionPool(
+                max_connections=settings.pool_size,
+                timeout=None if not wait_ms else wait_ms / 1000,
+                **connection,
+            )
+            self._client = redis.asyncio.Redis(connection_pool=pool)
+            self._pool = pool  # the client does not close a pool it was given
         self._queue = asyncio.Queue(self.queue_items)
         self._worker = asyncio.create_task(self._insert_loop(), name="inferd-cache-redis")
 
@@ -111,6 +130,15 @@ class RedisTier:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._pool is not None:
+            await self._pool.disconnect()
+            self._pool = None
+
+    def _socket_s(self, ms: float | None) -> float | None:
+        """A per-socket timeout: timeout_ms unless set; 0 lifts it (the call's stays)."""
+        if ms is None:
+            return self.timeout_s
+        return None if ms == 0 else ms / 1000
 
     def key_of(self, key: CacheKey) -> str:
         return self.key_prefix + key.digest.hex()
@@ -123,11 +151,11 @@ class RedisTier:
             self.stats.skipped += 1
             self.stats.miss(model)
             return None
-        started = time.perf_counter()
+        started, cancels = time.perf_counter(), _cancels()
         try:
             async with asyncio.timeout(self.timeout_s):
                 value = await self._client.get(self.key_of(key))
-            _reraise_swallowed_cancel()
+            _reraise_swallowed_cancel(cancels)
         except asyncio.CancelledError:
             self.breaker.abandoned()
             raise
@@ -147,16 +175,17 @@ class RedisTier:
 
     def _entry(self, key: CacheKey, value: bytes) -> CachedResponse | None:
         try:
-            if codec.description_of(value) != key.description:
-                self.stats.collisions += 1
+            if not codec.answers(value, key.description):
+                codec.description_of(value)  # not even ours: CorruptValueError
+                self.stats.collisions += 1  # ours, for another request
                 return None
-            _, outputs = codec.decode(value)
+            outputs = codec.decode(value)
         except codec.CorruptValueError as exc:
             self.stats.errors += 1
             log.warning("response cache: corrupt Redis value at %s: %s", self.key_of(key), exc)
             return None
-        for t in outputs:
-            frozen(t.data)
+        for output in outputs:
+            frozen(output[3])
         return make_entry(key.description, tuple(outputs))
 
     def put(self, key: CacheKey, entry: CachedResponse, ttl_s: float | None) -> None:
@@ -168,7 +197,7 @@ class RedisTier:
             self.stats.dropped_inserts += 1  # down: the probe is the lookups' job
             return
         try:
-            value = codec.encode(entry.description, entry.outputs)
+            value = codec.encode(entry[0], entry[1])
         except codec.UnencodableError:
             self.stats.dropped_inserts += 1
             return
@@ -191,8 +220,9 @@ class RedisTier:
             while len(batch) < BATCH_ITEMS and not queue.empty():
                 batch.append(queue.get_nowait())
             try:
+                cancels = _cancels()
                 await self._insert(batch)
-                _reraise_swallowed_cancel()
+                _reraise_swallowed_cancel(cancels)
             finally:
                 for _ in batch:
                     queue.task_done()

@@ -2,14 +2,19 @@
 by every process and replica, with single flight for concurrent identical misses.
 
     get_or_run(key, model, run) -> (outputs, source)
-      1. local tier           hit: "local" (no await, no task: the cheap path)
-      2. join or start the key's flight; the flight:
+      1. local tier           hit: "local" (no await: the cheap path)
+      2. lead or join the key's flight (single_flight.py); the leader, inline:
          a. Redis tier        hit: fills local, "redis"   (bounded by timeout_ms; any failure
                               is counted, skipped by the breaker, and is just a miss)
          b. run()             the model: stored locally at once, queued for Redis, ""
 
 Every caller of a flight gets its source: "" means no tier had the answer (the model ran,
 for this caller or, when `coalesced` grew, for the identical request it waited on).
+
+One ResponseCache per process and event loop: the tiers and flights are used from that
+loop only, without locks (Redis connections and the insert worker belong to it). Reading
+`stats` from another thread (a metrics scrape) is safe for the counters; copy the dicts
+with dict(...) before iterating them.
 """
 
 from __future__ import annotations
@@ -19,10 +24,17 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from inferd.cache.cache_settings import CacheSettings
-from inferd.cache.entry import CachedResponse, handed_out, make_entry, outputs_bytes, owned_copy
+from inferd.cache.entry import (
+    CachedResponse,
+    handed_out,
+    make_entry,
+    outputs_bytes,
+    owned_copy,
+    passed_through,
+)
 from inferd.cache.keys import CacheKey
 from inferd.cache.local_tier import LocalTier
-from inferd.cache.single_flight import SingleFlight
+from inferd.cache.single_flight import LeaderCancelledError, SingleFlight
 from inferd.cache.stats import TierStats
 from inferd.types import Tensor
 
@@ -87,17 +99,26 @@ class ResponseCache:
         most that long after it was stored or read from Redis); with neither, entries stay
         until evicted (Redis: until its own maxmemory policy removes them)."""
         if self.local is not None:
-            entry = self.local.get(key, model)
-            if entry is not None:
-                return handed_out(entry), "local"
-
+            found = self.local.get(key, model)
+            if found is not None:
+                return handed_out(found), "local"
         ttl = ttl_s if ttl_s is not None or self.redis is None else self.redis.settings.ttl_s
 
         async def fill() -> tuple[CachedResponse, str]:
             return await self._fill(key, model, run, ttl, max_entries, max_response_bytes)
 
-        entry, source = await self._flights.run(key, fill)
-        return handed_out(entry), source
+        while True:
+            try:
+                entry, source = await self._flights.run(key, fill)
+            except LeaderCancelledError:
+                # The identical request we waited on was cancelled: another waiter may
+                # have stored the answer since; if not, lead or wait once more.
+                if self.local is not None:
+                    found = self.local.get(key, model)
+                    if found is not None:
+                        return handed_out(found), "local"
+                continue
+            return handed_out(entry), source
 
     async def _fill(
         self,
@@ -117,9 +138,9 @@ class ResponseCache:
         outputs = await run()
         if any(t.shared_memory is not None for t in outputs):
             # Written into the client's region, not held by the response: nothing to keep.
-            return CachedResponse(key.description, tuple(outputs), 0), ""
+            return (key.description, passed_through(outputs), 0), ""
         entry = make_entry(key.description, owned_copy(outputs))
-        if max_response_bytes is not None and outputs_bytes(entry.outputs) > max_response_bytes:
+        if max_response_bytes is not None and outputs_bytes(entry[1]) > max_response_bytes:
             for stats in self.stats:
                 stats.oversize += 1
             return entry, ""

@@ -1,17 +1,18 @@
-"""Concurrent identical misses run once: the first caller's work runs in a task of its own,
-and every caller with the same key (the first included) awaits that task.
+"""Concurrent identical misses run once: the first caller (the leader) runs its work inline,
+the others wait on a future the leader settles with its result or its exception.
 
-The task, not the first caller, owns the work, so cancelling the first caller (a client gone,
-a deadline) does not cancel it under the others; it is cancelled only when every caller
-waiting on it has gone. Keys are whole CacheKeys (digest and description), so two requests
-whose digests collide never share a flight.
+No task is made: a miss costs one future and no extra turns of the event loop. If the
+leader is cancelled (a client gone, a deadline), its waiters get LeaderCancelledError: the
+caller looks again (another waiter may have stored the answer meanwhile) and calls run()
+again, where one of them leads with its own work. Nobody is left hanging. Keys
+are whole CacheKeys (digest and description): two requests whose digests collide never
+share a flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from inferd.cache.keys import CacheKey
@@ -19,62 +20,46 @@ from inferd.cache.keys import CacheKey
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
-class _Flight(Generic[T]):
-    task: asyncio.Task[T]
-    waiters: int = 0
+class LeaderCancelledError(Exception):
+    """The flight's leader was cancelled before it had a result: look again, run again."""
 
 
 class SingleFlight(Generic[T]):
     def __init__(self) -> None:
-        self._flights: dict[CacheKey, _Flight[T]] = {}
-        self.coalesced = 0  # callers served by another caller's flight
+        self._flights: dict[CacheKey, asyncio.Future[T]] = {}
+        self.coalesced = 0  # times a caller waited on another caller's flight
 
     def __len__(self) -> int:
         return len(self._flights)
 
-    def joined(self, key: CacheKey) -> bool:
-        return key in self._flights
-
     async def run(self, key: CacheKey, work: Callable[[], Awaitable[T]]) -> T:
-        """`work()`'s result (or its exception), run once for all concurrent callers."""
-        flight = self._flights.get(key)
-        if flight is None:
-            flight = _Flight(asyncio.ensure_future(self._owned(key, work)))
-            flight.task.add_done_callback(_retrieve)
-            self._flights[key] = flight
-        else:
-            self.coalesced += 1
-        flight.waiters += 1
+        """`work()`'s result (or its exception), run once for all concurrent callers;
+        LeaderCancelledError to a waiter whose leader was cancelled."""
+        future = self._flights.get(key)
+        if future is None:
+            return await self._lead(key, work)
+        self.coalesced += 1
+        # Shielded: a waiter's cancellation must not cancel the shared future.
+        return await asyncio.shield(future)
+
+    async def _lead(self, key: CacheKey, work: Callable[[], Awaitable[T]]) -> T:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._flights[key] = future
         try:
-            return await asyncio.shield(flight.task)
+            result = await work()
         except asyncio.CancelledError:
-            if flight.waiters == 1 and not flight.task.done():
-                # Nobody else waits for it: stop it, and let a later caller start afresh
-                # rather than join work that is being cancelled.
-                self._forget(key, flight.task)
-                flight.task.cancel()
+            self._settle(key, future, LeaderCancelledError())
             raise
-        finally:
-            flight.waiters -= 1
+        except BaseException as exc:
+            self._settle(key, future, exc)
+            raise
+        # Before the waiters see it: a caller arriving after this starts a new flight
+        # (and, with a local tier, finds the entry `work` has just stored).
+        del self._flights[key]
+        future.set_result(result)
+        return result
 
-    async def _owned(self, key: CacheKey, work: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await work()
-        finally:
-            # Before the result is seen: a caller arriving after this starts a new flight
-            # (and, with a local tier, finds the entry `work` has just stored).
-            task = asyncio.current_task()
-            if task is not None:
-                self._forget(key, task)
-
-    def _forget(self, key: CacheKey, task: asyncio.Task[T]) -> None:
-        flight = self._flights.get(key)
-        if flight is not None and flight.task is task:
-            del self._flights[key]
-
-
-def _retrieve(task: asyncio.Task[object]) -> None:
-    """Mark an exception retrieved even when every caller has gone (no 'never retrieved')."""
-    if not task.cancelled():
-        task.exception()
+    def _settle(self, key: CacheKey, future: asyncio.Future[T], exc: BaseException) -> None:
+        del self._flights[key]
+        future.set_exception(exc)
+        future.exception()  # retrieved: no "never retrieved" log when nobody waited

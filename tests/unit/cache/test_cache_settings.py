@@ -32,6 +32,20 @@ from inferd.cache import (
             ["redis,host=cache", "redis,port=6380", "redis,password=pw", "local,size=1M"],
             CacheSettings(LocalSettings(1024**2), RedisSettings("cache", 6380, "pw")),
         ),
+        (  # Triton's other redis cache settings
+            ["redis,host=h,user=app,pool_size=4,wait_timeout=100", "redis,connect_timeout=0"]
+            + ["redis,socket_timeout=2.5"],
+            CacheSettings(
+                redis=RedisSettings(
+                    "h",
+                    user="app",
+                    pool_size=4,
+                    wait_timeout_ms=100.0,
+                    connect_timeout_ms=0.0,
+                    socket_timeout_ms=2.5,
+                )
+            ),
+        ),
         (  # both forms mixed, a setting repeated with the same value
             ["redis,host=cache,port=6380", "redis,ttl=60", "redis,port=6380"],
             CacheSettings(redis=RedisSettings("cache", 6380, ttl_s=60.0)),
@@ -64,7 +78,12 @@ def test_parses_both_forms_and_merges_per_tier(values, expected):
         (["redis,host=h,ttl=0"], ["redis,ttl=0", "seconds"]),
         (["redis,host=h,ttl=nan"], ["redis,ttl"]),
         (["redis,host=h,timeout_ms=-1"], ["redis,timeout_ms", "milliseconds"]),
-        (["redis,host=h,user=u"], ["redis,user", "unknown redis setting", "timeout_ms"]),
+        (["redis,host=h,username=u"], ["redis,username", "unknown redis setting", "user"]),
+        (["redis,host=h,user="], ["redis,user", "a user name"]),
+        (["redis,host=h,pool_size=0"], ["redis,pool_size=0", "integer > 0"]),
+        (["redis,host=h,wait_timeout=10"], ["redis,wait_timeout", "without pool_size"]),
+        (["redis,host=h,connect_timeout=-1"], ["redis,connect_timeout", ">= 0"]),
+        (["redis,host=h,socket_timeout=x"], ["redis,socket_timeout", "milliseconds"]),
         (["redis,host=a", "redis,host=b"], ["redis,host", "given twice", "'a'", "'b'"]),
         (["local,size=1", "redis,host=h", "local,size=2"], ["local,size", "given twice"]),
     ],

@@ -4,6 +4,7 @@ value can raise anything but CorruptValueError (which the tier counts as an erro
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,47 +12,46 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from inferd.cache import codec
+from inferd.cache.entry import CachedOutput, cached_output
 from inferd.datatypes import V2_TO_NUMPY
-from inferd.types import Tensor
 
 
-def sample(datatype: str) -> Tensor:
+def sample(datatype: str, parameters: tuple[tuple[str, Any], ...] = ()) -> CachedOutput:
     if datatype == "BYTES":
         data = np.empty((2, 2), dtype=object)
         data[:] = [[b"", b"a\x00b"], [b"\xff" * 300, b"z"]]
-        return Tensor("s", "BYTES", (2, 2), data)
+        return cached_output("s", "BYTES", (2, 2), data, parameters)
     values = np.arange(-3, 3).reshape(2, 3) if datatype != "BOOL" else [[True, False, True]] * 2
-    return Tensor(
-        f"out_{datatype}", datatype, (2, 3), np.array(values).astype(V2_TO_NUMPY[datatype])
-    )
+    data = np.array(values).astype(V2_TO_NUMPY[datatype])
+    return cached_output(f"out_{datatype}", datatype, (2, 3), data, parameters)
 
 
 @pytest.mark.parametrize("datatype", sorted(V2_TO_NUMPY))
 def test_every_datatype_round_trips(datatype):
-    tensor = sample(datatype)
-    tensor.parameters.update({"flag": True, "count": -7, "scale": 0.5, "label": "é"})
-    description, (back,) = codec.decode(codec.encode(b"key", [tensor]))
-    assert description == b"key"
-    assert (back.name, back.datatype, back.shape, back.parameters) == (
-        tensor.name,
-        tensor.datatype,
-        tensor.shape,
-        tensor.parameters,
-    )
-    assert back.data.shape == tensor.data.shape and back.data.dtype == tensor.data.dtype
-    assert back.data.tolist() == tensor.data.tolist()
+    tensor = sample(datatype, (("flag", True), ("count", -7), ("scale", 0.5), ("label", "é")))
+    value = codec.encode(b"key", [tensor])
+    assert codec.description_of(value) == b"key"
+    assert codec.answers(value, b"key") and not codec.answers(value, b"kez")
+    (back,) = codec.decode(value)
+    name, datatype, shape, data, parameters, _ = back
+    assert (name, datatype, shape, parameters) == (tensor[0], tensor[1], tensor[2], tensor[4])
+    assert data.shape == tensor[3].shape and data.dtype == tensor[3].dtype
+    assert data.tolist() == tensor[3].tolist()
 
 
 def test_several_outputs_and_none():
-    tensors = [sample("FP32"), sample("BYTES"), Tensor("e", "INT8", (0,), np.zeros(0, np.int8))]
-    _, back = codec.decode(codec.encode(b"", tensors))
-    assert [t.name for t in back] == [t.name for t in tensors]
-    assert codec.decode(codec.encode(b"d", [])) == (b"d", [])
+    tensors = [
+        sample("FP32"),
+        sample("BYTES"),
+        cached_output("e", "INT8", (0,), np.zeros(0, np.int8)),
+    ]
+    back = codec.decode(codec.encode(b"", tensors))
+    assert [t[0] for t in back] == [t[0] for t in tensors]
+    assert codec.decode(codec.encode(b"d", [])) == []
 
 
 def test_parameters_that_are_not_scalars_are_not_encodable():
-    tensor = sample("FP32")
-    tensor.parameters["nested"] = {"a": 1}
+    tensor = sample("FP32", (("nested", {"a": 1}),))
     with pytest.raises(codec.UnencodableError):
         codec.encode(b"", [tensor])
 
@@ -62,7 +62,10 @@ VALID = codec.encode(b"some key", [sample("FP64"), sample("BYTES"), sample("BF16
 @given(st.binary(max_size=200))
 def test_any_bytes_decode_or_raise_corrupt_value(value):
     with contextlib.suppress(codec.CorruptValueError):
+        codec.description_of(value)
+    with contextlib.suppress(codec.CorruptValueError):
         codec.decode(value)
+    assert not codec.answers(value, b"some key") or value.startswith(codec.MAGIC)
 
 
 @given(st.integers(0, len(VALID) - 1), st.integers(1, 255), st.booleans())

@@ -27,7 +27,7 @@ def entry(n: float, size: int = 4, model: str = "m"):
 
 
 def test_evicts_least_recently_used_by_bytes_and_counts():
-    one = entry(1).nbytes
+    one = entry(1)[2]
     tier = LocalTier(3 * one)
     for n in (1, 2, 3):
         assert tier.put(key(n), "m", entry(n))
@@ -45,13 +45,13 @@ def test_the_bytes_bound_holds_whatever_the_sizes():
         tier.put(key(i), "m", entry(i, size))
         assert tier.stats.bytes <= 10_000
     kept = [i for i in range(len(sizes)) if tier.get(key(i), "m") is not None]
-    assert tier.stats.bytes == sum(entry(i, sizes[i]).nbytes for i in kept)
+    assert tier.stats.bytes == sum(entry(i, sizes[i])[2] for i in kept)
     assert tier.stats.entries == len(kept)
     assert tier.stats.evictions == len(sizes) - len(kept)
 
 
 def test_an_entry_bigger_than_the_tier_is_not_kept():
-    tier = LocalTier(entry(1).nbytes - 1)
+    tier = LocalTier(entry(1)[2] - 1)
     assert not tier.put(key(1), "m", entry(1))
     assert (tier.stats.entries, tier.stats.oversize, tier.stats.evictions) == (0, 1, 0)
 
@@ -87,7 +87,7 @@ def test_invalidate_model_drops_only_that_model():
     tier.invalidate_model("m")
     assert tier.get(key(1), "m") is None
     assert tier.get(key(1, "n"), "n") is not None
-    assert tier.stats.entries == 1 and tier.stats.bytes == entry(1).nbytes
+    assert tier.stats.entries == 1 and tier.stats.bytes == entry(1)[2]
 
 
 def test_a_hit_and_a_miss_are_counted_per_model_with_latencies():
@@ -209,3 +209,19 @@ def test_outputs_written_to_shared_memory_are_not_cached():
         assert cache.stats[0].entries == 0
 
     asyncio.run(scenario())
+
+
+def test_entries_are_untracked_by_the_garbage_collector():
+    """A full collection must not walk the tier's entries (thousands a second with unique
+    inputs): plain tuples of bytes, strings, ints and arrays, which CPython untracks."""
+    import gc
+
+    tier = LocalTier(1 << 20)
+    for n in range(100):
+        tier.put(key(n), "m", entry(n))
+    for _ in range(5):  # CPython untracks one level of nested tuples per collection
+        gc.collect()
+    slots = list(tier._slots.values())
+    assert len(slots) == 100
+    assert not any(gc.is_tracked(slot) for slot in slots)
+    assert not any(gc.is_tracked(slot[0]) or gc.is_tracked(slot[0][1]) for slot in slots)
