@@ -56,6 +56,11 @@ def outputs_bytes(outputs: Sequence[CachedOutput]) -> int:
     return sum(TENSOR_OVERHEAD + len(o[0]) + output_bytes(o) for o in outputs)
 
 
+def response_bytes(outputs: Sequence[Tensor]) -> int:
+    """What outputs_bytes will count for these outputs' copies, before copying them."""
+    return outputs_bytes(passed_through(outputs))
+
+
 def frozen(array: Array) -> Array:
     array.flags.writeable = False
     return array

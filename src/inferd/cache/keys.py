@@ -189,21 +189,11 @@ def _value(value: Any, parts: list[bytes | memoryview]) -> None:
         parts.append(b"s" + _text(value))
     elif kind is bool:
         parts.append(b"t" if value else b"f")
-    elif kind is dict and all(type(k) is str for k in value):
-        # The common case (wire parameters), in str order; any other key set takes the
-        # general path below, sorted by each key's encoding: one order per key set.
-        if not value:
-            parts.append(_EMPTY_MAP)
-            return
-        parts.append(b"m" + _U32.pack(len(value)))
-        for name in sorted(value):
-            parts.append(b"s" + _text(name))
-            _value(value[name], parts)
+    elif kind is dict:
+        _mapping(value, parts)
     elif value is None:
         parts.append(b"n")
-    elif isinstance(value, bool | np.bool_):
-        parts.append(b"t" if value else b"f")
-    elif isinstance(value, int):
+    elif isinstance(value, int):  # bool is final: `kind is bool` caught it
         parts.append(b"i" + _text(str(value)))
     elif isinstance(value, float):
         parts.append(b"d" + _F64.pack(value))
@@ -217,17 +207,7 @@ def _value(value: Any, parts: list[bytes | memoryview]) -> None:
         for item in value:
             _value(item, parts)
     elif isinstance(value, Mapping):
-        # Sorted by each key's own encoding: any key type, one order.
-        items = []
-        for key, item in value.items():
-            encoded: list[bytes | memoryview] = []
-            _value(key, encoded)
-            items.append((b"".join(encoded), item))
-        items.sort(key=lambda pair: pair[0])
-        parts.append(b"m" + _U32.pack(len(items)))
-        for encoded_key, item in items:
-            parts.append(encoded_key)
-            _value(item, parts)
+        _mapping(value, parts)
     elif isinstance(value, np.generic):
         _value(value.item(), parts)
     elif isinstance(value, np.ndarray):
@@ -238,3 +218,27 @@ def _value(value: Any, parts: list[bytes | memoryview]) -> None:
         raise UncacheableRequestError(
             f"a parameter value of type {type(value).__name__} has no cache key encoding"
         )
+
+
+def _mapping(value: Mapping[Any, Any], parts: list[bytes | memoryview]) -> None:
+    """Entries in one order per key set, whatever the mapping's type or insertion order:
+    string keys (wire parameters, the common case) in string order, any other key set
+    sorted by each key's own encoding."""
+    if not value:
+        parts.append(_EMPTY_MAP)
+        return
+    parts.append(b"m" + _U32.pack(len(value)))
+    if all(type(k) is str for k in value):
+        for name in sorted(value):
+            parts.append(b"s" + _text(name))
+            _value(value[name], parts)
+        return
+    items = []
+    for key, item in value.items():
+        encoded: list[bytes | memoryview] = []
+        _value(key, encoded)
+        items.append((b"".join(encoded), item))
+    items.sort(key=lambda pair: pair[0])
+    for encoded_key, item in items:
+        parts.append(encoded_key)
+        _value(item, parts)

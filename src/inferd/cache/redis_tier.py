@@ -3,8 +3,12 @@ critical path.
 
 - Every call is bounded by `timeout_ms` (the socket timeouts and an asyncio deadline over
   the whole call; redis-py's own retries are off, so one call is one try).
-- A timeout, connection error, error reply or corrupt value is counted in `errors` and is a
-  miss: the request runs the model. The breaker (breaker.py) then skips Redis for a while.
+- A timeout, connection error or error reply is counted in `errors` and is a miss: the
+  request runs the model; after a few in a row the breaker (breaker.py) skips Redis for a
+  while. A corrupt or foreign value is an error and a miss too, but Redis answered: it
+  does not trip the breaker (and the miss's insert overwrites it).
+- With `pool_size` the connections are bounded and a caller waits for a free one (within
+  `wait_timeout` and `timeout_ms`); without it the pool opens what concurrency needs.
 - Inserts never delay an answer: they go through a bounded queue (full: dropped, counted)
   to one background task that writes them in pipelined batches, `SET key value PX ttl`.
 

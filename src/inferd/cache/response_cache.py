@@ -28,9 +28,9 @@ from inferd.cache.entry import (
     CachedResponse,
     handed_out,
     make_entry,
-    outputs_bytes,
     owned_copy,
     passed_through,
+    response_bytes,
 )
 from inferd.cache.keys import CacheKey
 from inferd.cache.local_tier import LocalTier
@@ -90,9 +90,10 @@ class ResponseCache:
         max_entries: int | None = None,
         max_response_bytes: int | None = None,
     ) -> tuple[list[Tensor], str]:
-        """The outputs (read-only arrays the cache owns: safe to keep) and where they came
-        from: "local", "redis", or "" (no tier had them). run()'s exception reaches every
-        caller of the flight, and nothing is cached then.
+        """The outputs (read-only arrays the cache owns: safe to keep; or, for a response
+        over max_response_bytes that nobody else waited for, run()'s own) and where they
+        came from: "local", "redis", or "" (no tier had them). run()'s exception reaches
+        every caller of the flight, and nothing is cached then.
 
         `ttl_s` (the model's cache_ttl_seconds) is the entries' TTL in both tiers; without
         it the Redis tier's `ttl` is, in the local tier as well (a local copy then lives at
@@ -139,11 +140,14 @@ class ResponseCache:
         if any(t.shared_memory is not None for t in outputs):
             # Written into the client's region, not held by the response: nothing to keep.
             return (key.description, passed_through(outputs), 0), ""
-        entry = make_entry(key.description, owned_copy(outputs))
-        if max_response_bytes is not None and outputs_bytes(entry[1]) > max_response_bytes:
+        if max_response_bytes is not None and response_bytes(outputs) > max_response_bytes:
             for stats in self.stats:
                 stats.oversize += 1
-            return entry, ""
+            if not self._flights.joined(key):  # the caller's own outputs, uncopied
+                return (key.description, passed_through(outputs), 0), ""
+            # Waiters get copies: run()'s buffers are the caller's (it may reuse them).
+            return (key.description, owned_copy(outputs), 0), ""
+        entry = make_entry(key.description, owned_copy(outputs))
         if self.local is not None:
             self.local.put(key, model, entry, ttl_s, max_entries)
         if self.redis is not None:

@@ -27,10 +27,15 @@ class LeaderCancelledError(Exception):
 class SingleFlight(Generic[T]):
     def __init__(self) -> None:
         self._flights: dict[CacheKey, asyncio.Future[T]] = {}
+        self._joined: set[CacheKey] = set()  # flights someone waits on
         self.coalesced = 0  # times a caller waited on another caller's flight
 
     def __len__(self) -> int:
         return len(self._flights)
+
+    def joined(self, key: CacheKey) -> bool:
+        """Whether another caller waits on the key's current flight."""
+        return key in self._joined
 
     async def run(self, key: CacheKey, work: Callable[[], Awaitable[T]]) -> T:
         """`work()`'s result (or its exception), run once for all concurrent callers;
@@ -39,6 +44,7 @@ class SingleFlight(Generic[T]):
         if future is None:
             return await self._lead(key, work)
         self.coalesced += 1
+        self._joined.add(key)
         # Shielded: a waiter's cancellation must not cancel the shared future.
         return await asyncio.shield(future)
 
@@ -56,10 +62,12 @@ class SingleFlight(Generic[T]):
         # Before the waiters see it: a caller arriving after this starts a new flight
         # (and, with a local tier, finds the entry `work` has just stored).
         del self._flights[key]
+        self._joined.discard(key)
         future.set_result(result)
         return result
 
     def _settle(self, key: CacheKey, future: asyncio.Future[T], exc: BaseException) -> None:
         del self._flights[key]
+        self._joined.discard(key)
         future.set_exception(exc)
         future.exception()  # retrieved: no "never retrieved" log when nobody waited

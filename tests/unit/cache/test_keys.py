@@ -342,3 +342,35 @@ def test_numpy_parameter_values_have_their_own_encoding():
     a, b = np.zeros(2000), np.zeros(2000)
     b[1000] = 1  # same repr ('...'), different content
     assert key_of(x, parameters={"p": a}) != key_of(x, parameters={"p": b})
+
+
+def test_mappings_have_one_encoding_whatever_their_type_and_order():
+    from types import MappingProxyType
+
+    x = tensor("x", "FP32", [1.0])
+    forward = {"b": 1, 2: "two", (1, 2): None, "a": [1.0]}
+    backward = dict(reversed(list(forward.items())))
+    assert key_of(x, parameters={"p": forward}) == key_of(x, parameters={"p": backward})
+    assert key_of(x, parameters={"p": MappingProxyType(forward)}) == key_of(
+        x, parameters={"p": forward}
+    )
+    strings = {"b": 1, "a": 2}
+    assert key_of(x, parameters={"p": MappingProxyType(strings)}) == key_of(
+        x, parameters={"p": dict(reversed(list(strings.items())))}
+    )
+    # A key's type counts like a value's: 1, "1" and True are three entries' worth.
+    assert len({key_of(x, parameters={"p": {k: 0}}) for k in (1, "1", True, 1.0)}) == 4
+
+
+def test_data_of_another_dtype_is_keyed_as_its_datatype_says():
+    as_f64 = Tensor("x", "FP32", (2,), np.array([1.5, 2.0], dtype=np.float64))
+    big_endian = Tensor("x", "FP32", (2,), np.array([1.5, 2.0], dtype=">f4"))
+    assert key_of(as_f64) == key_of(tensor("x", "FP32", [1.5, 2.0])) == key_of(big_endian)
+
+
+def test_str_elements_of_bytes_tensors_are_keyed_and_normalised_apart_from_bytes():
+    as_str = tensor("t", "BYTES", [" Ab"])
+    assert key_of(as_str) != key_of(tensor("t", "BYTES", [b" Ab"]))
+    assert key_of(as_str, text_normalize=("strip", "lower")) == key_of(
+        tensor("t", "BYTES", ["ab"]), text_normalize=("strip", "lower")
+    )

@@ -7,6 +7,8 @@ import asyncio
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tests.unit.cache.cache_helpers import Model, key, outputs
 
 from inferd.cache import CacheKey, CacheSettings, LocalSettings, ResponseCache
@@ -225,3 +227,66 @@ def test_entries_are_untracked_by_the_garbage_collector():
     assert len(slots) == 100
     assert not any(gc.is_tracked(slot) for slot in slots)
     assert not any(gc.is_tracked(slot[0]) or gc.is_tracked(slot[0][1]) for slot in slots)
+
+
+class ReferenceLru:
+    """The tier's contract, written the slow and obvious way."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.order: list[tuple[int, str, int]] = []  # (key, model, bytes), oldest first
+        self.evictions = 0
+
+    def get(self, n: int) -> bool:
+        for i, item in enumerate(self.order):
+            if item[0] == n:
+                self.order.append(self.order.pop(i))
+                return True
+        return False
+
+    def put(self, n: int, model: str, nbytes: int, max_entries: int | None) -> None:
+        if nbytes > self.size:
+            return
+        self.order = [item for item in self.order if item[0] != n]
+        if max_entries is not None:
+            while sum(1 for item in self.order if item[1] == model) >= max_entries:
+                oldest = next(i for i, item in enumerate(self.order) if item[1] == model)
+                self.order.pop(oldest)
+                self.evictions += 1
+        while sum(item[2] for item in self.order) + nbytes > self.size:
+            self.order.pop(0)
+            self.evictions += 1
+        self.order.append((n, model, nbytes))
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["get", "put"]),
+        st.integers(0, 12),  # the key
+        st.integers(1, 300),  # output elements: entries of different sizes
+        st.sampled_from([None, 2, 3]),  # max_entries
+    ),
+    max_size=60,
+)
+
+
+@given(operations)
+def test_the_tier_behaves_as_a_reference_lru_by_bytes(ops):
+    size = 3000
+    tier, reference = LocalTier(size), ReferenceLru(size)
+    sizes: dict[int, int] = {}
+    for op, n, elements, max_entries in ops:
+        model = "m" if n % 2 else "n"  # two models, so per-model bounds spare the other
+        if op == "get":
+            got = tier.get(key(n, model), model)
+            assert (got is not None) == reference.get(n)
+            if got is not None:
+                assert got[1][0][3].tolist() == [float(n)] * sizes[n]
+        else:
+            item = entry(n, elements, model)
+            sizes[n] = elements
+            tier.put(key(n, model), model, item, max_entries=max_entries)
+            reference.put(n, model, item[2], max_entries)
+        assert tier.stats.bytes == sum(item[2] for item in reference.order) <= size
+        assert tier.stats.entries == len(reference.order)
+        assert tier.stats.evictions == reference.evictions

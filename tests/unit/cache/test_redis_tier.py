@@ -22,6 +22,7 @@ from inferd.cache import (
     ResponseCache,
 )
 from inferd.cache.breaker import FAILURES, Breaker
+from inferd.cache.entry import make_entry, owned_copy
 from inferd.cache.redis_tier import RedisTier
 
 MAIN = RedisSettings(*MAIN_REDIS, timeout_ms=2000)  # a loaded CI box: no spurious timeouts
@@ -232,17 +233,20 @@ def test_a_redis_that_never_answers_is_bounded_by_timeout_ms():
         asyncio.run(scenario(port))
 
 
-def test_a_full_insert_queue_drops_and_counts():
+def test_a_full_insert_queue_drops_and_counts(prefix):
     async def scenario():
-        tier = RedisTier(MAIN, queue_items=2)
-        from inferd.cache.entry import make_entry, owned_copy
-
+        tier = RedisTier(MAIN, queue_items=2, key_prefix=prefix)
         for n in range(5):  # no await between: the worker cannot drain meanwhile
-            tier.put(key(n), make_entry(key(n).description, owned_copy(outputs(n))), 1)
+            tier.put(key(n), make_entry(key(n).description, owned_copy(outputs(n))), 60)
         assert tier.stats.dropped_inserts == 3
+        await tier.flush()
+        assert tier.stats.inserts == 2 and tier.stats.dropped_inserts == 3
         await tier.close()
 
     asyncio.run(scenario())
+    client = main_redis()
+    assert len(client.keys(prefix + "*")) == 2  # what was queued was written
+    client.close()
 
 
 def test_redis_settings_without_the_package_say_what_to_install(monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.unit.cache.cache_helpers import Model, key, wait_for
+from tests.unit.cache.cache_helpers import Model, key, outputs, wait_for
 
 from inferd.cache import CacheSettings, LocalSettings, ResponseCache
 
@@ -105,5 +105,39 @@ def test_when_every_caller_is_cancelled_the_run_is_cancelled_and_a_new_one_start
         got, source = await cache.get_or_run(key(1), "m", model.run(1))
         assert source == "" and got[0].data[0] == 1.0
         assert model.calls == 2 and cache.stats[0].entries == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_oversize_answer_is_copied_only_for_waiters():
+    """Not cached either way; the lone caller gets run()'s own arrays (no copy for nothing),
+    while waiters get copies: run()'s buffers belong to the caller that ran it."""
+
+    async def scenario():
+        cache = local_cache()
+        mine = outputs(1, size=100)
+
+        async def run():
+            return mine
+
+        got, _ = await cache.get_or_run(key(1), "m", run, max_response_bytes=10)
+        assert got[0].data is mine[0].data
+
+        gate = asyncio.Event()
+
+        async def held():
+            await gate.wait()
+            return mine
+
+        tasks = [
+            asyncio.create_task(cache.get_or_run(key(2), "m", held, max_response_bytes=10))
+            for _ in range(3)
+        ]
+        await wait_for(lambda: cache.coalesced == 2)
+        gate.set()
+        for got, source in await asyncio.gather(*tasks):
+            assert source == "" and got[0].data is not mine[0].data
+            assert got[0].data.tolist() == [1.0] * 100 and not got[0].data.flags.writeable
+        assert cache.stats[0].entries == 0 and cache.stats[0].oversize == 2
 
     asyncio.run(scenario())
