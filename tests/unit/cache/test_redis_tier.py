@@ -357,7 +357,8 @@ async def left_open(n):
     settings = RedisSettings("127.0.0.1", 6379, timeout_ms=2000)
     cache = ResponseCache(CacheSettings(redis=settings), redis_key_prefix=PREFIX)
     await cache.get_or_run(key(n), "m", Model().run(n))  # queues its insert
-    for _ in range(n % 10):  # let the worker get that far into writing it
+    lookup = asyncio.create_task(cache.get_or_run(key(n + 100), "m", Model().run(n)))
+    for _ in range(n % 10):  # let the worker (and that lookup) get that far
         await asyncio.sleep(0)
     raise RuntimeError("the scenario fails before cache.close()")
 
