@@ -9,6 +9,7 @@ critical path.
   does not trip the breaker (and the miss's insert overwrites it).
 - With `pool_size` the connections are bounded and a caller waits for a free one (within
   `wait_timeout` and `timeout_ms`); without it the pool opens what concurrency needs.
+- Lookups made in one turn of the event loop go out as one MGET (redis_calls.py).
 - Inserts never delay an answer: they go through a bounded queue (full: dropped, counted)
   to one background task that writes them in pipelined batches, `SET key value PX ttl`.
 
@@ -30,6 +31,7 @@ from inferd.cache.breaker import Breaker
 from inferd.cache.cache_settings import CacheConfigError, RedisSettings
 from inferd.cache.entry import CachedResponse, frozen, make_entry
 from inferd.cache.keys import CacheKey
+from inferd.cache.redis_calls import LookupBatcher, cancels, reraise_swallowed_cancel
 from inferd.cache.stats import TierStats
 
 log = logging.getLogger("inferd.cache")
@@ -52,21 +54,6 @@ def _redis_asyncio() -> Any:
     return redis
 
 
-def _cancels() -> int:
-    task = asyncio.current_task()
-    return 0 if task is None else task.cancelling()
-
-
-def _reraise_swallowed_cancel(before: int) -> None:
-    """redis-py (8.1 seen) can return normally from a call its task was cancelled in. The
-    cancellation must still win (a request's, the insert worker's: else asyncio.run's
-    shutdown waits on the worker for ever). Only a cancel that came during the call counts:
-    `before` is the task's count of pending cancels when it began (a timeout's own cancel
-    is withdrawn by asyncio.timeout, so it does not count)."""
-    if _cancels() > before:
-        raise asyncio.CancelledError
-
-
 class RedisTier:
     def __init__(
         self,
@@ -87,6 +74,7 @@ class RedisTier:
         self.stats = TierStats("redis", bytes=-1, entries=-1)
         self._client: Any = None
         self._pool: Any = None
+        self._lookups: LookupBatcher | None = None
         self._queue: asyncio.Queue[tuple[str, bytes, float | None]] | None = None
         self._worker: asyncio.Task[None] | None = None
 
@@ -117,6 +105,7 @@ class RedisTier:
             )
             self._client = redis.asyncio.Redis(connection_pool=pool)
             self._pool = pool  # the client does not close a pool it was given
+        self._lookups = LookupBatcher(self._client, self.timeout_s)
         self._queue = asyncio.Queue(self.queue_items)
         self._worker = asyncio.create_task(self._insert_loop(), name="inferd-cache-redis")
 
@@ -127,6 +116,9 @@ class RedisTier:
                     await self._queue.join()
             except TimeoutError:
                 pass  # dropped: a cache may lose entries, never delay a shutdown long
+        if self._lookups is not None:
+            await self._lookups.close()
+            self._lookups = None
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
@@ -155,11 +147,12 @@ class RedisTier:
             self.stats.skipped += 1
             self.stats.miss(model)
             return None
-        started, cancels = time.perf_counter(), _cancels()
+        started, before = time.perf_counter(), cancels()
         try:
+            assert self._lookups is not None
             async with asyncio.timeout(self.timeout_s):
-                value = await self._client.get(self.key_of(key))
-            _reraise_swallowed_cancel(cancels)
+                value = await self._lookups.get(self.key_of(key))
+            reraise_swallowed_cancel(before)
         except asyncio.CancelledError:
             self.breaker.abandoned()
             raise
@@ -224,9 +217,9 @@ class RedisTier:
             while len(batch) < BATCH_ITEMS and not queue.empty():
                 batch.append(queue.get_nowait())
             try:
-                cancels = _cancels()
+                before = cancels()
                 await self._insert(batch)
-                _reraise_swallowed_cancel(cancels)
+                reraise_swallowed_cancel(before)
             finally:
                 for _ in batch:
                     queue.task_done()

@@ -6,7 +6,8 @@ keys under a prefix of their own, deleted after).
     .venv/bin/python -m tests.unit.cache.micro_costs [--redis]
 
 - cache_key: one key.
-- hit: get_or_run of a key the local tier holds (the Redis-only line: a Redis round trip).
+- hit: get_or_run of a key the local tier holds (the Redis-only line: a Redis round trip);
+  then 64 concurrent hits of different keys (Redis: one MGET for the 64).
 - miss overhead: get_or_run of fresh keys with a run() that answers at once, less run().
 - GC: objects the collector tracks after 100,000 entries, and one full collection's time
   with them (and with none, the baseline).
@@ -67,6 +68,13 @@ async def hit_and_miss(settings: CacheSettings, label: str, prefix: str | None =
         await run()
     bare = per_call_us(started, len(fresh))
     print(f"{label}: hit {hit:.1f} us, miss overhead {miss - bare:.1f} us")
+    # 64 concurrent hits of 64 different entries (fresh[:64], stored above), many times:
+    await cache.flush()
+    rounds = CALLS // 64
+    started = time.perf_counter()
+    for _ in range(rounds):
+        await asyncio.gather(*(cache.get_or_run(k, "mlp", run) for k in fresh[:64]))
+    print(f"{label}: 64 concurrent hits {per_call_us(started, rounds * 64):.1f} us each")
     await cache.flush()
     await cache.close()
 

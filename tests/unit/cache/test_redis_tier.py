@@ -357,7 +357,8 @@ async def left_open(n):
     settings = RedisSettings("127.0.0.1", 6379, timeout_ms=2000)
     cache = ResponseCache(CacheSettings(redis=settings), redis_key_prefix=PREFIX)
     await cache.get_or_run(key(n), "m", Model().run(n))  # queues its insert
-    for _ in range(n % 10):  # let the worker get that far into writing it
+    lookup = asyncio.create_task(cache.get_or_run(key(n + 100), "m", Model().run(n)))
+    for _ in range(n % 10):  # let the worker (and that lookup) get that far
         await asyncio.sleep(0)
     raise RuntimeError("the scenario fails before cache.close()")
 
@@ -381,3 +382,26 @@ def test_a_loop_ending_with_the_cache_open_does_not_hang(prefix):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "ended", done.stderr[-2000:]
+
+
+def test_concurrent_lookups_go_out_as_one_mget(prefix):
+    async def scenario() -> None:
+        writer = ResponseCache(CacheSettings(redis=MAIN), redis_key_prefix=prefix)
+        model = Model()
+        for n in range(0, 32, 2):  # the even ones are stored, the odd ones are not
+            await writer.get_or_run(key(n), "m", model.run(n))
+        await writer.flush()
+        await writer.close()
+
+        reader = ResponseCache(CacheSettings(redis=MAIN), redis_key_prefix=prefix)
+        results = await asyncio.gather(
+            *(reader.get_or_run(key(n), "m", model.run(n)) for n in range(32))
+        )
+        assert [got[0].data[0] for got, _ in results] == list(range(32))
+        assert [source for _, source in results] == ["redis", ""] * 16
+        assert reader.redis is not None and reader.redis._lookups is not None
+        assert reader.redis._lookups.batches == 1  # 32 lookups, one round trip
+        assert (reader.stats[0].hits, reader.stats[0].misses) == (16, 16)
+        await reader.close()
+
+    asyncio.run(scenario())
