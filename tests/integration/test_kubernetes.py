@@ -9,6 +9,7 @@ fields KServe requires of a serving runtime.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from inferd.cache.cache_settings import parse_cache_config
 from inferd.cli import build_parser, serve_parser
 from inferd.cli_env import from_text, options, variable_name
 
@@ -212,6 +214,15 @@ def test_the_redis_component_adds_a_redis(tmp_path: Path) -> None:
     redis = one(docs, "Deployment", "inferd-redis")
     assert one(docs, "Service", "inferd-redis")["spec"]["ports"][0]["port"] == 6379
     assert redis["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    # ... and points inferd's cache at it, with a value `inferd serve` accepts.
+    env = _env(_container(docs))
+    check_inferd_variables(env)
+    cache = parse_cache_config(shlex.split(env["INFERD_CACHE_CONFIG"]))
+    assert cache.redis is not None and (cache.redis.host, cache.redis.port) == (
+        "inferd-redis",
+        6379,
+    )
+    assert cache.local is None
     for doc in docs:
         if _schema_checked(doc):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)

@@ -1,14 +1,13 @@
 """Replicas that lose nothing: three `inferd serve` processes behind nginx, run with the
 shipped deploy/nginx/inferd.conf (its upstreams and ports pointed at loopback), under
 continuous HTTP load. One replica is killed with SIGKILL, another drained with SIGTERM and
-restarted; the client sees no failed request and every answer is right.
+restarted; the client sees no failed request and every answer is right. The replicas
+share the Redis response cache (the real Redis at 127.0.0.1:6379, a database of this test's
+own), so hits go on across replicas: the load repeats its inputs, and an answer one replica
+computed is a hit on another that never executed it.
 
 Needs nginx (Debian's package; scripts/install-test-tools.sh installs it). Skipped, saying
 why, where it is missing; failed instead where CI requires the test tools.
-
-The shared response cache (Redis) does not exist yet: when it lands, `Cluster` starts the
-replicas with it, and this test also asserts that a request answered by one replica is a
-cache hit on another (the load below repeats its inputs for that reason).
 """
 
 from __future__ import annotations
@@ -24,10 +23,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from inferd.cache.redis_tier import KEY_PREFIX
 from tests.models import write_counter
 from tests.server_process import check_port_free, free_port, status_of, wait_until_serving
 
@@ -37,6 +39,8 @@ MODEL = "counter"
 CLIENTS = 4
 DEADLINE_S = 60.0  # for each phase; the whole load stops by itself past 4 of them
 MAX_REQUESTS = 50_000  # the load's bound in count
+REDIS_DB = 13  # this test's own database of the shared Redis (the cache tests use 11)
+CACHE_CONFIG = f"redis,host=127.0.0.1,port=6379,db={REDIS_DB},ttl=600,timeout_ms=200"
 
 
 def nginx_binary() -> str:
@@ -69,6 +73,7 @@ class Replica:
                     sys.executable, "-m", "inferd", "serve", "--model-repository",
                     str(self.repository), "--http-port", str(self.port), "--grpc-port", "0",
                     "--metrics-port", "0", "--exit-timeout-secs", "20",
+                    "--cache-config", CACHE_CONFIG,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -80,11 +85,24 @@ class Replica:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def successes(self) -> int:
-        """Requests this replica answered successfully (Triton's statistics)."""
+    def stats(self) -> dict[str, Any]:
         r = httpx.get(f"http://127.0.0.1:{self.port}/v2/models/{MODEL}/stats", timeout=10)
         r.raise_for_status()
-        return int(r.json()["model_stats"][0]["inference_stats"]["success"]["count"])
+        return dict(r.json()["model_stats"][0])
+
+    def successes(self) -> int:
+        """Requests this replica answered successfully (Triton's statistics)."""
+        return int(self.stats()["inference_stats"]["success"]["count"])
+
+    def cache_hits(self) -> int:
+        return int(self.stats()["inference_stats"]["cache_hit"]["count"])
+
+    def infer(self, value: float) -> None:
+        r = httpx.post(
+            f"http://127.0.0.1:{self.port}/v2/models/{MODEL}/infer", json=_body(value), timeout=30
+        )
+        r.raise_for_status()
+        assert r.json()["outputs"][0]["data"] == [value]
 
     def stop(self, sig: int) -> int:
         assert self.proc is not None
@@ -137,6 +155,7 @@ class Load:
     stop: threading.Event = field(default_factory=threading.Event)
     ok: int = 0
     failures: list[str] = field(default_factory=list)
+    answered: set[float] = field(default_factory=set)  # the distinct inputs answered
     lock: threading.Lock = field(default_factory=threading.Lock)
     threads: list[threading.Thread] = field(default_factory=list)
 
@@ -153,12 +172,9 @@ class Load:
             while not self.stop.is_set() and time.monotonic() < give_up:
                 if self.ok + len(self.failures) >= MAX_REQUESTS:
                     return
-                value = float(n * 1000 + i % 50)  # repeated inputs (see the module's note)
-                body = {
-                    "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [value]}]
-                }
+                value = float(n * 1000 + i % 50)  # repeated inputs: cache hits
                 try:
-                    r = client.post(f"{self.url}/v2/models/{MODEL}/infer", json=body)
+                    r = client.post(f"{self.url}/v2/models/{MODEL}/infer", json=_body(value))
                     good = r.status_code == 200 and r.json()["outputs"][0]["data"] == [value]
                     failure = "" if good else f"{r.status_code} {r.text[:200]}"
                 except httpx.HTTPError as exc:
@@ -168,6 +184,7 @@ class Load:
                         self.failures.append(failure)
                     else:
                         self.ok += 1
+                        self.answered.add(value)
                 i += 1
 
     def wait_for_more(self, count: int, what: str) -> None:
@@ -192,11 +209,32 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
+def _body(value: float) -> dict[str, Any]:
+    return {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [value]}]}
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[str, list[Replica]]]:
+def shared_cache() -> Iterator[redis.Redis]:
+    """The replicas' Redis database, emptied of cache entries before and after."""
+    client = redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB)
+
+    def forget() -> None:
+        for key in client.scan_iter(f"{KEY_PREFIX}*"):
+            client.delete(key)
+
+    forget()
+    yield client
+    forget()
+    client.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, shared_cache: redis.Redis) -> Iterator[tuple[str, list[Replica]]]:
     nginx = nginx_binary()
     repo = tmp_path / "models"
     write_counter(repo, MODEL)
+    config = repo / MODEL / "config.pbtxt"
+    config.write_text(config.read_text() + "response_cache { enable: true }\n")
     replicas = [Replica(repo, free_port(), tmp_path / f"replica{i}.log") for i in range(3)]
     for replica in replicas:
         replica.start()
@@ -227,7 +265,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[Replica]]]:
 
 
 def test_a_killed_and_a_drained_replica_lose_no_request(
-    cluster: tuple[str, list[Replica]],
+    cluster: tuple[str, list[Replica]], shared_cache: redis.Redis
 ) -> None:
     url, (killed, drained, steady) = cluster
     load = Load(url)
@@ -253,3 +291,21 @@ def test_a_killed_and_a_drained_replica_lose_no_request(
         load.finish()
     assert load.failures == [], f"{len(load.failures)} failed: {load.failures[:5]}"
     assert load.ok >= 1200
+    # Hits went on through it all: the live replicas answered repeated inputs from the cache.
+    assert steady.cache_hits() > 0 and drained.cache_hits() > 0
+
+    # An answer one replica computed is a hit on another: `steady` executes a new input
+    # (its entry reaches Redis in the background: wait for it, once every input of the load
+    # has its one entry), then the restarted replica, which never saw that input, answers it
+    # without executing.
+    def entries() -> int:
+        return len(list(shared_cache.scan_iter(f"{KEY_PREFIX}*")))
+
+    wait_until(lambda: entries() == len(load.answered), "one entry per input of the load")
+    value = 7_654_321.0
+    steady.infer(value)
+    wait_until(lambda: entries() == len(load.answered) + 1, "the new entry in Redis")
+    hits, executions = drained.cache_hits(), drained.stats()["execution_count"]
+    drained.infer(value)
+    assert drained.cache_hits() == hits + 1
+    assert drained.stats()["execution_count"] == executions  # it ran nothing
