@@ -143,6 +143,8 @@ def test_the_deployment_probes_drains_and_runs_locked_down(
     if name == "gpu":
         assert resources["limits"]["nvidia.com/gpu"] == "1"
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # No service links: Kubernetes would set INFERD_PORT=tcp://... for the Service `inferd`.
+    assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsUser"] != 0
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
