@@ -143,6 +143,8 @@ def test_the_deployment_probes_drains_and_runs_locked_down(
     if name == "gpu":
         assert resources["limits"]["nvidia.com/gpu"] == "1"
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # No service links: Kubernetes would set INFERD_PORT=tcp://... for the Service `inferd`.
+    assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsUser"] != 0
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
@@ -218,6 +220,7 @@ def test_the_redis_component_adds_a_redis(tmp_path: Path) -> None:
     inferd = one(docs, "Deployment", "inferd")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in inferd["env"]}
     assert "INFERD_MODEL_REPOSITORY" in env  # the base's variables kept
+    check_inferd_variables({k: v for k, v in env.items() if v is not None})
     values = shlex.split(env["INFERD_CACHE_CONFIG"])
     settings = parse_cache_config(values)
     assert settings.redis is not None and settings.redis.host == "inferd-redis"
