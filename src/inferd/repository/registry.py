@@ -39,19 +39,18 @@ from inferd.repository.model_state import (
     State,
     first_reason,
     latest_reason,
-    ready_versions,
 )
+from inferd.repository.registry_routing import RoutingCalls
 from inferd.repository.spec import ModelSpec
 from inferd.repository.spec_cache import served_cache
 from inferd.repository.uploads import check_model_name, checked_paths, write_files
 from inferd.repository.version_load import load_version
-from inferd.routing import parse_weights
 from inferd.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
 
 
-class ModelRegistry:
+class ModelRegistry(RoutingCalls):
     def __init__(
         self,
         repository: Path,
@@ -131,37 +130,6 @@ class ModelRegistry:
                     row["reason"] = reason
                 rows.append(row)
         return rows
-
-    # -- routing ------------------------------------------------------------------------
-
-    def set_weights(self, name: str, raw: object) -> dict[str, int]:
-        model = self._model(name)
-        weights = parse_weights(raw, f"model '{name}' routing")
-        model.router.set_weights(weights, ready_versions(model), name)
-        self.changed()
-        log.info("model %s routing weights set to %s", name, weights)
-        return weights
-
-    def promote(self, name: str, version: str) -> dict[str, int]:
-        model = self._model(name)
-        model.router.promote(version, ready_versions(model), name)
-        self.changed()
-        log.info("model %s routing weights set to %s", name, model.router.weights)
-        return dict(model.router.weights)
-
-    def rollback(self, name: str, version: str = "") -> dict[str, int]:
-        """Undo the last step forward (`Router.rollback`)."""
-        model = self._model(name)
-        model.router.rollback(version, name)
-        self.changed()
-        log.info("model %s rolled back; routing weights now %s", name, model.router.weights)
-        return dict(model.router.weights)
-
-    def _model(self, name: str) -> Model:
-        model = self.models.get(name)
-        if model is None:
-            raise not_found(f"unknown model '{name}'")
-        return model
 
     # -- lifecycle ----------------------------------------------------------------------
 
