@@ -18,10 +18,11 @@ TORCH ?= torch==2.13.0
 # extras) changes. `make serve` installs what every command the README and docs show after
 # it needs: inferd (the server, and bench, tune and optimize: src/inferd_tools), the example
 # models' builders, the `bench` extra (matplotlib, for `inferd bench --plot` and `inferd
-# optimize --plot`), the `optimize` extra (onnx, for `inferd optimize`), and the `monitoring`
-# extra (scipy, for models with a drift reference: docs/monitoring.md).
+# optimize --plot`), the `optimize` extra (onnx, for `inferd optimize`), the `monitoring`
+# extra (scipy, for models with a drift reference: docs/monitoring.md), and the `redis` extra
+# (the response cache's Redis tier, --cache-config redis: docs/cache.md).
 # tests/unit/test_dependencies.py checks it.
-SERVE_EXTRAS := examples,bench,optimize,monitoring
+SERVE_EXTRAS := examples,bench,optimize,monitoring,redis
 $(VENV)/.serve-deps: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[$(SERVE_EXTRAS)]' '$(TORCH)'
 	touch $@

@@ -46,6 +46,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+from tests.models import builders  # noqa: E402  (examples/build_models.py)
 from tests.server_process import free_port, wait_until_serving  # noqa: E402
 
 SAME = HERE / "wrk" / "mlp_json.lua"
@@ -68,15 +69,10 @@ SERVERS = {
 
 
 def build_repository(into: Path) -> Path:
-    sys.path.insert(0, str(ROOT / "examples"))
-    import build_models
-
     repo = into / "repo"
     config = (ROOT / "examples" / "models" / "mlp" / "config.pbtxt").read_text()
     for name, extra in (("mlp", ""), ("mlp_cached", "response_cache { enable: true }\n")):
-        build_models._save(
-            build_models.mlp([64, 1024, 1024, 16], seed=0), repo / name / "1" / "model.onnx"
-        )
+        builders._save(builders.mlp([64, 1024, 1024, 16], seed=0), repo / name / "1" / "model.onnx")
         text = config.replace('name: "mlp"', f'name: "{name}"') + extra
         (repo / name / "config.pbtxt").write_text(text)
     return repo

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -25,8 +25,8 @@ from inferd.types import InferRequest, Tensor
 
 if TYPE_CHECKING:
     from inferd.cache.cache_settings import CacheSettings
-    from inferd.dataplane import DataPlane
     from inferd.repository.model_state import ModelVersion
+    from inferd.repository.registry import ModelRegistry
     from inferd.repository.spec_cache import CacheOptions
 
 # A Python model's response parameters travel in the entry as one extra tensor under a name
@@ -37,7 +37,12 @@ CACHE_HIT = "hit"
 CACHE_MISS = "miss"
 
 
-def attach_cache(settings: CacheSettings | None, dataplane: DataPlane) -> ResponseCache | None:
+class _Plane(Protocol):  # the DataPlane (which imports this module through inference.py)
+    response_cache: ResponseCache | None
+    registry: ModelRegistry
+
+
+def attach_cache(settings: CacheSettings | None, dataplane: _Plane) -> ResponseCache | None:
     """The server process's one ResponseCache (None without --cache-config), wired into its
     data plane and registry: models load with it, retired versions' entries are dropped."""
     if settings is None or not settings.enabled:
