@@ -19,6 +19,7 @@ import numpy as np
 
 from inferd.cache.keys import UncacheableRequestError, cache_key
 from inferd.cache.response_cache import ResponseCache
+from inferd.errors import ErrorKind, InferdError
 from inferd.events import RequestRecord
 from inferd.signature import BoundRequest
 from inferd.types import InferRequest, Tensor
@@ -58,6 +59,7 @@ async def run_cached(
     cache: ResponseCache,
     options: CacheOptions,
     mv: ModelVersion,
+    registry: ModelRegistry,
     request: InferRequest,
     bound: BoundRequest,
     record: RequestRecord,
@@ -66,11 +68,13 @@ async def run_cached(
     """The outputs for `request`, from the cache or from `execute()`; fills the record's
     cache outcome and duration (Triton's cache_hit / cache_miss statistics) and
     `bound.response_parameters` as the model gave them."""
+    version = mv.cache_version if mv.ensemble is None else ensemble_version(registry, mv)
+    if version is None:  # an ensemble whose steps could answer from more than one version
+        return await execute()
     try:
         key = cache_key(
-            mv.name, mv.cache_version, request.inputs, request.outputs, request.parameters,
-            options.key,
-        )  # fmt: skip
+            mv.name, version, request.inputs, request.outputs, request.parameters, options.key
+        )
     except UncacheableRequestError:  # a parameter value with no canonical encoding: run uncached
         return await execute()
     run_ns = -1  # stays -1 unless this request's own execution ran
@@ -85,14 +89,22 @@ async def run_cached(
         return tensors
 
     t0 = time.perf_counter_ns()
-    tensors, _source = await cache.get_or_run(
-        key,
-        mv.name,
-        run,
-        ttl_s=options.ttl_s,
-        max_entries=options.max_entries,
-        max_response_bytes=options.max_response_bytes,
-    )
+    try:
+        tensors, _source = await cache.get_or_run(
+            key,
+            mv.name,
+            run,
+            ttl_s=options.ttl_s,
+            max_entries=options.max_entries,
+            max_response_bytes=options.max_response_bytes,
+        )
+    except InferdError as exc:
+        if run_ns >= 0 or exc.kind not in LEADERS_OWN:
+            raise
+        # The identical request this one waited for failed for a reason of its own (its
+        # deadline, its priority shed, its client gone): not this request's answer. It runs
+        # itself, with its own deadline and priority, uncached.
+        return await execute()
     elapsed = time.perf_counter_ns() - t0
     if run_ns >= 0:
         # Triton's cache_miss: the lookup and the insert, not the execution.
@@ -107,6 +119,38 @@ async def run_cached(
             bound.response_parameters = json.loads(carried.data.reshape(-1)[0])
         return outputs
     return list(tensors)  # the cache's list stays the cache's
+
+
+# Failures that belong to the request that ran, not to identical requests waiting on it.
+LEADERS_OWN = frozenset(
+    {ErrorKind.DEADLINE_EXCEEDED, ErrorKind.RESOURCE_EXHAUSTED, ErrorKind.UNAVAILABLE}
+)
+
+
+def ensemble_version(registry: ModelRegistry, mv: ModelVersion) -> str | None:
+    """An ensemble's version as its answers depend on it: its own files and config and, per
+    step, the version of the composing model that step would run now (so loading a new
+    version of a step's model never meets the old one's answers). None while a step could go
+    to more than one version (canary weights between them): not cached then."""
+    assert mv.ensemble is not None
+    parts = [mv.cache_version]
+    for step in mv.ensemble.graph.steps:
+        model = registry.models.get(step.model)
+        if model is None:
+            return None
+        routed = [v for v, w in model.router.weights.items() if w > 0]
+        if step.version:
+            target = model.versions.get(step.version)
+        elif len(routed) > 1:
+            return None  # canary weights: the step's version is picked per request
+        else:  # as ModelRegistry.get picks it
+            target = model.versions.get(routed[0]) if routed else None
+            if target is None or not target.is_ready:
+                target = model.default_version()
+        if target is None:
+            return None
+        parts.append(f"{step.model}={target.cache_version}")
+    return "|".join(parts)
 
 
 def _parameters_tensor(parameters: dict[str, Any]) -> Tensor:

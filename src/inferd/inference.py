@@ -165,7 +165,7 @@ class InferenceSteps:
             else:
                 assert self.response_cache is not None  # mv.cache is set only with one
                 tensors = await run_cached(
-                    self.response_cache, mv.cache, mv, request, bound, record,
+                    self.response_cache, mv.cache, mv, self.registry, request, bound, record,
                     lambda: self._execute(mv, bound, ctx, record, priority, timeout_us),
                 )  # fmt: skip
             if lease is not None:

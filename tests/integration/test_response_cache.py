@@ -389,3 +389,74 @@ def test_a_cached_model_on_a_server_without_a_cache_serves_uncached_with_a_warni
     assert execs[0]["outputs"][1]["data"] != execs[1]["outputs"][1]["data"]
     warned = [r.getMessage() for r in caplog.records if "response_cache" in r.getMessage()]
     assert warned and "cached" in warned[0] and "--cache-config" in warned[0]
+
+
+def test_an_ensemble_never_serves_answers_of_a_steps_old_version(tmp_path: Path) -> None:
+    """An ensemble's answers depend on its steps' models: a new version of one is a new key."""
+    repo = tmp_path / "models"
+    write_exec_model(repo, "step_model", cached=False, bump=0.0)
+    steps = [step("step_model", {"IN": "IN"}, {"OUT": "OUT"})]
+    write_ensemble(repo, "flow", ensemble_config("flow", steps, 64, extra=CACHED))
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}
+    settings = parse_cache_config(["local,size=1M"])
+    with (
+        run_server(repo, cache=settings, model_control_mode="explicit", load_models=("*",)) as s,
+        httpx.Client(base_url=s.url, timeout=30) as c,
+    ):
+
+        def answer() -> float:
+            r = c.post("/v2/models/flow/infer", json=body)
+            assert r.status_code == 200, r.text
+            return float(r.json()["outputs"][0]["data"][0])
+
+        assert answer() == answer() == 1.0
+        assert _count(stats(s, "flow"), "cache_hit") == 1
+        write_exec_model(repo, "step_model", cached=False, bump=100.0, version="2")
+        assert c.post("/v2/repository/models/step_model/load").status_code == 200
+        assert answer() == 101.0  # the step's new version answers, not the old entry
+        assert answer() == 101.0  # and is cached in turn
+        assert _count(stats(s, "flow"), "cache_hit") == 2
+
+
+def test_a_waiter_is_not_failed_by_the_deadline_of_the_request_it_waited_on(
+    server: RunningServer,
+) -> None:
+    """Identical requests share one execution, but not the leader's own deadline: a request
+    that waited on one whose deadline ran out runs itself and answers."""
+    import tritonclient.grpc as grpcclient
+
+    x = np.array([[4242.0]], np.float32)
+
+    def infer(timeout_s: float | None) -> Any:
+        client = grpcclient.InferenceServerClient(server.grpc_address)
+        inp = grpcclient.InferInput("IN", [1, 1], "FP32")
+        inp.set_data_from_numpy(x)
+        try:
+            return client.infer("slow", [inp], client_timeout=timeout_s)  # `slow`: 200 ms
+        except grpcclient.InferenceServerException as exc:
+            return exc
+        finally:
+            client.close()
+
+    async def scenario() -> tuple[Any, Any]:
+        leader = asyncio.create_task(asyncio.to_thread(infer, 0.1))
+        deadline = time.monotonic() + 10
+        while _inflight(server, "slow") < 1:  # the leader's run has begun
+            assert time.monotonic() < deadline, "the leader never reached the server"
+            await asyncio.sleep(0.005)
+        waiter = await asyncio.to_thread(infer, None)
+        return await leader, waiter
+
+    leader, waiter = asyncio.run(scenario())
+    assert isinstance(leader, Exception) and "DEADLINE" in str(leader).upper(), leader
+    assert not isinstance(waiter, Exception), waiter
+    np.testing.assert_array_equal(waiter.as_numpy("OUT"), x)
+
+
+def _inflight(server: RunningServer, model: str) -> float:
+    samples = scrape_url(server.metrics_url)
+    return sum(
+        v
+        for (name, labels), v in samples.items()
+        if name == "inferd_inflight_requests" and ("model", model) in labels
+    )
