@@ -51,6 +51,7 @@ def attach_cache(settings: CacheSettings | None, dataplane: _Plane) -> ResponseC
     cache = ResponseCache(settings)
     dataplane.response_cache = cache
     dataplane.registry.cache_enabled = True
+    dataplane.registry.cache_local = settings.local is not None
     dataplane.registry.on_retire = cache.invalidate_model
     return cache
 
@@ -99,11 +100,11 @@ async def run_cached(
             max_response_bytes=options.max_response_bytes,
         )
     except InferdError as exc:
-        if run_ns >= 0 or exc.kind not in LEADERS_OWN:
+        if run_ns >= 0 or exc.kind in SHARED_FAILURES:
             raise
-        # The identical request this one waited for failed for a reason of its own (its
-        # deadline, its priority shed, its client gone): not this request's answer. It runs
-        # itself, with its own deadline and priority, uncached.
+        # The identical request this one waited for failed for a reason that may be its own
+        # (its deadline, its priority shed, its client gone): not this request's answer. It
+        # runs itself, with its own deadline and priority, uncached.
         return await execute()
     elapsed = time.perf_counter_ns() - t0
     if run_ns >= 0:
@@ -121,10 +122,10 @@ async def run_cached(
     return list(tensors)  # the cache's list stays the cache's
 
 
-# Failures that belong to the request that ran, not to identical requests waiting on it.
-LEADERS_OWN = frozenset(
-    {ErrorKind.DEADLINE_EXCEEDED, ErrorKind.RESOURCE_EXHAUSTED, ErrorKind.UNAVAILABLE}
-)
+# A failed execution is every identical request's answer (no stampede of failing runs); any
+# other failure of the request that ran (a deadline, a shed, an unmeetable deadline refused)
+# may be that request's own.
+SHARED_FAILURES = frozenset({ErrorKind.MODEL_ERROR, ErrorKind.INTERNAL})
 
 
 def ensemble_version(registry: ModelRegistry, mv: ModelVersion) -> str | None:

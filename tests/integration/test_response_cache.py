@@ -419,38 +419,64 @@ def test_an_ensemble_never_serves_answers_of_a_steps_old_version(tmp_path: Path)
 
 
 def test_a_waiter_is_not_failed_by_the_deadline_of_the_request_it_waited_on(
-    server: RunningServer,
+    tmp_path: Path,
 ) -> None:
     """Identical requests share one execution, but not the leader's own deadline: a request
-    that waited on one whose deadline ran out runs itself and answers."""
-    import tritonclient.grpc as grpcclient
+    that waited on one failed for its queue timeout runs itself and answers."""
+    repo = tmp_path / "models"
+    write_exec_model(repo, "slow", delay_ms=600)  # one instance: a second request queues
+    config = repo / "slow" / "config.pbtxt"
+    policy = "dynamic_batching { default_queue_policy { allow_timeout_override: true } }"
+    config.write_text(config.read_text().replace("dynamic_batching { }", policy))
 
-    x = np.array([[4242.0]], np.float32)
+    def body(*values: float, **parameters: Any) -> dict[str, Any]:
+        shape = [1, len(values)]
+        inputs = [{"name": "IN", "datatype": "FP32", "shape": shape, "data": list(values)}]
+        return {"inputs": inputs, "parameters": parameters}
 
-    def infer(timeout_s: float | None) -> Any:
-        client = grpcclient.InferenceServerClient(server.grpc_address)
-        inp = grpcclient.InferInput("IN", [1, 1], "FP32")
-        inp.set_data_from_numpy(x)
-        try:
-            return client.infer("slow", [inp], client_timeout=timeout_s)  # `slow`: 200 ms
-        except grpcclient.InferenceServerException as exc:
-            return exc
-        finally:
-            client.close()
+    async def scenario(server: RunningServer) -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
 
-    async def scenario() -> tuple[Any, Any]:
-        leader = asyncio.create_task(asyncio.to_thread(infer, 0.1))
-        deadline = time.monotonic() + 10
-        while _inflight(server, "slow") < 1:  # the leader's run has begun
-            assert time.monotonic() < deadline, "the leader never reached the server"
-            await asyncio.sleep(0.005)
-        waiter = await asyncio.to_thread(infer, None)
-        return await leader, waiter
+            async def until(inflight: int, queued: int) -> None:
+                deadline = time.monotonic() + 10
+                while await asyncio.to_thread(_gauges, server, "slow") != (inflight, queued):
+                    assert time.monotonic() < deadline, (
+                        f"never {inflight}, {queued} queued: {_gauges(server, 'slow')}"
+                    )
+                    await asyncio.sleep(0.002)
 
-    leader, waiter = asyncio.run(scenario())
-    assert isinstance(leader, Exception) and "DEADLINE" in str(leader).upper(), leader
-    assert not isinstance(waiter, Exception), waiter
-    np.testing.assert_array_equal(waiter.as_numpy("OUT"), x)
+            # Two values a row: never batched with the leader's one, so it runs first, alone.
+            blocker = asyncio.create_task(c.post("/v2/models/slow/infer", json=body(1.0, 2.0)))
+            await until(1, 0)  # executing for 600 ms (scrapes take tens of ms here)
+            # The leader may wait 300 ms (Triton's `timeout`, µs): it fails, queued behind it.
+            leader = asyncio.create_task(
+                c.post("/v2/models/slow/infer", json=body(4242.0, timeout=300_000))
+            )
+            await until(2, 1)
+            waiter = await c.post("/v2/models/slow/infer", json=body(4242.0))
+            await blocker
+            return await leader, waiter
+
+    with run_server(repo, cache=parse_cache_config(["local,size=1M"])) as server:
+        leader, waiter = asyncio.run(scenario(server))
+    # Refused as unmeetable once the blocker's run has been timed, or expired in the queue.
+    assert leader.status_code in (400, 504) and "deadline" in leader.text, leader.text
+    assert waiter.status_code == 200, waiter.text
+    assert waiter.json()["outputs"][0]["data"] == [4242.0]
+
+
+def _gauges(server: RunningServer, model: str) -> tuple[float, float]:
+    """The model's requests in flight and in its queue, from the server's metrics."""
+    samples = scrape_url(server.metrics_url)
+
+    def total(metric: str) -> float:
+        return sum(
+            v
+            for (name, labels), v in samples.items()
+            if name == metric and ("model", model) in labels
+        )
+
+    return total("inferd_inflight_requests"), total("inferd_queue_depth")
 
 
 def _inflight(server: RunningServer, model: str) -> float:

@@ -22,7 +22,7 @@ import redis
 
 from inferd.cache.cache_settings import parse_cache_config
 from inferd.cache.redis_tier import KEY_PREFIX
-from tests.cache_models import write_exec_model
+from tests.cache_models import param, write_exec_model
 from tests.integration.test_metrics import scrape_url, value
 from tests.servers import free_port, run_cli_server, run_server
 
@@ -258,3 +258,18 @@ def _serve(
         timeout=60,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
+
+
+def test_cache_max_entries_without_a_local_tier_fails_the_models_load(tmp_path: Path) -> None:
+    """cache_max_entries bounds the local tier: on a Redis-only cache it would do nothing, so
+    the model's load fails naming the file and parameter (the others serve)."""
+    repo = tmp_path / "models"
+    write_exec_model(repo, "bounded", extra=param("cache_max_entries", "2"))
+    write_exec_model(repo, "fine")
+    settings = parse_cache_config([f"redis,host=127.0.0.1,port=6379,db={REDIS_DB}"])
+    with run_server(repo, cache=settings) as server, httpx.Client(base_url=server.url) as c:
+        assert c.get("/v2/models/fine/ready").status_code == 200
+        r = c.post("/v2/models/bounded/infer", json=_body([1.0]))
+        assert r.status_code == 503
+        assert "bounded/config.pbtxt: parameters.cache_max_entries" in r.text
+        assert "no local tier" in r.text

@@ -11,7 +11,9 @@ critical path.
   `wait_timeout` and `timeout_ms`); without it the pool opens what concurrency needs.
 - Lookups made in one turn of the event loop go out as one MGET (redis_calls.py).
 - Inserts never delay an answer: they go through a bounded queue (full: dropped, counted)
-  to one background task that writes them in pipelined batches, `SET key value PX ttl`.
+  to one background task that writes them in pipelined batches, `SET key value PX ttl`
+  (up to 64 values or 256 KiB a batch), each bounded by `timeout_ms` plus the values'
+  transfer time at 100 MB/s.
 
 Keys are `inferd:cache:v1:<hex digest>`; values are codec.py's compact form, carrying the
 key description, compared on every hit.
@@ -39,7 +41,12 @@ log = logging.getLogger("inferd.cache")
 KEY_PREFIX = "inferd:cache:v1:"
 QUEUE_ITEMS = 1024  # pending inserts; past it they are dropped (and counted)
 CLOSE_FLUSH_S = 1.0  # how long close() lets queued inserts go out
-BATCH_ITEMS = 64  # inserts per pipelined round trip
+BATCH_ITEMS = 64  # inserts per pipelined round trip, at most
+BATCH_BYTES = 256 * 1024  # and this many bytes of values (a larger value goes alone)
+# An insert is background work: bounded by timeout_ms plus its values' transfer at this rate
+# (loopback Redis took 7 ms for one 1 MB SET), so a mid-size answer can be stored at all
+# instead of timing out and tripping the breaker that guards the lookups.
+INSERT_BYTES_PER_S = 100e6
 
 
 def _redis_asyncio() -> Any:
@@ -73,6 +80,7 @@ class RedisTier:
         # What is in Redis is shared and expires there: this process cannot know it.
         self.stats = TierStats("redis", bytes=-1, entries=-1)
         self._client: Any = None
+        self._writer: Any = None  # the inserts' connection (start)
         self._pool: Any = None
         self._lookups: LookupBatcher | None = None
         self._queue: asyncio.Queue[tuple[str, bytes, float | None]] | None = None
@@ -105,6 +113,12 @@ class RedisTier:
             )
             self._client = redis.asyncio.Redis(connection_pool=pool)
             self._pool = pool  # the client does not close a pool it was given
+        # The inserts' own connection (one: one worker writes): a large batch's reply may take
+        # longer than a socket read of the lookups may, so its bound is the call's (_insert),
+        # not the socket's, unless socket_timeout was set.
+        explicit = settings.socket_timeout_ms
+        writer = {**connection, "socket_timeout": self._socket_s(explicit) if explicit else None}
+        self._writer = redis.asyncio.Redis(**writer)
         self._lookups = LookupBatcher(self._client, self.timeout_s)
         self._queue = asyncio.Queue(self.queue_items)
         self._worker = asyncio.create_task(self._insert_loop(), name="inferd-cache-redis")
@@ -126,6 +140,9 @@ class RedisTier:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._writer is not None:
+            await self._writer.aclose()
+            self._writer = None
         if self._pool is not None:
             await self._pool.disconnect()
             self._pool = None
@@ -214,8 +231,11 @@ class RedisTier:
         queue = self._queue
         while True:
             batch = [await queue.get()]
-            while len(batch) < BATCH_ITEMS and not queue.empty():
-                batch.append(queue.get_nowait())
+            size = len(batch[0][1])
+            while len(batch) < BATCH_ITEMS and not queue.empty() and size < BATCH_BYTES:
+                item = queue.get_nowait()
+                batch.append(item)
+                size += len(item[1])
             try:
                 before = cancels()
                 await self._insert(batch)
@@ -229,9 +249,10 @@ class RedisTier:
             self.stats.dropped_inserts += len(batch)
             return
         started = time.perf_counter()
+        bound_s = self.timeout_s + sum(len(v) for _, v, _ in batch) / INSERT_BYTES_PER_S
         try:
-            async with asyncio.timeout(self.timeout_s):
-                pipe = self._client.pipeline(transaction=False)
+            async with asyncio.timeout(bound_s):
+                pipe = self._writer.pipeline(transaction=False)
                 for name, value, ttl in batch:
                     pipe.set(name, value, px=None if ttl is None else math.ceil(ttl * 1000))
                 await pipe.execute()

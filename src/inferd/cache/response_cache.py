@@ -140,7 +140,10 @@ class ResponseCache:
         if any(t.shared_memory is not None for t in outputs):
             # Written into the client's region, not held by the response: nothing to keep.
             return (key.description, passed_through(outputs), 0), ""
-        if max_response_bytes is not None and response_bytes(outputs) > max_response_bytes:
+        # The entry's size: the answer and the key description it carries (which holds the
+        # inputs' bytes: a large request with a small answer is a large entry too).
+        size = len(key.description) + response_bytes(outputs)
+        if max_response_bytes is not None and size > max_response_bytes:
             for stats in self.stats:
                 stats.oversize += 1
             if not self._flights.joined(key):  # the caller's own outputs, uncopied

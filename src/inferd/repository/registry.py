@@ -67,6 +67,7 @@ class ModelRegistry(RoutingCalls):
         self.memory = MemoryReleaser()
         # Whether the server has a response cache (--cache-config); set by the server.
         self.cache_enabled = False
+        self.cache_local = False  # and whether it has a local tier (cache_max_entries bounds it)
         self.on_retire: Callable[[str], None] | None = None  # the cache's invalidate_model
         # After each change of what serves: --engine pushes its model table (engine/).
         self.changed: Callable[[], None] = lambda: None
@@ -227,6 +228,7 @@ class ModelRegistry(RoutingCalls):
             signature.labels = await asyncio.to_thread(read_labels, config, model_dir)
             signature.text_inputs = spec.text_inputs
             sequence = spec.sequence
+            cache = served_cache(model.name, spec.cache, self.cache_enabled, self.cache_local)
             if sequence is not None:
                 signature.server_inputs.update(sequence.server_inputs())
             if backend.decodes_bytes_as_text:
@@ -255,7 +257,6 @@ class ModelRegistry(RoutingCalls):
         config_changed = config_sum != model.config_checksum
         keep: dict[str, ModelVersion] = {}
         fresh: list[ModelVersion] = []
-        cache = served_cache(model.name, spec.cache, self.cache_enabled)
         config_digest = hashlib.blake2b(config_sum.encode(), digest_size=8).hexdigest()
         for v, digest in sums.items():
             old = model.versions.get(v)

@@ -79,12 +79,20 @@ def read_cache_options(config: mc.ModelConfig) -> CacheOptions:
     )
 
 
-def served_cache(model: str, options: CacheOptions, server_has_cache: bool) -> CacheOptions | None:
+def served_cache(
+    model: str, options: CacheOptions, server_has_cache: bool, server_has_local: bool = True
+) -> CacheOptions | None:
     """The options a loaded version is served with: None unless its config enables the cache
     and the server has one. Only the config: as Triton, the model serves uncached, and never
-    silently (a WARNING naming the model and the missing flag)."""
+    silently (a WARNING naming the model and the missing flag). ConfigError for
+    cache_max_entries on a server whose cache has no local tier: it bounds that tier only."""
     if not options.enabled:
         return None
+    if server_has_cache and not server_has_local and options.max_entries is not None:
+        raise ConfigError(
+            f"{model}/{CONFIG_FILE}: parameters.cache_max_entries bounds the local tier's "
+            "entries, and the server's cache has no local tier (--cache-config local,size=...)"
+        )
     if not server_has_cache:
         log.warning(
             "model %s enables response_cache but the server has no cache (--cache-config): "
