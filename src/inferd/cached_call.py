@@ -79,9 +79,11 @@ async def run_cached(
     except UncacheableRequestError:  # a parameter value with no canonical encoding: run uncached
         return await execute()
     run_ns = -1  # stays -1 unless this request's own execution ran
+    started = False  # whether this request ran (led its flight), successfully or not
 
     async def run() -> list[Tensor]:
-        nonlocal run_ns
+        nonlocal run_ns, started
+        started = True
         t0 = time.perf_counter_ns()
         tensors = await execute()
         run_ns = time.perf_counter_ns() - t0
@@ -100,8 +102,8 @@ async def run_cached(
             max_response_bytes=options.max_response_bytes,
         )
     except InferdError as exc:
-        if run_ns >= 0 or exc.kind in SHARED_FAILURES:
-            raise
+        if started or exc.kind in SHARED_FAILURES:
+            raise  # its own run's failure, or a failed execution it shares
         # The identical request this one waited for failed for a reason that may be its own
         # (its deadline, its priority shed, its client gone): not this request's answer. It
         # runs itself, with its own deadline and priority, uncached.
