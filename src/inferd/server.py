@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import FrameType
@@ -46,6 +45,7 @@ from inferd.shutdown import ShutdownClock
 from inferd.trace_settings import TraceSettings
 from inferd.tracing import TraceSink
 from inferd.workers.peers import PeerServer, WorkerSlot
+from inferd.workers.shared_port import shared_port_socket
 
 log = logging.getLogger("inferd.server")
 
@@ -375,17 +375,6 @@ def run(settings: Settings) -> None:
     server = InferenceServer(settings)
     UvicornServer(server.uvicorn_config(), server).run()
     server.shutdown.exit_if_incomplete()
-
-
-def shared_port_socket(settings: Settings) -> socket.socket:
-    """The HTTP port, shared with sibling processes (SO_REUSEPORT). Bound, not listening:
-    the kernel hands this process connections only once uvicorn listens, after its lifespan
-    started (models loaded, or the engine reached); until then its siblings take them all."""
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((settings.host, settings.http_port))
-    return sock
 
 
 def run_engine(settings: Settings, directory: Path) -> None:

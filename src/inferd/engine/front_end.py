@@ -40,6 +40,7 @@ from inferd.protocol.offload import Offload
 from inferd.settings import Settings
 from inferd.shutdown import ShutdownClock
 from inferd.unary_plane import UnaryPlane
+from inferd.workers.shared_port import shared_port_socket
 
 log = logging.getLogger("inferd.engine")
 
@@ -162,7 +163,7 @@ async def _until_accepting(path: Path) -> None:
 
 
 def run_front_end(settings: Settings, directory: Path, index: int) -> None:
-    sock = server.shared_port_socket(settings)
+    sock = shared_port_socket(settings)
     front = FrontEnd(settings, directory, server.access_policy(settings), index)
     server.UvicornServer(front.uvicorn_config(), front).run(sockets=[sock])
     front.shutdown.exit_if_incomplete()
