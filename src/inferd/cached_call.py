@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from inferd.cache.keys import UncacheableRequestError, cache_key
+from inferd.cache.keys import CacheKey, UncacheableRequestError, cache_key
 from inferd.cache.response_cache import ResponseCache
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import RequestRecord
@@ -69,14 +69,8 @@ async def run_cached(
     """The outputs for `request`, from the cache or from `execute()`; fills the record's
     cache outcome and duration (Triton's cache_hit / cache_miss statistics) and
     `bound.response_parameters` as the model gave them."""
-    version = mv.cache_version if mv.ensemble is None else ensemble_version(registry, mv)
-    if version is None:  # an ensemble whose steps could answer from more than one version
-        return await execute()
-    try:
-        key = cache_key(
-            mv.name, version, request.inputs, request.outputs, request.parameters, options.key
-        )
-    except UncacheableRequestError:  # a parameter value with no canonical encoding: run uncached
+    key = request_key(options, mv, registry, request)
+    if key is None:
         return await execute()
     run_ns = -1  # stays -1 unless this request's own execution ran
     started = False  # whether this request ran (led its flight), successfully or not
@@ -100,6 +94,7 @@ async def run_cached(
             ttl_s=options.ttl_s,
             max_entries=options.max_entries,
             max_response_bytes=options.max_response_bytes,
+            stale_s=options.stale_s,
         )
     except InferdError as exc:
         if started or exc.kind in SHARED_FAILURES:
@@ -122,6 +117,50 @@ async def run_cached(
             bound.response_parameters = json.loads(carried.data.reshape(-1)[0])
         return outputs
     return list(tensors)  # the cache's list stays the cache's
+
+
+async def stale_answer(
+    cache: ResponseCache,
+    options: CacheOptions,
+    mv: ModelVersion,
+    registry: ModelRegistry,
+    request: InferRequest,
+    record: RequestRecord,
+) -> tuple[list[Tensor], dict[str, Any], bool] | None:
+    """For a degraded model, before routing: the cached answer to `request`, fresh or kept
+    past its TTL (options.stale_s), as (outputs, response parameters, is_stale); None when
+    no tier has one or the request is not cacheable. Never runs the model; an answer fills
+    the record as a hit does."""
+    key = request_key(options, mv, registry, request)
+    if key is None:
+        return None
+    t0 = time.perf_counter_ns()
+    found = await cache.lookup_stale(key, mv.name)
+    if found is None:
+        return None
+    tensors, stale = found
+    parameters: dict[str, Any] = {}
+    if tensors and tensors[-1].name == PARAMETERS_TENSOR:
+        *tensors, carried = tensors
+        parameters = json.loads(carried.data.reshape(-1)[0])
+    record.cache, record.cache_ns = CACHE_HIT, time.perf_counter_ns() - t0
+    return tensors, parameters, stale
+
+
+def request_key(
+    options: CacheOptions, mv: ModelVersion, registry: ModelRegistry, request: InferRequest
+) -> CacheKey | None:
+    """The request's key; None when it is not cached: an ensemble whose steps could answer
+    from more than one version, or a parameter value with no canonical encoding."""
+    version = mv.cache_version if mv.ensemble is None else ensemble_version(registry, mv)
+    if version is None:
+        return None
+    try:
+        return cache_key(
+            mv.name, version, request.inputs, request.outputs, request.parameters, options.key
+        )
+    except UncacheableRequestError:
+        return None
 
 
 # A failed execution is every identical request's answer (no stampede of failing runs); any

@@ -39,6 +39,11 @@ _TIER_COUNTERS: dict[str, tuple[str, Callable[[TierStats], int]]] = {
         lambda s: s.dropped_inserts,
     ),
     "inferd_cache_expired": ("Entries found past their TTL (a miss).", lambda s: s.expired),
+    "inferd_cache_stale_hits": (
+        "A degraded model's lookups answered by an entry kept past its TTL (stale_s); not "
+        "counted in inferd_cache_hits.",
+        lambda s: s.stale_hits,
+    ),
     "inferd_cache_oversize": (
         "Answers not stored: larger than cache_max_response_bytes or the tier.",
         lambda s: s.oversize,

@@ -8,10 +8,20 @@ the key description the lookup compares.
     BYTES data: elements:u64 (len:u32 bytes)*
 
 Decoding makes no copy of fixed-size data: the arrays are read-only views of the value.
+
+An entry stored with stale_s (kept past its TTL for a degraded model, docs/cache.md) is
+that value behind an envelope carrying its times, wall-clock seconds (time.time(): the
+replicas sharing Redis share no monotonic clock):
+
+    b"IFDS" fresh_until:f64 keep_until:f64  <the value above>
+
+Without stale_s there is no envelope: such values are exactly what they were before.
+Unwrapping copies the inner value once (only enveloped values pay it).
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -22,12 +32,15 @@ from inferd.cache.entry import CachedOutput, cached_output
 from inferd.datatypes import V2_TO_WIRE
 
 MAGIC = b"IFDC\x01"
+STALE_MAGIC = b"IFDS"
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
+_TIMES = struct.Struct("<dd")
+ENVELOPE_BYTES = len(STALE_MAGIC) + _TIMES.size
 
 
 class CorruptValueError(ValueError):
@@ -59,6 +72,23 @@ def encode(description: bytes, outputs: Sequence[CachedOutput]) -> bytes:
             raw = data.reshape(-1).view(np.uint8).data
             parts += [_U64.pack(raw.nbytes), raw]
     return b"".join(parts)
+
+
+def wrap(value: bytes, fresh_until: float, keep_until: float) -> bytes:
+    """The value behind the envelope of an entry kept past its TTL (wall-clock times)."""
+    return STALE_MAGIC + _TIMES.pack(fresh_until, keep_until) + value
+
+
+def unwrap(value: bytes) -> tuple[bytes, float | None, float | None]:
+    """(the codec value, fresh_until, keep_until); (value, None, None) without an envelope."""
+    if not value.startswith(STALE_MAGIC):
+        return value, None, None
+    if len(value) < ENVELOPE_BYTES:
+        raise CorruptValueError("truncated stale envelope")
+    fresh_until, keep_until = _TIMES.unpack_from(value, len(STALE_MAGIC))
+    if not (math.isfinite(fresh_until) and math.isfinite(keep_until)):
+        raise CorruptValueError("stale envelope times are not finite")
+    return value[ENVELOPE_BYTES:], fresh_until, keep_until
 
 
 def _scalar(value: Any) -> bytes:

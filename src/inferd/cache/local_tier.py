@@ -1,7 +1,11 @@
 """The in-process tier: an LRU bounded by the bytes of its entries (keys + values), with an
 optional per-model entry bound and per-entry TTL. Synchronous and lock-free: it runs on the
 event loop only, between awaits. Slots are plain tuples, like the entries (entry.py), so the
-garbage collector untracks them."""
+garbage collector untracks them.
+
+An entry stored with `stale_s` is kept that long past its TTL (fresh-until, keep-until), for
+a degraded model's `lookup` (docs/cache.md, "Stale entries"): `get` still treats it as
+expired, and it counts against the tier's bytes and LRU order like any other."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ from inferd.cache.entry import CachedResponse
 from inferd.cache.keys import CacheKey
 from inferd.cache.stats import TierStats
 
-# (entry, model, expires_at on the tier's clock or None): a plain tuple, untracked by the GC
-_Slot: TypeAlias = tuple[CachedResponse, str, float | None]
+# (entry, model, fresh_until, keep_until) on the tier's clock, None: no TTL (keep_until is
+# fresh_until without stale_s). A plain tuple, untracked by the GC.
+_Slot: TypeAlias = tuple[CachedResponse, str, float | None, float | None]
 
 
 class LocalTier:
@@ -25,14 +30,38 @@ class LocalTier:
         self.stats = TierStats("local")
         self._slots: OrderedDict[bytes, _Slot] = OrderedDict()  # by digest, oldest first
         self._by_model: dict[str, OrderedDict[bytes, None]] = {}  # the same order, per model
+        # Each model's cache_max_entries as its last put gave it: a fill from a stale lookup,
+        # which knows no options, keeps the model's bound too.
+        self._bounds: dict[str, int | None] = {}
 
     def get(self, key: CacheKey, model: str) -> CachedResponse | None:
+        """The fresh entry for `key`, or None (a stale one, kept past its TTL, is a miss)."""
+        found = self._find(key, model, stale_ok=False)
+        return None if found is None else found[0]
+
+    def lookup(self, key: CacheKey, model: str) -> tuple[CachedResponse, bool] | None:
+        """The entry for `key`, fresh or stale (kept past its TTL), and whether it is stale.
+        A stale answer counts in `stale_hits`, not in `hits`."""
+        return self._find(key, model, stale_ok=True)
+
+    def _find(
+        self, key: CacheKey, model: str, stale_ok: bool
+    ) -> tuple[CachedResponse, bool] | None:
         started = time.perf_counter()
         slot = self._slots.get(key.digest)
-        if slot is not None and slot[2] is not None and self.clock() >= slot[2]:
-            self._remove(key.digest)
-            self.stats.expired += 1
-            slot = None
+        stale = False
+        fresh_until, keep_until = (None, None) if slot is None else slot[2:]
+        if fresh_until is not None:
+            now = self.clock()
+            if keep_until is not None and now >= keep_until:
+                self._remove(key.digest)
+                self.stats.expired += 1
+                slot = None
+            elif now >= fresh_until:
+                stale = True
+                if not stale_ok:  # kept for a degraded lookup; the fresh run replaces it
+                    self.stats.expired += 1
+                    slot = None
         if slot is not None and slot[0][0] != key.description:
             self.stats.collisions += 1  # another request's answer: never served
             slot = None
@@ -41,9 +70,12 @@ class LocalTier:
         else:
             self._slots.move_to_end(key.digest)
             self._by_model[slot[1]].move_to_end(key.digest)
-            self.stats.hit(model)
+            if stale:
+                self.stats.stale_hits += 1
+            else:
+                self.stats.hit(model)
         self.stats.lookup_seconds.observe(time.perf_counter() - started)
-        return None if slot is None else slot[0]
+        return None if slot is None else (slot[0], stale)
 
     def put(
         self,
@@ -52,10 +84,42 @@ class LocalTier:
         entry: CachedResponse,
         ttl_s: float | None = None,
         max_entries: int | None = None,
+        stale_s: float = 0.0,
     ) -> bool:
         """Store (replacing what the digest held); False when the entry alone is over the
         bound. Evicts least recently used entries, of any model for bytes and of this
-        model for `max_entries`."""
+        model for `max_entries`. With a TTL, `stale_s` keeps the entry that long past it."""
+        fresh_until = None if ttl_s is None else self.clock() + ttl_s
+        keep_until = None if fresh_until is None else fresh_until + stale_s
+        self._bounds[model] = max_entries
+        return self._store(key, model, entry, fresh_until, keep_until, max_entries)
+
+    def put_until(
+        self,
+        key: CacheKey,
+        model: str,
+        entry: CachedResponse,
+        fresh_until: float,
+        keep_until: float,
+        max_entries: int | None,
+    ) -> bool:
+        """Store with the times another tier gave the entry (on this tier's clock)."""
+        return self._store(key, model, entry, fresh_until, keep_until, max_entries)
+
+    def bound_of(self, model: str) -> int | None:
+        """The model's cache_max_entries as its last `put` gave it (for a stale lookup's
+        fill, which knows no options)."""
+        return self._bounds.get(model)
+
+    def _store(
+        self,
+        key: CacheKey,
+        model: str,
+        entry: CachedResponse,
+        fresh_until: float | None,
+        keep_until: float | None,
+        max_entries: int | None,
+    ) -> bool:
         started = time.perf_counter()
         nbytes = entry[2]
         if nbytes > self.size_bytes:
@@ -69,8 +133,7 @@ class LocalTier:
                 self._evict(next(iter(model_slots)))
         while self.stats.bytes + nbytes > self.size_bytes:
             self._evict(next(iter(self._slots)))
-        expires_at = None if ttl_s is None else self.clock() + ttl_s
-        self._slots[key.digest] = (entry, model, expires_at)
+        self._slots[key.digest] = (entry, model, fresh_until, keep_until)
         # _evict may have dropped the model's (then empty) index: look it up again.
         self._by_model.setdefault(model, model_slots)[key.digest] = None
         self.stats.bytes += nbytes
@@ -82,13 +145,14 @@ class LocalTier:
     def invalidate_model(self, model: str) -> None:
         for digest in list(self._by_model.get(model, ())):
             self._remove(digest)
+        self._bounds.pop(model, None)
 
     def _evict(self, digest: bytes) -> None:
         self._remove(digest)
         self.stats.evictions += 1
 
     def _remove(self, digest: bytes) -> None:
-        entry, model, _ = self._slots.pop(digest)
+        entry, model, _, _ = self._slots.pop(digest)
         model_slots = self._by_model[model]
         del model_slots[digest]
         if not model_slots:

@@ -16,7 +16,9 @@ critical path.
   transfer time at 100 MB/s.
 
 Keys are `inferd:cache:v1:<hex digest>`; values are codec.py's compact form, carrying the
-key description, compared on every hit.
+key description, compared on every hit. An entry stored with stale_s lives `PX ttl+stale_s`
+behind an envelope with its fresh-until time: `get` treats it as expired past that time,
+`find(stale_ok=True)` (a degraded model's lookup) answers with it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from inferd.cache import codec
 from inferd.cache.breaker import Breaker
@@ -47,6 +49,9 @@ BATCH_BYTES = 256 * 1024  # and this many bytes of values (a larger value goes a
 # (loopback Redis took 7 ms for one 1 MB SET), so a mid-size answer can be stored at all
 # instead of timing out and tripping the breaker that guards the lookups.
 INSERT_BYTES_PER_S = 100e6
+
+# An entry with its wall-clock times (None: stored without stale_s) and whether it is stale.
+Found: TypeAlias = tuple[CachedResponse, float | None, float | None, bool]
 
 
 def _redis_asyncio() -> Any:
@@ -70,12 +75,15 @@ class RedisTier:
         breaker: Breaker | None = None,
         queue_items: int = QUEUE_ITEMS,
         key_prefix: str = KEY_PREFIX,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`wall_clock` times stale-retained entries (shared by the replicas: wall time)."""
         self._redis = _redis_asyncio()  # fails at construction, before serving, if missing
         self.settings = settings
         self.timeout_s = settings.timeout_ms / 1000
         self.breaker = breaker or Breaker(clock=clock)
         self.key_prefix = key_prefix
+        self.wall_clock = wall_clock
         self.queue_items = queue_items
         # What is in Redis is shared and expires there: this process cannot know it.
         self.stats = TierStats("redis", bytes=-1, entries=-1)
@@ -158,7 +166,38 @@ class RedisTier:
 
     async def get(self, key: CacheKey, model: str) -> CachedResponse | None:
         """The entry for `key`, or None: a miss, an open breaker, a failure (counted), a
-        value answering another description (a collision) or a corrupt one. Never raises."""
+        value answering another description (a collision) or a corrupt one, or an entry
+        kept past its TTL for stale lookups (counted `expired`). Never raises."""
+        found = await self.find(key, model)
+        return None if found is None else found[0]
+
+    async def find(self, key: CacheKey, model: str, stale_ok: bool = False) -> Found | None:
+        """`get`, with the entry's times: (entry, fresh_until, keep_until, is_stale), times
+        wall-clock (None: stored without stale_s). `stale_ok`: an entry past fresh_until is
+        an answer, counted in `stale_hits` instead of `hits`."""
+        looked_up = await self._lookup(key, model)
+        if looked_up is None:
+            return None  # counted
+        entry, fresh_until, keep_until = looked_up
+        stale = False
+        if fresh_until is not None and keep_until is not None:
+            now = self.wall_clock()
+            stale = now >= fresh_until
+            # Past keep_until only if Redis' PX and this clock disagree: never an answer.
+            if stale and (not stale_ok or now >= keep_until):
+                self.stats.expired += 1
+                self.stats.miss(model)
+                return None
+        if stale:
+            self.stats.stale_hits += 1
+        else:
+            self.stats.hit(model)
+        return entry, fresh_until, keep_until, stale
+
+    async def _lookup(
+        self, key: CacheKey, model: str
+    ) -> tuple[CachedResponse, float | None, float | None] | None:
+        """The stored entry and its times; None counted as a miss."""
         self.start()
         if not self.breaker.allow():
             self.stats.skipped += 1
@@ -180,15 +219,16 @@ class RedisTier:
             return None
         self.breaker.succeeded()
         self.stats.lookup_seconds.observe(time.perf_counter() - started)
-        entry = None if value is None else self._entry(key, value)
-        if entry is None:
+        found = None if value is None else self._entry(key, value)
+        if found is None:
             self.stats.miss(model)
-        else:
-            self.stats.hit(model)
-        return entry
+        return found
 
-    def _entry(self, key: CacheKey, value: bytes) -> CachedResponse | None:
+    def _entry(
+        self, key: CacheKey, value: bytes
+    ) -> tuple[CachedResponse, float | None, float | None] | None:
         try:
+            value, fresh_until, keep_until = codec.unwrap(value)
             if not codec.answers(value, key.description):
                 codec.description_of(value)  # not even ours: CorruptValueError
                 self.stats.collisions += 1  # ours, for another request
@@ -200,11 +240,14 @@ class RedisTier:
             return None
         for output in outputs:
             frozen(output[3])
-        return make_entry(key.description, tuple(outputs))
+        return make_entry(key.description, tuple(outputs)), fresh_until, keep_until
 
-    def put(self, key: CacheKey, entry: CachedResponse, ttl_s: float | None) -> None:
+    def put(
+        self, key: CacheKey, entry: CachedResponse, ttl_s: float | None, stale_s: float = 0.0
+    ) -> None:
         """Queue the entry for the background insert; never waits. ttl_s None: the tier's
-        default TTL (None there too: no expiry)."""
+        default TTL (None there too: no expiry). With a TTL, `stale_s` keeps the entry that
+        long past it (PX ttl + stale_s), its times in codec.py's envelope."""
         self.start()
         assert self._queue is not None
         if self.breaker.is_open:
@@ -216,6 +259,10 @@ class RedisTier:
             self.stats.dropped_inserts += 1
             return
         ttl = self.settings.ttl_s if ttl_s is None else ttl_s
+        if ttl is not None and stale_s > 0:
+            fresh_until = self.wall_clock() + ttl
+            value = codec.wrap(value, fresh_until, fresh_until + stale_s)
+            ttl += stale_s
         try:
             self._queue.put_nowait((self.key_of(key), value, ttl))
         except asyncio.QueueFull:

@@ -8,6 +8,10 @@ by every process and replica, with single flight for concurrent identical misses
                               is counted, skipped by the breaker, and is just a miss)
          b. run()             the model: stored locally at once, queued for Redis, ""
 
+    lookup_stale(key, model) -> (outputs, is_stale) | None
+      a degraded model's lookup: local, then Redis, fresh or kept past its TTL (stale_s);
+      no flight, never runs the model.
+
 Every caller of a flight gets its source: "" means no tier had the answer (the model ran,
 for this caller or, when `coalesced` grew, for the identical request it waited on).
 
@@ -51,18 +55,26 @@ class ResponseCache:
         *,
         clock: Callable[[], float] = time.monotonic,
         redis_key_prefix: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """`clock` (monotonic seconds) times TTLs and the Redis breaker: tests inject one.
         `redis_key_prefix` (default `inferd:cache:v1:`) keeps deployments sharing one Redis
-        apart. CacheConfigError at once if Redis is configured without the redis package."""
+        apart. `wall_clock` times the Redis entries kept past their TTL (stale_s): replicas
+        share it. CacheConfigError at once if Redis is configured without the redis
+        package."""
         self.settings = settings
+        self.clock = clock
+        self.wall_clock = wall_clock
         self.local = LocalTier(settings.local.size_bytes, clock) if settings.local else None
         self.redis: RedisTier | None = None
         if settings.redis is not None:
             from inferd.cache.redis_tier import KEY_PREFIX, RedisTier  # needs the redis extra
 
             self.redis = RedisTier(
-                settings.redis, clock=clock, key_prefix=redis_key_prefix or KEY_PREFIX
+                settings.redis,
+                clock=clock,
+                key_prefix=redis_key_prefix or KEY_PREFIX,
+                wall_clock=wall_clock,
             )
         self._flights: SingleFlight[tuple[CachedResponse, str]] = SingleFlight()
 
@@ -89,6 +101,7 @@ class ResponseCache:
         ttl_s: float | None = None,
         max_entries: int | None = None,
         max_response_bytes: int | None = None,
+        stale_s: float = 0.0,
     ) -> tuple[list[Tensor], str]:
         """The outputs (read-only arrays the cache owns: safe to keep; or, for a response
         over max_response_bytes that nobody else waited for, run()'s own) and where they
@@ -98,7 +111,10 @@ class ResponseCache:
         `ttl_s` (the model's cache_ttl_seconds) is the entries' TTL in both tiers; without
         it the Redis tier's `ttl` is, in the local tier as well (a local copy then lives at
         most that long after it was stored or read from Redis); with neither, entries stay
-        until evicted (Redis: until its own maxmemory policy removes them)."""
+        until evicted (Redis: until its own maxmemory policy removes them).
+
+        `stale_s`: entries with a TTL are kept that much longer, for `lookup_stale` only;
+        here an entry past its TTL is a miss (counted `expired`) whose run replaces it."""
         if self.local is not None:
             found = self.local.get(key, model)
             if found is not None:
@@ -106,7 +122,7 @@ class ResponseCache:
         ttl = ttl_s if ttl_s is not None or self.redis is None else self.redis.settings.ttl_s
 
         async def fill() -> tuple[CachedResponse, str]:
-            return await self._fill(key, model, run, ttl, max_entries, max_response_bytes)
+            return await self._fill(key, model, run, ttl, max_entries, max_response_bytes, stale_s)
 
         while True:
             try:
@@ -129,13 +145,18 @@ class ResponseCache:
         ttl_s: float | None,
         max_entries: int | None,
         max_response_bytes: int | None,
+        stale_s: float,
     ) -> tuple[CachedResponse, str]:
         if self.redis is not None:
-            found = await self.redis.get(key, model)
+            found = await self.redis.find(key, model)
             if found is not None:
+                entry, fresh_until, keep_until, _ = found
                 if self.local is not None:
-                    self.local.put(key, model, found, ttl_s, max_entries)
-                return found, "redis"
+                    if fresh_until is None or keep_until is None:
+                        self.local.put(key, model, entry, ttl_s, max_entries, stale_s)
+                    else:  # the local copy ages with the Redis entry, not afresh
+                        self._fill_local(key, model, entry, (fresh_until, keep_until), max_entries)
+                return entry, "redis"
         outputs = await run()
         if any(t.shared_memory is not None for t in outputs):
             # Written into the client's region, not held by the response: nothing to keep.
@@ -152,10 +173,47 @@ class ResponseCache:
             return (key.description, owned_copy(outputs), 0), ""
         entry = make_entry(key.description, owned_copy(outputs))
         if self.local is not None:
-            self.local.put(key, model, entry, ttl_s, max_entries)
+            self.local.put(key, model, entry, ttl_s, max_entries, stale_s)
         if self.redis is not None:
-            self.redis.put(key, entry, ttl_s)
+            self.redis.put(key, entry, ttl_s, stale_s)
         return entry, ""
+
+    async def lookup_stale(self, key: CacheKey, model: str) -> tuple[list[Tensor], bool] | None:
+        """For a degraded model (docs/cache.md, "Stale entries"): the entry answering `key`,
+        fresh or kept past its TTL by stale_s, and whether it is stale; None if no tier has
+        one. Local first, then Redis (bounded like any lookup: timeout_ms, the breaker).
+        Never runs the model, joins no flight. A fresh answer counts as the tier's hit, a
+        stale one in `stale_hits` only, None as a miss of each tier asked."""
+        if self.local is not None:
+            local = self.local.lookup(key, model)
+            if local is not None:
+                return handed_out(local[0]), local[1]
+        if self.redis is None:
+            return None
+        found = await self.redis.find(key, model, stale_ok=True)
+        if found is None:
+            return None
+        entry, fresh_until, keep_until, stale = found
+        # Without times (stored without stale_s) its TTL is unknown here: not copied.
+        if self.local is not None and fresh_until is not None and keep_until is not None:
+            bound = self.local.bound_of(model)
+            self._fill_local(key, model, entry, (fresh_until, keep_until), bound)
+        return handed_out(entry), stale
+
+    def _fill_local(
+        self,
+        key: CacheKey,
+        model: str,
+        entry: CachedResponse,
+        until: tuple[float, float],
+        max_entries: int | None,
+    ) -> None:
+        """A Redis entry stored with its times (wall clock: fresh-until, keep-until), copied
+        into the local tier with them moved onto its clock (monotonic)."""
+        assert self.local is not None
+        shift = self.clock() - self.wall_clock()
+        fresh_until, keep_until = until[0] + shift, until[1] + shift
+        self.local.put_until(key, model, entry, fresh_until, keep_until, max_entries)
 
     def invalidate_model(self, model: str) -> None:
         """Drop the model's local entries (unload, version swap: keys hold the version, so

@@ -57,6 +57,9 @@ class TierStats:
     oversize: int = 0  # responses not stored: over the tier's size or max_response_bytes
     skipped: int = 0  # redis: lookups not tried because the breaker was open
     collisions: int = 0  # same digest, different description: served as a miss
+    # A degraded model's lookups answered by an entry kept past its TTL (stale_s): counted
+    # here only, not in `hits` (docs/cache.md, "Stale entries").
+    stale_hits: int = 0
 
     def hit(self, model: str) -> None:
         self.hits += 1

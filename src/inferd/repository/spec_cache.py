@@ -34,6 +34,10 @@ class CacheOptions:
     max_entries: int | None = None  # the model's bound in the local tier; None: the tier's only
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES  # larger responses are not cached
     key: KeyOptions = KeyOptions()  # cache_float_decimals, cache_text_normalize
+    # Seconds an entry is kept past its TTL for a degraded tier to answer from (0: not
+    # kept). No cache_* parameter: the degradation tiers set it (dataclasses.replace) from
+    # degrade_stale_s (docs/reliability.md); normal lookups never see such entries.
+    stale_s: float = 0.0
 
 
 def read_cache_options(config: mc.ModelConfig) -> CacheOptions:
