@@ -76,3 +76,26 @@ def test_damaged_values_decode_or_raise_corrupt_value(at, flip, truncate):
     if truncate:
         with pytest.raises(codec.CorruptValueError):
             codec.decode(damaged)
+
+
+def test_the_stale_envelope_round_trips_and_plain_values_pass_unchanged():
+    wrapped = codec.wrap(VALID, 1700000000.25, 1700000060.5)
+    assert wrapped.startswith(codec.STALE_MAGIC)
+    assert len(wrapped) == len(VALID) + codec.ENVELOPE_BYTES
+    assert codec.unwrap(wrapped) == (VALID, 1700000000.25, 1700000060.5)
+    assert codec.unwrap(VALID) == (VALID, None, None)  # stale_s 0: the format as before
+    inner, _, _ = codec.unwrap(wrapped)
+    assert codec.answers(inner, b"some key") and len(codec.decode(inner)) == 3
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        codec.STALE_MAGIC + b"\x00" * 7,
+        codec.wrap(VALID, float("nan"), 1.0),
+        codec.wrap(VALID, 1.0, float("inf")),
+    ],
+)
+def test_a_damaged_envelope_is_a_corrupt_value(damaged):
+    with pytest.raises(codec.CorruptValueError):
+        codec.unwrap(damaged)
