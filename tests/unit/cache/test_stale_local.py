@@ -12,6 +12,7 @@ from tests.unit.cache.cache_helpers import Model, key, outputs
 from inferd.cache import CacheSettings, LocalSettings, ResponseCache
 from inferd.cache.entry import make_entry, owned_copy
 from inferd.cache.local_tier import LocalTier
+from inferd.metrics_cache import CacheCollector
 
 
 class Clock:
@@ -137,3 +138,21 @@ def test_a_stale_lookup_of_another_requests_entry_is_a_collision_and_a_miss():
     other = type(key(1))(key(1).digest, b"another description")
     assert tier.lookup(other, "m") is None
     assert (tier.stats.collisions, tier.stats.misses, tier.stats.stale_hits) == (1, 1, 0)
+
+
+def test_stale_hits_are_exported_per_tier():
+    async def scenario():
+        clock = Clock()
+        cache = local_cache(clock)
+        await cache.get_or_run(key(1), "m", Model().run(1), ttl_s=1, stale_s=10)
+        clock.now += 2
+        assert await cache.lookup_stale(key(1), "m") is not None
+        families = {f.name: f for f in CacheCollector(cache).collect()}
+        (sample,) = families["inferd_cache_stale_hits"].samples
+        assert (sample.name, sample.labels, sample.value) == (
+            "inferd_cache_stale_hits_total",
+            {"tier": "local"},
+            1,
+        )
+
+    asyncio.run(scenario())
