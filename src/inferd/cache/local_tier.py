@@ -35,35 +35,47 @@ class LocalTier:
         self._bounds: dict[str, int | None] = {}
 
     def get(self, key: CacheKey, model: str) -> CachedResponse | None:
-        """The fresh entry for `key`, or None (a stale one, kept past its TTL, is a miss)."""
-        found = self._find(key, model, stale_ok=False)
-        return None if found is None else found[0]
+        """The fresh entry for `key`, or None (one kept past its TTL, by stale_s, is expired
+        here: the miss's run replaces it). The hit path: kept apart from `lookup`'s."""
+        started = time.perf_counter()
+        slot = self._slots.get(key.digest)
+        if slot is not None and slot[2] is not None:
+            now = self.clock()
+            if now >= slot[2]:
+                keep_until = slot[3]
+                if keep_until is None or now >= keep_until:
+                    self._remove(key.digest)
+                self.stats.expired += 1
+                slot = None
+        if slot is not None and slot[0][0] != key.description:
+            self.stats.collisions += 1  # another request's answer: never served
+            slot = None
+        if slot is None:
+            self.stats.miss(model)
+        else:
+            self._slots.move_to_end(key.digest)
+            self._by_model[slot[1]].move_to_end(key.digest)
+            self.stats.hit(model)
+        self.stats.lookup_seconds.observe(time.perf_counter() - started)
+        return None if slot is None else slot[0]
 
     def lookup(self, key: CacheKey, model: str) -> tuple[CachedResponse, bool] | None:
-        """The entry for `key`, fresh or stale (kept past its TTL), and whether it is stale.
-        A stale answer counts in `stale_hits`, not in `hits`."""
-        return self._find(key, model, stale_ok=True)
-
-    def _find(
-        self, key: CacheKey, model: str, stale_ok: bool
-    ) -> tuple[CachedResponse, bool] | None:
+        """For a degraded model: the entry for `key`, fresh or kept past its TTL, and whether
+        it is stale. A stale answer counts in `stale_hits`, not in `hits`."""
         started = time.perf_counter()
         slot = self._slots.get(key.digest)
         stale = False
-        fresh_until, keep_until = (None, None) if slot is None else slot[2:]
+        fresh_until, keep_until = (None, None) if slot is None else (slot[2], slot[3])
         if fresh_until is not None:
             now = self.clock()
-            if keep_until is not None and now >= keep_until:
+            if keep_until is None or now >= keep_until:
                 self._remove(key.digest)
                 self.stats.expired += 1
                 slot = None
-            elif now >= fresh_until:
-                stale = True
-                if not stale_ok:  # kept for a degraded lookup; the fresh run replaces it
-                    self.stats.expired += 1
-                    slot = None
+            else:
+                stale = now >= fresh_until
         if slot is not None and slot[0][0] != key.description:
-            self.stats.collisions += 1  # another request's answer: never served
+            self.stats.collisions += 1
             slot = None
         if slot is None:
             self.stats.miss(model)
