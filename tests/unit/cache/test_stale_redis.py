@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 from tests.unit.cache.cache_helpers import Model, key
-from tests.unit.cache.redis_servers import MAIN_REDIS
+from tests.unit.cache.redis_servers import MAIN_REDIS, silent_listener
 
 from inferd.cache import CacheSettings, LocalSettings, RedisSettings, ResponseCache, codec
+from inferd.cache.breaker import FAILURES
 from inferd.cache.redis_tier import KEY_PREFIX
 
 DB = 14
@@ -143,3 +144,42 @@ def test_without_stale_s_the_value_and_its_px_are_as_before(client):
         await cache.close()
 
     asyncio.run(scenario())
+
+
+def test_a_normal_redis_hit_of_a_kept_entry_fills_the_local_tier_with_its_times(client):
+    async def scenario():
+        wall, mono = Clock(1_700_000_000.0), Clock(1000.0)
+        writer = caches(wall, mono)
+        await writer.get_or_run(key(1), "m", Model().run(1), ttl_s=10, stale_s=50)
+        await writer.flush()
+        wall.now += 5
+        mono.now += 5
+        reader, model = caches(wall, mono, local=True), Model()
+        assert (await reader.get_or_run(key(1), "m", model.run(2), ttl_s=10, stale_s=50))[1] == (
+            "redis"
+        )
+        # The Redis entry's fresh-until, not 10 s after the copy was made: local expired too.
+        mono.now += 5
+        wall.now += 5
+        assert (await reader.get_or_run(key(1), "m", model.run(2), ttl_s=10, stale_s=50))[1] == ""
+        assert model.calls == 1 and reader.stats[0].expired == reader.stats[1].expired == 1
+        await writer.close()
+        await reader.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stale_lookup_is_bounded_by_the_timeout_and_the_breaker():
+    async def scenario(port: int):
+        settings = RedisSettings("127.0.0.1", port, timeout_ms=50)
+        cache = ResponseCache(CacheSettings(redis=settings))
+        for _ in range(FAILURES):
+            assert await cache.lookup_stale(key(1), "m") is None
+        stats = cache.stats[0]
+        assert (stats.errors, stats.misses, stats.skipped) == (FAILURES, FAILURES, 0)
+        assert await cache.lookup_stale(key(1), "m") is None  # the breaker is open now
+        assert (stats.errors, stats.misses, stats.skipped) == (FAILURES, FAILURES + 1, 1)
+        await cache.close()
+
+    with silent_listener() as port:
+        asyncio.run(scenario(port))
