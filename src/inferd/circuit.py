@@ -12,6 +12,10 @@ Configured by model config parameters (all optional; the breaker is off without 
 Open: requests fail fast with UNAVAILABLE or go to the fallback, and the model reports not
 ready. After `open_s` one probe request is let through (half-open): success closes the
 circuit, failure opens it again. Only model errors count, not bad requests.
+
+A degradation tier with `open_circuit` (docs/reliability.md#degradation-tiers) holds it open
+too, for as long as the model is in that tier, whatever its errors: `hold_open` and
+`release_hold`. The tier's own probes measure the model meanwhile (`allow(probe=True)`).
 """
 
 from __future__ import annotations
@@ -56,16 +60,20 @@ class CircuitBreaker:
     opened_at: float = 0.0
     consecutive_failures: int = 0
     opens: int = 0  # times it opened, for metrics
+    held: str = ""  # why a degradation tier holds it open ("": not held)
     _probing: bool = False
     _outcomes: SlidingWindow = field(default_factory=lambda: SlidingWindow(OUTCOMES_KEPT))
 
     @property
     def is_open(self) -> bool:
-        """Open or half-open: the model is not (yet again) trusted to serve."""
-        return self.state is not CircuitState.CLOSED
+        """Open, half-open or held open: the model is not (yet again) trusted to serve."""
+        return bool(self.held) or self.state is not CircuitState.CLOSED
 
-    def allow(self) -> bool:
-        """May a request go to the model now? (Half-open lets exactly one probe through.)"""
+    def allow(self, probe: bool = False) -> bool:
+        """May a request go to the model now? (Half-open lets exactly one probe through; a
+        degradation tier's `probe` passes its hold, not the breaker's own state.)"""
+        if self.held and not probe:
+            return False
         if self.state is CircuitState.CLOSED or not self.policy.enabled:
             return True
         if self.state is CircuitState.OPEN:
@@ -113,6 +121,29 @@ class CircuitBreaker:
             n, rate = window.requests, window.error_rate
             if n >= p.min_requests and rate > p.error_rate:
                 self._open(f"error rate {rate:.0%} over {n} requests in {p.window_s:g} s")
+
+    def hold_open(self, why: str) -> None:
+        """A degradation tier opens it until `release_hold` (counted as an opening)."""
+        self.held = why
+        self.opens += 1
+        log.warning(
+            "model %s: circuit held open (%s); %s",
+            self.model,
+            why,
+            f"requests go to '{self.policy.fallback_model}'"
+            if self.policy.fallback_model
+            else "requests fail fast",
+            extra={"model": self.model, "event": "circuit_open"},
+        )
+
+    def release_hold(self) -> None:
+        if self.held:
+            self.held = ""
+            log.warning(
+                "model %s: circuit no longer held open (the degradation tier was left)",
+                self.model,
+                extra={"model": self.model, "event": "circuit_released"},
+            )
 
     def _open(self, why: str) -> None:
         self.state = CircuitState.OPEN

@@ -13,6 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd import __version__
 from inferd.access import AccessPolicy
+from inferd.degrade.controller import degradation_statistics
 from inferd.errors import ErrorKind, InferdError, invalid, not_found
 from inferd.events import Telemetry
 from inferd.inference import InferenceSteps
@@ -101,6 +102,8 @@ class DataPlane(InferenceSteps, StreamingSteps):
     def health_problem(self, name: str, mv: ModelVersion) -> str:
         """Why a loaded version cannot be trusted to serve now, or ""."""
         model = self.registry.models[name]
+        if model.circuit.held:
+            return f"its circuit is held open by {model.circuit.held}"
         if model.circuit.is_open:
             return "its circuit breaker is open"
         batcher = mv.batcher
@@ -201,7 +204,12 @@ class DataPlane(InferenceSteps, StreamingSteps):
                 if version not in versions:
                     raise not_found(f"unknown version '{version}' of model '{n}'")
                 versions = [version]
-            stats.extend(self.statistics.model_stats(n, versions))
+            entries = self.statistics.model_stats(n, versions)
+            degrade = self.registry.models[n].degrade
+            if degrade is not None:  # inferd's own field (HTTP; gRPC's message has none)
+                for entry in entries:
+                    entry["degradation"] = degradation_statistics(degrade)
+            stats.extend(entries)
         return {"model_stats": stats}
 
     # -- repository and routing administration (Triton's model_repository extension) -----

@@ -107,6 +107,11 @@ class RequestRecord:
     # cache took (a hit: lookup and extraction; a miss: lookup and insert), as Triton's.
     cache: str = ""
     cache_ns: int = 0
+    # Answered by a degradation tier (docs/reliability.md#degradation-tiers): its number
+    # and how ("fallback", "stale", "open_circuit"); 0 and "" otherwise. A request refused
+    # by a tier has the tier and "refused".
+    degraded_tier: int = 0
+    degraded_action: str = ""
 
     @property
     def is_success(self) -> bool:

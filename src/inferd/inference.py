@@ -17,15 +17,18 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from inferd import classification
-from inferd.cached_call import run_cached
+from inferd.cached_call import run_cached, stale_answer
 from inferd.conformance import OutputMismatchError, conform_output
 from inferd.decoupled_call import MODEL_FAILURES
+from inferd.degrade.controller import Degradation, Route
+from inferd.degrade.request import degradation_allowed
+from inferd.degrade.tiers import Tier
 from inferd.errors import ErrorKind, InferdError, shed, unavailable
 from inferd.events import CallContext, RequestRecord, Telemetry
 from inferd.infer_call import InferCall
 from inferd.limits import check_response_size
 from inferd.monitoring.capture import Capture
-from inferd.repository.model_state import ModelVersion
+from inferd.repository.model_state import Model, ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.admission import scheduling_parameters
 from inferd.scheduling.isolate import RequestFailedAloneError
@@ -66,32 +69,131 @@ class InferenceSteps:
             raise unary_to_decoupled(call.model_name, call.ctx)
 
     async def infer(self, call: InferCall, request: InferRequest) -> InferResponse:
-        """Check, schedule and answer an admitted request: its circuit decides whether it
-        runs, fails fast or goes to the fallback model."""
+        """Check, schedule and answer an admitted request: its degradation tier and its
+        circuit decide whether it runs, is answered lighter, fails fast or goes to the
+        fallback model."""
         record, ctx, model_name = call.record, call.ctx, call.model_name
         record.request = request
         record.request_id = request.id
-        circuit = self.registry.models[model_name].circuit
-        if not circuit.allow():
-            fallback = circuit.policy.fallback_model
-            if fallback:
-                return await self._serve(fallback, "", request, ctx, record, model_name)
-            raise unavailable(
-                f"model '{model_name}' is failing: its circuit is open, retry in "
-                f"{circuit.retry_in_s():.0f} s"
-            )
+        model = self.registry.models[model_name]
+        circuit = model.circuit
+        route = Route.PRIMARY
+        degrade = model.degrade
+        tier = degrade.current if degrade is not None else None
+        if tier is not None:  # the model is degraded (docs/reliability.md)
+            assert degrade is not None
+            degradable = degradation_allowed(request)
+            if tier.stale and degradable and self.response_cache is not None:
+                stale = await self._stale(model_name, call.version, request, ctx, record, tier)
+                if stale is not None:
+                    degrade.count(tier.number, "stale")
+                    return stale
+            route = degrade.route(time.monotonic())
+            if route is Route.FALLBACK and degradable and self._ready(tier, degrade):
+                degrade.count(tier.number, "fallback")
+                record.degraded_tier, record.degraded_action = tier.number, "fallback"
+                response = await self._serve(
+                    degrade.policy.fallback_model, "", request, ctx, record, model_name
+                )
+                return _degraded(response, tier.number, "fallback")
         try:
-            response = await self._serve(model_name, call.version, request, ctx, record)
-        except InferdError as exc:
-            # Failing alone in a batch that succeeded is the request's fault (isolate.py).
-            alone = isinstance(exc, RequestFailedAloneError)
-            circuit.record(False, counts=exc.kind in MODEL_FAILURES and not alone)
-            raise
-        except BaseException:
-            circuit.record(False, counts=False)
-            raise
-        circuit.record(True)
-        return response
+            if not circuit.allow(probe=route is Route.PROBE):
+                return await self._circuit_open(model, request, ctx, record, tier, route)
+            try:
+                response = await self._serve(model_name, call.version, request, ctx, record)
+            except InferdError as exc:
+                # Failing alone in a batch that succeeded is the request's fault (isolate.py).
+                alone = isinstance(exc, RequestFailedAloneError)
+                circuit.record(False, counts=exc.kind in MODEL_FAILURES and not alone)
+                raise
+            except BaseException:
+                circuit.record(False, counts=False)
+                raise
+            circuit.record(True)
+            return response
+        finally:
+            if route is Route.PROBE:
+                assert degrade is not None
+                degrade.probe_done(time.monotonic())
+
+    async def _circuit_open(
+        self,
+        model: Model,
+        request: InferRequest,
+        ctx: CallContext,
+        record: RequestRecord,
+        tier: Tier | None,
+        route: Route,
+    ) -> InferResponse:
+        """A request the circuit stops: to the fallback model, or refused (503)."""
+        circuit, name = model.circuit, model.name
+        held = bool(circuit.held) and tier is not None and tier.open_circuit
+        fallback = circuit.policy.fallback_model or (
+            model.degrade.policy.fallback_model if held and model.degrade else ""
+        )
+        if held:
+            assert tier is not None and model.degrade is not None
+            if fallback and degradation_allowed(request):
+                model.degrade.count(tier.number, "open_circuit")
+                record.degraded_tier, record.degraded_action = tier.number, "open_circuit"
+                response = await self._serve(fallback, "", request, ctx, record, name)
+                return _degraded(response, tier.number, "open_circuit")
+            model.degrade.count(tier.number, "refused")
+            record.degraded_tier, record.degraded_action = tier.number, "refused"
+            raise unavailable(
+                f"model '{name}' is degraded: tier {tier.number} holds its circuit open (its "
+                f"p99 {model.degrade.p99_s * 1000:.0f} ms is past {tier.p99_s * 1000:.0f} ms); "
+                "retry later"
+            )
+        if fallback:
+            return await self._serve(fallback, "", request, ctx, record, name)
+        raise unavailable(
+            f"model '{name}' is failing: its circuit is open, retry in {circuit.retry_in_s():.0f} s"
+        )
+
+    def _ready(self, tier: Tier, degrade: Degradation) -> bool:
+        """Whether the fallback model can take a tier's share now (else the primary does)."""
+        fallback = self.registry.models.get(degrade.policy.fallback_model)
+        if fallback is not None and fallback.default_version() is not None:
+            return True
+        degrade.count(tier.number, "fallback_unavailable")
+        return False
+
+    async def _stale(
+        self,
+        model_name: str,
+        version: str,
+        request: InferRequest,
+        ctx: CallContext,
+        record: RequestRecord,
+        tier: Tier,
+    ) -> InferResponse | None:
+        """A degraded cached model's answer from its cache, fresh or past its TTL (kept for
+        degrade_stale_s): None when the cache has none, and the request goes on."""
+        mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
+        if mv.cache is None or mv.decoupled:
+            return None
+        assert self.response_cache is not None
+        cache = self.response_cache
+        found = await stale_answer(cache, mv.cache, mv, self.registry, request, record)
+        if found is None:
+            return None
+        tensors, parameters, is_stale = found
+        record.model, record.version = mv.name, mv.version
+        if request.uses_shared_memory:  # the answer goes into the client's regions
+            lease = self.shared_memory.lease(request)
+            try:
+                tensors = lease.write_outputs(tensors)
+            finally:
+                lease.release()
+        response = InferResponse(
+            model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
+        )
+        response.parameters.update(parameters)
+        if not is_stale:
+            return response  # a fresh hit: what the undegraded path would have answered
+        record.degraded_tier, record.degraded_action = tier.number, "stale"
+        return _degraded(response, tier.number, "stale")
 
     def respond(self, call: InferCall, response: InferResponse) -> InferResponse:
         """The answer, to encode: refused before it is built when its tensors alone pass the
@@ -123,6 +225,19 @@ class InferenceSteps:
         if early.batcher is not None and early.batcher.refuses_all():
             # Shed before reading and decoding the body: overload answers cost little.
             raise shed(f"model '{model_name}' queue is full; retry later")
+        degrade = self.registry.models[model_name].degrade
+        tier = degrade.current if degrade is not None else None
+        if tier is not None and tier.queue_limit and early.batcher is not None:
+            assert degrade is not None
+            if early.batcher.queue_depth() >= tier.queue_limit:
+                # A degraded tier's smaller queue: the excess is refused now, not late.
+                degrade.count(tier.number, "refused")
+                record.degraded_tier, record.degraded_action = tier.number, "refused"
+                raise shed(
+                    f"model '{model_name}' is degraded: tier {tier.number} (its p99 "
+                    f"{degrade.p99_s * 1000:.0f} ms is past {tier.p99_s * 1000:.0f} ms) bounds "
+                    f"its queue to {tier.queue_limit} requests; retry later"
+                )
         return early
 
     async def _serve(
@@ -218,6 +333,15 @@ class InferenceSteps:
             tensors = classification.apply(tensors, bound.classes, signature)
         times.compute_output_ns += time.perf_counter_ns() - t0
         return tensors
+
+
+def _degraded(response: InferResponse, tier: int, action: str) -> InferResponse:
+    """The answer of a degradation tier says so: the tier, how, and the model that answered
+    (a fallback's answer also carries `fallback_from`, as the circuit's fallback does)."""
+    response.parameters["degradation_tier"] = tier
+    response.parameters["degradation_action"] = action
+    response.parameters["degradation_model"] = response.model_name
+    return response
 
 
 def _model_error(mv: ModelVersion, message: str) -> InferdError:

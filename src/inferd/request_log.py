@@ -93,6 +93,9 @@ def request_fields(record: RequestRecord) -> dict[str, Any]:
         "client": ctx.client,
         "protocol": ctx.protocol,
     }
+    if record.degraded_tier:  # answered (or refused) by a degradation tier
+        fields["degradation_tier"] = record.degraded_tier
+        fields["degradation_action"] = record.degraded_action
     if record.steps is not None:  # an ensemble's request: each step's model and latency
         fields["steps"] = [
             {"step": s.number, "model": s.model, "latency_ms": round(s.duration_ns / 1e6, 3)}

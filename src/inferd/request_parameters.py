@@ -2,9 +2,10 @@
 
 Triton keeps some keys for itself, and its backends never see them: `sequence_id`,
 `sequence_start`, `sequence_end`, `priority`, `timeout`, `headers`, every `triton_*` key, and
-HTTP's `binary_data_output`. Everything else reaches a Python model, as a scalar: a string, a
-number or a boolean (what both protocols can carry). Checked in `ModelSignature.bind`, so a
-bad value is a 400 / INVALID_ARGUMENT naming the parameter before the request is queued.
+HTTP's `binary_data_output`; inferd keeps `inferd_degrade` (degrade/request.py). Everything
+else reaches a Python model, as a scalar: a string, a number or a boolean (what both
+protocols can carry). Checked in `ModelSignature.bind`, so a bad value is a 400 /
+INVALID_ARGUMENT naming the parameter before the request is queued.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from inferd.degrade.request import OPT_OUT_PARAMETER, opt_out_value
 from inferd.errors import invalid
 
 RESERVED = frozenset(
@@ -23,6 +25,7 @@ RESERVED = frozenset(
         "timeout",
         "headers",
         "binary_data_output",
+        "inferd_degrade",  # the request's opt-out of degradation tiers (degrade/request.py)
     }
 )
 RESERVED_PREFIX = "triton_"
@@ -40,6 +43,8 @@ def model_parameters(parameters: Mapping[str, Any]) -> tuple[dict[str, Any], int
                 f"or boolean, got {'null' if value is None else type(value).__name__}"
             )
         custom[key] = value
+    if OPT_OUT_PARAMETER in parameters:  # reserved, and checked for every model
+        opt_out_value(parameters[OPT_OUT_PARAMETER])
     timeout = parameters.get("timeout", 0)
     # A malformed timeout is refused by the scheduler's own check (dataplane).
     timeout_us = timeout if type(timeout) is int and timeout > 0 else 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import zlib
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
@@ -57,13 +58,14 @@ class Router:
     views; each change assigns a new dict or writes one existing key, so a scrape thread
     reading them (snapshots.items) never sees a dict change size."""
 
-    __slots__ = ("_history", "_policy", "_rollbacks", "_weights")
+    __slots__ = ("_history", "_policy", "_rollbacks", "_weights", "changed_at")
 
     def __init__(self) -> None:
         self._weights: dict[str, int] = {}  # empty: the default route
         self._history: list[dict[str, int]] = []  # earlier weights, newest last
         self._rollbacks: dict[str, int] = {}  # automatic rollbacks per version
         self._policy = RollbackPolicy()
+        self.changed_at = 0.0  # monotonic time of the last step a rollback undoes (0: none)
 
     @property
     def weights(self) -> Mapping[str, int]:
@@ -92,6 +94,11 @@ class Router:
                 return version
             point -= weight
         return candidates[-1][0]
+
+    @property
+    def can_undo(self) -> bool:
+        """Whether `rollback` with no canary has earlier weights to restore."""
+        return bool(self._history and self._history[-1])
 
     @property
     def stable(self) -> str | None:
@@ -148,3 +155,4 @@ class Router:
     def _change(self, weights: dict[str, int]) -> None:
         self._history = [*self._history[-9:], dict(self._weights)]
         self._weights = weights
+        self.changed_at = time.monotonic()

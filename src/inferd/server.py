@@ -22,6 +22,7 @@ from inferd.cached_call import attach_cache
 from inferd.canary import CanaryGuard
 from inferd.custom_metrics import CustomMetrics
 from inferd.dataplane import DataPlane
+from inferd.degrade.guard import DegradationGuard
 from inferd.engine import sockets as engine_sockets
 from inferd.engine.engine_hop import EngineHop
 from inferd.engine.metrics import FrontEndCollector
@@ -29,6 +30,7 @@ from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
 from inferd.metrics import MetricsSink
 from inferd.metrics_cache import CacheCollector
+from inferd.metrics_degrade import DegradationCollector
 from inferd.metrics_http import MetricsServer
 from inferd.monitoring.capture import Capture
 from inferd.monitoring.capture_metrics import CaptureCollector
@@ -111,6 +113,7 @@ class InferenceServer:
         self.dataplane.runtime.workers = worker.count if worker is not None else 1
         self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))
+        self.telemetry.add(DegradationGuard(self.registry))
         self.poller: RepositoryPoller | None = None
         self.metrics: MetricsSink | None = None
         self.metrics_server: MetricsServer | None = None
@@ -126,6 +129,7 @@ class InferenceServer:
             self.metrics.prometheus.register(CaptureCollector(self.capture))
             if self.response_cache is not None:
                 self.metrics.prometheus.register(CacheCollector(self.response_cache))
+            self.metrics.prometheus.register(DegradationCollector(self.registry))
         # Large requests are decoded (and large responses encoded) off the event loop.
         self.offload = Offload(settings.limits.offload_bytes)
         self.app: InferdApp = build_app(

@@ -30,7 +30,8 @@ from inferd.types import RequestedOutput, SharedMemoryRef, Tensor
 
 DIGEST_BYTES = 16  # 128-bit blake2b
 # Request parameters that change when or whether the answer comes, never what it is.
-KEY_EXEMPT_PARAMETERS = frozenset({"priority", "timeout"})
+# `inferd_degrade` (a request's opt-out of degradation tiers) never changes the answer either.
+KEY_EXEMPT_PARAMETERS = frozenset({"priority", "timeout", "inferd_degrade"})
 TEXT_NORMALIZATIONS = ("strip", "lower", "nfc")  # applied in this order
 FLOAT_DATATYPES = frozenset({"FP16", "BF16", "FP32", "FP64"})
 _MAGIC = b"inferd-cache-key/1\n"

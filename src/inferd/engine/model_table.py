@@ -102,8 +102,10 @@ class ModelTable:
         current: dict[ModelVersion, int] = {}
         table: dict[str, Entry] = {}
         for name, model in self.models.items():
-            if model.circuit.policy.enabled:
-                continue  # an open circuit (or its fallback) answers before any signature
+            if model.circuit.policy.enabled or model.degrade is not None:
+                # An open circuit or a degradation tier (a fallback, a stale answer) answers
+                # before any signature is checked: the engine checks these itself.
+                continue
             versions: dict[str, tuple[int, tuple[Any, ...]]] = {}
             for v, mv in model.versions.items():
                 if not mv.is_ready or mv.decoupled:

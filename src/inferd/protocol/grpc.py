@@ -92,7 +92,9 @@ class InferenceServicer(
     @errors_mapped
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
         doc = await self.dp.server_statistics(request.name, request.version)
-        return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
+        # Fields inferd adds (a degraded model's `degradation`) have no place in Triton's
+        # message: HTTP's JSON carries them.
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     @errors_mapped
     async def RepositoryModelLoad(

@@ -43,7 +43,24 @@ INFERD_PARAMETERS: dict[str, str] = {
     "circuit_breaker_window_s": "the error-rate window (docs/reliability.md)",
     "circuit_breaker_min_requests": "requests before the rate counts (docs/reliability.md)",
     "circuit_breaker_open_s": "how long the circuit stays open (docs/reliability.md)",
-    "fallback_model": "where requests go while the circuit is open (docs/reliability.md)",
+    "fallback_model": (
+        "where requests go while the circuit is open, and a degradation tier's `fallback` "
+        "(docs/reliability.md)"
+    ),
+    "degrade_p99_ms": (
+        "degradation tiers, `P99_MS: ACTION ...; ...` with actions fallback[=N%], stale, "
+        "queue=N, open_circuit, rollback (docs/reliability.md#degradation-tiers)"
+    ),
+    "degrade_window_s": "the degradation p99's window; default 10 (docs/reliability.md)",
+    "degrade_min_requests": "requests in the window before a tier moves; default 20",
+    "degrade_release_ratio": "a tier is left under its threshold x this; default 0.8",
+    "degrade_dwell_s": "the least time in a tier before moving down; default 10",
+    "degrade_probe_interval_ms": (
+        "while a tier sends everything away, one probe per this still reaches the model; "
+        "default 100"
+    ),
+    "degrade_stale_s": "with a `stale` tier: seconds entries are kept past their TTL; 300",
+    "degrade_rollback_within_s": "a `rollback` tier undoes a promote this recent; default 600",
     "health_p99_baseline_ms": "the p99 the health score compares with (docs/metrics.md)",
     "capture_sample_rate": (
         "share of answered requests captured for --capture-dir and feedback, 0..1; default 0 "

@@ -20,6 +20,7 @@ from inferd.scheduling.sequence_config import SequenceOptions
 from inferd.signature import ModelSignature
 
 if TYPE_CHECKING:
+    from inferd.degrade.controller import Degradation
     from inferd.monitoring.drift_sampler import DriftMonitor
     from inferd.pipelines.ensemble import Ensemble
 
@@ -81,6 +82,8 @@ class Model:
     versions: dict[str, ModelVersion] = field(default_factory=dict)
     router: Router = field(default_factory=Router)
     circuit: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(""))
+    # Its degradation tiers in motion (docs/reliability.md#degradation-tiers); None: none.
+    degrade: Degradation | None = None
     config_checksum: str = ""
     seen: Fingerprint = ()  # the files' stat fingerprint at the last (re)load
     load_failures: int = 0

@@ -24,6 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.circuit import CircuitBreaker
 from inferd.classification import read_labels
+from inferd.degrade.controller import configure_degradation
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.memory import MemoryReleaser, rss_bytes
@@ -311,7 +312,9 @@ class ModelRegistry(RoutingCalls):
         model.reason = ""  # the config passed this time; version failures are on their rows
         model.router.configure(spec.canary, _config_weights(model, spec))
         if model.circuit.policy != spec.circuit or model.circuit.model != model.name:
-            model.circuit = CircuitBreaker(model.name, spec.circuit)
+            held = model.circuit.held  # a degradation tier's hold outlives a new policy
+            model.circuit = CircuitBreaker(model.name, spec.circuit, held=held)
+        configure_degradation(model, spec.degrade)
         self.changed()  # now, not after the old versions drained
         if retired:
             await self._retire(retired)

@@ -4,19 +4,20 @@
 fails the load with an error naming the file, the field or parameter and the value; the
 server's consumers (scheduler, router, circuit, warm-up, readiness, metrics, backends) then
 read fields of the spec, never the config's strings, and nothing re-parses per request,
-readiness check or scrape. `parse_spec` (with spec_limits, spec_backend, spec_drift and
-spec_cache) is the only reader of `parameters`: a test holds it to that.
+readiness check or scrape. `parse_spec` (with spec_limits, spec_backend, spec_drift,
+spec_cache and spec_degrade) is the only reader of `parameters`: a test holds it to that.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.circuit import CircuitPolicy
+from inferd.degrade.tiers import DegradePolicy
 from inferd.errors import InferdError
 from inferd.monitoring.capture_options import (
     DEFAULT_ACCURACY_WINDOW,
@@ -32,6 +33,7 @@ from inferd.repository.config import (
 )
 from inferd.repository.spec_backend import BackendSettings, read_backend_settings
 from inferd.repository.spec_cache import CacheOptions, read_cache_options
+from inferd.repository.spec_degrade import read_degrade_policy
 from inferd.repository.spec_drift import DriftOptions, read_drift_options
 from inferd.repository.spec_limits import InputLimits, read_limits
 from inferd.routing import RollbackPolicy, parse_weights
@@ -62,6 +64,7 @@ class ModelSpec:
     capture: CaptureOptions = CaptureOptions()  # capture_sample_rate, accuracy_* (capture.md)
     drift: DriftOptions = DriftOptions()  # drift_* (docs/monitoring.md)
     cache: CacheOptions = CacheOptions()  # response_cache, cache_* (docs/cache.md)
+    degrade: DegradePolicy = DegradePolicy()  # degrade_* (docs/reliability.md)
 
     def execution_timeout_s(self, default_ms: int) -> float:
         """The execution timeout in seconds (0: none); `default_ms` the server's. A decoupled
@@ -79,6 +82,10 @@ def parse_spec(config: mc.ModelConfig, model_dir: Path) -> ModelSpec:
     raw = parameter(config, "unready_after_failures", str(DEFAULT_UNREADY_AFTER_FAILURES))
     if not raw.isdigit():
         raise ConfigError(f"{where}.unready_after_failures must be an integer >= 0, got '{raw}'")
+    degrade = read_degrade_policy(config)
+    cache = read_cache_options(config)
+    if degrade.uses_stale:  # entries are kept past their TTL for the tier to answer from
+        cache = replace(cache, stale_s=degrade.stale_s)
     return ModelSpec(
         batching=batching_options(config),
         limits=read_limits(config),
@@ -96,7 +103,8 @@ def parse_spec(config: mc.ModelConfig, model_dir: Path) -> ModelSpec:
         text_inputs=_text_inputs(config),
         capture=_capture_options(config),
         drift=read_drift_options(config),
-        cache=read_cache_options(config),
+        cache=cache,
+        degrade=degrade,
     )
 
 

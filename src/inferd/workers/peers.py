@@ -129,7 +129,20 @@ def merge_model_stats(answers: Iterable[list[dict[str, Any]]]) -> list[dict[str,
                 else:
                     responses[position] = copy.deepcopy(stats)
             into["response_stats"] = dict(sorted(responses.items(), key=lambda kv: int(kv[0])))
+            if "degradation" in entry:  # each worker degrades on its own: the worst, and sums
+                _merge_degradation(into.setdefault("degradation", {}), entry["degradation"])
     return list(merged.values())
+
+
+def _merge_degradation(into: dict[str, Any], other: dict[str, Any]) -> None:
+    into["tier"] = max(into.get("tier", 0), other["tier"])
+    into["p99_ms"] = max(into.get("p99_ms", 0.0), other["p99_ms"])
+    into["tier_changes"] = into.get("tier_changes", 0) + other["tier_changes"]
+    requests = into.setdefault("requests", {})
+    for tier, actions in other["requests"].items():
+        mine = requests.setdefault(tier, {})
+        for action, count in actions.items():
+            mine[action] = mine.get(action, 0) + count
 
 
 # -- answering -------------------------------------------------------------------------------

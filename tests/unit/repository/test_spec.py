@@ -307,6 +307,7 @@ SPEC_MODULES = {
     "repository/spec_limits.py",
     "repository/spec_drift.py",
     "repository/spec_cache.py",
+    "repository/spec_degrade.py",
 }
 READERS = {"parameter", "int_parameter"}
 

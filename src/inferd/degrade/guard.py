@@ -1,0 +1,172 @@
+"""The telemetry sink that moves models between degradation tiers, and what a move does
+besides routing (which the request path reads from `Degradation`): it holds the circuit
+open while a tier says so, rolls a slow canary or a fresh promote back on entering a
+`rollback` tier, and logs every move with the p99 that caused it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from inferd.degrade.controller import Degradation, TierChange
+from inferd.errors import InferdError
+from inferd.events import BatchRecord, RequestRecord
+
+if TYPE_CHECKING:
+    from inferd.repository.model_state import Model
+    from inferd.repository.registry import ModelRegistry
+
+log = logging.getLogger("inferd.degrade")
+
+# The failures that still say how slow the model is: the client's deadline ran out, or the
+# client gave up waiting. Their duration is a lower bound of the model's latency.
+SLOW_FAILURES = frozenset({"timeout", "cancelled"})
+
+
+class DegradationGuard:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._registry = registry
+
+    def on_batch(self, record: BatchRecord) -> None:
+        pass
+
+    def on_request(self, record: RequestRecord) -> None:
+        model = self._registry.models.get(record.model)
+        if model is None or model.degrade is None or not record.version:
+            return
+        if record.cache == "hit" or (
+            record.failure is not None and record.failure not in SLOW_FAILURES
+        ):
+            return  # a cache hit, a refusal, a bad request: nothing about the model's speed
+        now = time.monotonic()
+        change = model.degrade.observe(record.version, record.duration_ns / 1e9, now)
+        if change is not None:
+            self.apply(model, model.degrade, change, now)
+
+    def apply(self, model: Model, degrade: Degradation, change: TierChange, now: float) -> None:
+        tiers = degrade.policy.tiers
+        new = tiers[change.new - 1] if change.new else None
+        old = tiers[change.old - 1] if change.old else None
+        why = f"p99 {change.p99_s * 1000:.0f} ms over {change.requests} requests"
+        if new is not None and change.new > change.old:
+            log.warning(
+                "model %s: %s is past tier %d's %.0f ms: degraded to tier %d (%s)",
+                model.name,
+                why,
+                new.number,
+                new.p99_s * 1000,
+                new.number,
+                new.describe(),
+                extra=_event(model.name, change),
+            )
+        else:
+            assert old is not None
+            log.warning(
+                "model %s: %s is under tier %d's release point (%.0f ms x %g) after at least "
+                "%g s in it: %s",
+                model.name,
+                why,
+                old.number,
+                old.p99_s * 1000,
+                degrade.policy.release_ratio,
+                degrade.policy.dwell_s,
+                f"back to tier {new.number} ({new.describe()})" if new else "no longer degraded",
+                extra=_event(model.name, change),
+            )
+        holds = new is not None and new.open_circuit
+        if holds and not (old is not None and old.open_circuit):
+            model.circuit.hold_open(f"degradation tier {change.new}: {why}")
+        elif not holds and old is not None and old.open_circuit:
+            model.circuit.release_hold()
+        if new is not None and new.rollback and change.new > change.old:
+            self._rollback(model, degrade, change, now)
+
+    def _rollback(self, model: Model, degrade: Degradation, change: TierChange, now: float) -> None:
+        """Roll back through the routing's own rollback: a canary taking traffic whose p99 is
+        past the tier's threshold loses its weight; with no canary, a promote made within
+        degrade_rollback_within_s is undone when the promoted version is the slow one."""
+        router, name = model.router, model.name
+        threshold = degrade.policy.tiers[change.new - 1].p99_s
+        trigger = f"p99 {change.p99_s * 1000:.0f} ms over {change.requests} requests"
+        stable = router.stable
+        canaries = [v for v, w in router.weights.items() if w > 0 and v != stable]
+        if canaries:
+            slow = []
+            for version in canaries:
+                p99, n = degrade.version_p99(version, now)
+                if n and p99 > threshold:
+                    slow.append((version, p99, n))
+            if not slow:
+                log.warning(
+                    "model %s: degradation tier %d (%s): its canaries (version %s) are not the "
+                    "slow ones; nothing rolled back",
+                    name,
+                    change.new,
+                    trigger,
+                    ", ".join(canaries),
+                    extra=_event(name, change),
+                )
+                return
+            for version, _, _ in slow:
+                router.guard_rollback(version)
+            self._registry.changed()
+            degrade.forget([v for v, _, _ in slow])
+            for version, p99, n in slow:
+                log.warning(
+                    "model %s: degradation tier %d rolled canary version %s back (weight -> 0): "
+                    "the model's %s passed %.0f ms, the canary's p99 %.0f ms over %d requests; "
+                    "weights now %s",
+                    name,
+                    change.new,
+                    version,
+                    trigger,
+                    threshold * 1000,
+                    p99 * 1000,
+                    n,
+                    dict(router.weights),
+                    extra={**_event(name, change), "version": version},
+                )
+            return
+        fresh = router.changed_at and now - router.changed_at <= degrade.policy.rollback_within_s
+        p99, n = degrade.version_p99(stable, now) if stable else (0.0, 0)
+        if not (fresh and router.can_undo and stable and n and p99 > threshold):
+            log.warning(
+                "model %s: degradation tier %d (%s): nothing to roll back (no canary taking "
+                "traffic, and no promote within %.0f s whose version is the slow one)",
+                name,
+                change.new,
+                trigger,
+                degrade.policy.rollback_within_s,
+                extra=_event(name, change),
+            )
+            return
+        try:
+            weights = self._registry.rollback(name)
+        except InferdError as exc:
+            log.warning("model %s: degradation rollback failed: %s", name, exc.message)
+            return
+        degrade.forget([stable])
+        log.warning(
+            "model %s: degradation tier %d undid the promote of version %s (its p99 %.0f ms "
+            "over %d requests; the model's %s passed %.0f ms); weights now %s",
+            name,
+            change.new,
+            stable,
+            p99 * 1000,
+            n,
+            trigger,
+            threshold * 1000,
+            weights,
+            extra={**_event(name, change), "version": stable},
+        )
+
+
+def _event(model: str, change: TierChange) -> dict[str, object]:
+    return {
+        "model": model,
+        "event": "degradation_tier",
+        "tier": change.new,
+        "previous_tier": change.old,
+        "p99_ms": round(change.p99_s * 1000, 1),
+    }
