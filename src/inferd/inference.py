@@ -86,9 +86,13 @@ class InferenceSteps:
             if tier.stale and degradable and self.response_cache is not None:
                 stale = await self._stale(model_name, call.version, request, ctx, record, tier)
                 if stale is not None:
-                    degrade.count(tier.number, "stale")
+                    if record.degraded_action == "stale":  # not a fresh hit
+                        degrade.count(tier.number, "stale")
                     return stale
-            route = degrade.route(time.monotonic())
+            # An opted-out request takes no share (the shares stay exact for the others),
+            # but may be a probe: it goes to the model either way.
+            if degradable or tier.all_away:
+                route = degrade.route(time.monotonic())
             if route is Route.FALLBACK and degradable and self._ready(tier, degrade):
                 degrade.count(tier.number, "fallback")
                 record.degraded_tier, record.degraded_action = tier.number, "fallback"

@@ -209,7 +209,7 @@ class StateCollector(Collector):
         live: set[tuple[str, str]] = set()
         for name, model in sorted(items(self._registry.models)):
             load_failures.add_metric([name], model.load_failures)
-            if model.circuit.policy.enabled:
+            if model.circuit.policy.enabled or model.degrade is not None:  # a tier may hold it
                 circuit_open.add_metric([name], 1.0 if model.circuit.is_open else 0.0)
                 circuit_opens.add_metric([name], model.circuit.opens)
             for v, w in sorted(items(model.router.weights)):

@@ -32,7 +32,7 @@ from tests.degrade_models import (
     write_timed_model,
 )
 from tests.integration.test_metrics import scrape_url, value
-from tests.servers import RunningServer, run_server
+from tests.servers import RunningServer, run_cli_server, run_server
 
 PROTOCOLS = ["http", "grpc"]
 DEADLINE_S = 3.0  # every request's own deadline: "answered in time" is answered within it
@@ -388,3 +388,47 @@ def test_the_last_tier_undoes_a_fresh_promote_of_the_slow_version(
     ]
     assert said and "p99" in said[0]
     delays["promoted"].set("0", "2")
+
+
+# -- one engine, many front ends --------------------------------------------------------------
+
+
+def test_with_workers_and_an_engine_the_engine_degrades_for_every_front_end(
+    tmp_path: Path,
+) -> None:
+    """`--workers 2 --engine`: the engine runs the request path, so it measures the model and
+    moves the front ends' requests to the fallback (and checks these models' requests)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_timed_model(repo, "light", FALLBACK_OFFSET)
+    slow = write_timed_model(
+        repo, "moving", PRIMARY_OFFSET, degrade("150: fallback", **FAST) + LIGHT
+    )
+    log = tmp_path / "server.log"
+    with (
+        run_cli_server(repo, log, "--workers", "2", "--engine") as cli,
+        httpx.Client(base_url=cli.url, timeout=10) as http,
+    ):
+
+        def infer(x: float) -> dict[str, Any]:
+            body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [x, x]}]}
+            response = http.post("/v2/models/moving/infer", json=body)
+            assert response.status_code == 200, response.text
+            doc: dict[str, Any] = response.json()
+            return doc
+
+        assert infer(1.0)["model_name"] == "moving"
+        slow.set("300")
+        answers: list[dict[str, Any]] = []
+        until(
+            lambda: any(a["model_name"] == "light" for a in answers),
+            lambda: answers.append(infer(1.0)),
+        )
+        moved = answers[-1]
+        assert moved["outputs"][0]["data"] == [1.0 + FALLBACK_OFFSET] * 2
+        assert moved["parameters"]["degradation_tier"] == 1
+        assert moved["parameters"]["fallback_from"] == "moving"
+        # A bad request is still the model's 400 (the engine checks degraded models).
+        bad = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 3], "data": [1] * 3}]}
+        refused = http.post("/v2/models/moving/infer", json=bad)
+        assert refused.status_code == 400 and "IN" in refused.json()["error"]

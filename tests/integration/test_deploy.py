@@ -234,6 +234,23 @@ def with_drift_monitoring(good_repository: Path, repo: Path) -> Path:
     # And `counter` cached, so the dashboard's response-cache row has series (docs/cache.md).
     with (repo / "counter" / "config.pbtxt").open("a", encoding="utf-8") as config:
         config.write("response_cache { enable: true }\n")
+    # And `faulty` degraded from its first success on (a p99 past 1 µs), its fallback a copy
+    # of itself, so the degradation row and alert have series (docs/reliability.md).
+    backup = repo / "faulty_backup"
+    shutil.copytree(repo / "faulty", backup)
+    config_path = backup / "config.pbtxt"
+    config_path.write_text(
+        config_path.read_text(encoding="utf-8").replace('"faulty"', '"faulty_backup"'),
+        encoding="utf-8",
+    )
+    with (repo / "faulty" / "config.pbtxt").open("a", encoding="utf-8") as config:
+        for key, value in (
+            ("degrade_p99_ms", "0.001: fallback"),
+            ("degrade_min_requests", "1"),
+            ("degrade_probe_interval_ms", "60000"),
+            ("fallback_model", "faulty_backup"),
+        ):
+            config.write(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n')
     return repo
 
 
@@ -250,6 +267,14 @@ def live(
                 "inputs": [{"name": "IN", "datatype": "FP32", "shape": [2, 3], "data": [1.0] * 6}]
             }
             assert client.post("/v2/models/counter/infer", json=body).status_code == 200
+            # faulty is degraded now: its fallback answers (after one probe of faulty).
+            faulty = {
+                "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]
+            }
+            answered = [client.post("/v2/models/faulty/infer", json=faulty) for _ in range(3)]
+            assert [r.status_code for r in answered] == [200] * 3
+            names = [r.json()["model_name"] for r in answered]
+            assert "faulty_backup" in names, names
         monitor = server.server.registry.get("mlp").drift
         assert monitor is not None
         monitor.wait_idle()  # the windows of that traffic are tested
@@ -315,6 +340,9 @@ def test_dashboard_shape() -> None:
         "inferd_cache_dropped_inserts_total",
         "inferd_cache_bytes",
         "inferd_cache_lookup_seconds_bucket",
+        "inferd_degradation_tier",
+        "inferd_degraded_requests_total",
+        "inferd_degradation_p99_seconds",
     ):
         assert needed in all_exprs, f"no panel shows {needed}"
 

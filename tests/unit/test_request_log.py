@@ -334,3 +334,14 @@ def test_logged_fingerprint_tracks_the_data(captured: Captured) -> None:
     sink.on_request(make_record(data=np.ones((2, 4), dtype=np.float32)))
     fps = [r.input_fingerprint for r in captured.records]  # type: ignore[attr-defined]
     assert fps[0] == fps[1] != fps[2]
+
+
+def test_a_degraded_requests_line_names_its_tier_and_action(captured: Captured) -> None:
+    sink = RequestLogSink(1.0, "test.requests")
+    record = make_record()
+    record.degraded_tier, record.degraded_action = 2, "fallback"
+    sink.on_request(record)
+    sink.on_request(make_record())
+    degraded, plain = captured.records
+    assert (degraded.degradation_tier, degraded.degradation_action) == (2, "fallback")  # type: ignore[attr-defined]
+    assert not hasattr(plain, "degradation_tier")

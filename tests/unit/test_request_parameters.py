@@ -41,3 +41,11 @@ def test_a_value_no_model_can_take_is_invalid_naming_the_parameter(
     assert info.value.kind is ErrorKind.INVALID_ARGUMENT
     assert "request parameter 'shape_hint'" in info.value.message
     assert f"got {named}" in info.value.message
+
+
+def test_the_degradation_opt_out_is_the_servers_and_must_be_a_boolean() -> None:
+    assert model_parameters({"inferd_degrade": False, "n": 1}) == ({"n": 1}, 0)
+    with pytest.raises(InferdError) as info:
+        model_parameters({"inferd_degrade": "no"})
+    assert info.value.kind is ErrorKind.INVALID_ARGUMENT
+    assert "request parameter 'inferd_degrade' must be a boolean" in info.value.message

@@ -183,3 +183,23 @@ def test_an_execution_is_never_seen_without_its_rows() -> None:
     sink.on_batch(BatchRecord("m", "1", 5, 5, "max_batch", 1, 2, 3, True))  # failed: not counted
     (stats,) = sink.model_stats("m", ["1"])
     assert (stats["execution_count"], stats["inference_count"]) == (1, 3)
+
+
+def test_degradation_of_workers_merges_as_the_worst_tier_and_summed_counts() -> None:
+    def answer(tier: int, p99_ms: float, changes: int, fallback: int) -> list[dict[str, Any]]:
+        entry: dict[str, Any] = StatisticsSink._render("m", "1", VersionStats())
+        requests = {"1": {"fallback": fallback}} if fallback else {}
+        entry["degradation"] = {
+            "tier": tier, "p99_ms": p99_ms, "tier_changes": changes, "requests": requests,
+        }  # fmt: skip
+        return [entry]
+
+    merged = merge_model_stats(
+        [answer(1, 420.0, 1, 7), answer(0, 90.0, 2, 0), answer(1, 300, 1, 5)]
+    )
+    assert merged[0]["degradation"] == {
+        "tier": 1,
+        "p99_ms": 420.0,
+        "tier_changes": 4,
+        "requests": {"1": {"fallback": 12}},
+    }

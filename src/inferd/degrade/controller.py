@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inferd.degrade.tiers import DegradePolicy, Tier
 from inferd.sliding_window import SlidingWindow
-
-if TYPE_CHECKING:
-    from inferd.repository.model_state import Model
 
 SAMPLES_KEPT = 20_000  # per window: past it the window holds the latest requests
 CHECK_EVERY_S = 0.05  # the p99 is recomputed this often, or after min_requests new samples
@@ -169,18 +166,6 @@ def _highest(tiers: tuple[Tier, ...], p99_s: float, ratio: float) -> int:
         if p99_s > tier.p99_s * ratio:
             passed = tier.number
     return passed
-
-
-def configure_degradation(model: Model, policy: DegradePolicy) -> None:
-    """After a (re)load: the model's tiers as its config now declares them. Unchanged tiers
-    keep their state (a reload of the same config is no recovery); new or removed ones
-    start from tier 0, releasing a circuit the old tiers held open."""
-    current = model.degrade
-    if current is not None and current.policy == policy:
-        return
-    if current is not None and current.current is not None and current.current.open_circuit:
-        model.circuit.release_hold()
-    model.degrade = Degradation(model.name, policy) if policy.enabled else None
 
 
 def degradation_statistics(state: Degradation) -> dict[str, Any]:

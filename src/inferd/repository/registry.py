@@ -24,7 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.circuit import CircuitBreaker
 from inferd.classification import read_labels
-from inferd.degrade.controller import configure_degradation
+from inferd.degrade.reload import configure_degradation
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.memory import MemoryReleaser, rss_bytes

@@ -76,6 +76,7 @@ _READERS = (
     "_bounded_parameter",
     "_seconds_parameter",
     "_int_in_range_parameter",
+    "_number",
 )
 
 

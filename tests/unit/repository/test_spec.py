@@ -88,6 +88,7 @@ def test_defaults() -> None:
 
 
 # (parameters, backend, what the spec reads, the value expected)
+Q = {"degrade_p99_ms": "100: queue=3"}  # tiers, for the other degrade_* keys to apply to
 PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     ({"batching_policy": "window"}, "onnxruntime", lambda s: s.batching.policy, "window"),
     ({"auto_warmup": "false"}, "onnxruntime", lambda s: s.auto_warmup, False),
@@ -160,6 +161,29 @@ PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     ({"cache_max_entries": "10"}, "onnxruntime", lambda s: s.cache.max_entries, 10),
     ({"cache_max_response_bytes": "99"}, "onnxruntime", lambda s: s.cache.max_response_bytes, 99),
     ({"cache_float_decimals": "3"}, "onnxruntime", lambda s: s.cache.key.float_decimals, 3),
+    ({"degrade_p99_ms": "100: queue=3"}, "python", lambda s: s.degrade.tiers[0].queue_limit, 3),
+    ({"degrade_window_s": "4", **Q}, "python", lambda s: s.degrade.window_s, 4.0),
+    ({"degrade_min_requests": "7", **Q}, "python", lambda s: s.degrade.min_requests, 7),
+    ({"degrade_release_ratio": "0.5", **Q}, "python", lambda s: s.degrade.release_ratio, 0.5),
+    ({"degrade_dwell_s": "2", **Q}, "python", lambda s: s.degrade.dwell_s, 2.0),
+    (
+        {"degrade_probe_interval_ms": "50", **Q},
+        "python",
+        lambda s: s.degrade.probe_interval_s,
+        0.05,
+    ),
+    (
+        {"degrade_p99_ms": "100: stale", "degrade_stale_s": "30", "cache_ttl_seconds": "1"},
+        "python",
+        lambda s: (s.degrade.stale_s, s.cache.stale_s),
+        (30.0, 30.0),
+    ),
+    (
+        {"degrade_p99_ms": "100: rollback", "degrade_rollback_within_s": "60"},
+        "python",
+        lambda s: s.degrade.rollback_within_s,
+        60.0,
+    ),
     (
         {"cache_text_normalize": "lower, strip"},
         "python",

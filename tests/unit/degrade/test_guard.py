@@ -1,0 +1,124 @@
+"""What a tier change does besides routing (degrade/guard.py): the circuit held open and
+released, a rollback only of the slow version (or none, said so), and a reload that keeps
+unchanged tiers' state (degrade/reload.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from inferd.circuit import CircuitBreaker
+from inferd.degrade.controller import Degradation, TierChange
+from inferd.degrade.guard import DegradationGuard
+from inferd.degrade.reload import configure_degradation
+from inferd.degrade.tiers import DegradePolicy, parse_tiers
+from inferd.events import CallContext, RequestRecord
+from inferd.repository.model_state import Model
+from inferd.repository.registry import ModelRegistry
+
+
+def policy(tiers: str) -> DegradePolicy:
+    return DegradePolicy(tiers=parse_tiers(tiers), min_requests=3, window_s=5.0, dwell_s=0.0)
+
+
+def setup(tmp_path: Path, tiers: str) -> tuple[ModelRegistry, Model, DegradationGuard]:
+    registry = ModelRegistry(tmp_path)
+    model = Model("m", circuit=CircuitBreaker("m"))
+    configure_degradation(model, policy(tiers))
+    registry.models["m"] = model
+    return registry, model, DegradationGuard(registry)
+
+
+def served(version: str, ms: float, failure: str | None = None, cache: str = "") -> RequestRecord:
+    return RequestRecord(
+        "m", version, CallContext("http"), int(ms * 1e6), failure=failure, cache=cache
+    )
+
+
+def test_only_requests_that_say_how_slow_the_model_is_count(tmp_path: Path) -> None:
+    _, model, guard = setup(tmp_path, "100: queue=1")
+    for record in (
+        served("1", 500, cache="hit"),  # answered by the cache
+        served("1", 500, failure="rejected"),
+        served("1", 500, failure="invalid_input"),
+        served("1", 500, failure="model_error"),  # the circuit breaker's business
+        served("", 500),  # no version: never reached one
+    ):
+        guard.on_request(record)
+    assert model.degrade is not None
+    assert model.degrade.evaluate(time.monotonic()) is None and model.degrade.tier == 0
+    for record in (served("1", 500), served("1", 500, "timeout"), served("1", 500, "cancelled")):
+        guard.on_request(record)
+    assert model.degrade.tier == 1
+
+
+def test_an_open_circuit_tier_holds_the_circuit_and_leaving_it_releases(tmp_path: Path) -> None:
+    _, model, guard = setup(tmp_path, "100: queue=1; 200: open_circuit")
+    degrade = model.degrade
+    assert degrade is not None
+    now = time.monotonic()
+    guard.apply(model, degrade, TierChange(0, 2, 0.3, 10), now)
+    assert model.circuit.is_open and "degradation tier 2" in model.circuit.held
+    assert not model.circuit.allow() and model.circuit.allow(probe=True)
+    guard.apply(model, degrade, TierChange(2, 1, 0.15, 10), now)
+    assert not model.circuit.is_open and model.circuit.allow()
+
+
+def test_rollback_takes_only_a_slow_canary_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, model, guard = setup(tmp_path, "100: rollback")
+    model.router.set_weights({"1": 80, "2": 20}, {"1", "2"}, "m")
+    degrade = model.degrade
+    assert degrade is not None
+    now = time.monotonic()
+    for _ in range(10):  # the stable version is the slow one, not the canary
+        degrade.observe("1", 0.3, now)
+        degrade.observe("2", 0.01, now)
+    with caplog.at_level(logging.WARNING, logger="inferd.degrade"):
+        guard.apply(model, degrade, TierChange(0, 1, 0.3, 20), now)
+    assert dict(model.router.weights) == {"1": 80, "2": 20}
+    assert "are not the slow ones; nothing rolled back" in caplog.text
+    for _ in range(10):
+        degrade.observe("2", 0.5, now)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="inferd.degrade"):
+        guard.apply(model, degrade, TierChange(0, 1, 0.5, 20), now)
+    assert dict(model.router.weights) == {"1": 80, "2": 0}
+    assert model.router.rollbacks == {"2": 1}
+    assert "rolled canary version 2 back (weight -> 0)" in caplog.text
+    assert "passed 100 ms" in caplog.text and "canary's p99 500 ms" in caplog.text
+
+
+def test_rollback_with_no_canary_and_no_fresh_promote_does_nothing_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, model, guard = setup(tmp_path, "100: rollback")
+    degrade = model.degrade
+    assert degrade is not None
+    now = time.monotonic()
+    for _ in range(5):
+        degrade.observe("1", 0.3, now)
+    with caplog.at_level(logging.WARNING, logger="inferd.degrade"):
+        guard.apply(model, degrade, TierChange(0, 1, 0.3, 5), now)
+    assert "nothing to roll back" in caplog.text
+    assert dict(model.router.weights) == {}
+
+
+def test_a_reload_keeps_unchanged_tiers_and_resets_changed_ones(tmp_path: Path) -> None:
+    _, model, guard = setup(tmp_path, "100: open_circuit")
+    degrade = model.degrade
+    assert isinstance(degrade, Degradation)
+    for _ in range(5):
+        guard.on_request(served("1", 300))
+    assert degrade.tier == 1 and model.circuit.held
+    configure_degradation(model, policy("100: open_circuit"))  # the same config again
+    assert model.degrade is degrade and degrade.tier == 1
+    configure_degradation(model, policy("150: open_circuit"))  # new tiers: from 0
+    assert model.degrade is not degrade and model.degrade is not None
+    assert model.degrade.tier == 0 and not model.circuit.held
+    configure_degradation(model, DegradePolicy())  # tiers removed
+    assert model.degrade is None
