@@ -137,7 +137,7 @@ class InferenceSteps:
         )
         if held:
             assert tier is not None and model.degrade is not None
-            if fallback and degradation_allowed(request):
+            if fallback and degradation_allowed(request) and self._up(fallback):
                 model.degrade.count(tier.number, "open_circuit")
                 record.degraded_tier, record.degraded_action = tier.number, "open_circuit"
                 response = await self._serve(fallback, "", request, ctx, record, name)
@@ -157,11 +157,14 @@ class InferenceSteps:
 
     def _ready(self, tier: Tier, degrade: Degradation) -> bool:
         """Whether the fallback model can take a tier's share now (else the primary does)."""
-        fallback = self.registry.models.get(degrade.policy.fallback_model)
-        if fallback is not None and fallback.default_version() is not None:
+        if self._up(degrade.policy.fallback_model):
             return True
         degrade.count(tier.number, "fallback_unavailable")
         return False
+
+    def _up(self, name: str) -> bool:
+        model = self.registry.models.get(name)
+        return model is not None and model.default_version() is not None
 
     async def _stale(
         self,

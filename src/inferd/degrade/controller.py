@@ -30,8 +30,10 @@ from typing import Any
 from inferd.degrade.tiers import DegradePolicy, Tier
 from inferd.sliding_window import SlidingWindow
 
-SAMPLES_KEPT = 20_000  # per window: past it the window holds the latest requests
-CHECK_EVERY_S = 0.05  # the p99 is recomputed this often, or after min_requests new samples
+SAMPLES_KEPT = 10_000  # per window: past it the window holds the latest requests
+# The p99 is recomputed at most this often (a summary copies the window: at 10k requests a
+# second, once per request would be the event loop's whole time).
+CHECK_EVERY_S = 0.1
 
 
 class Route(enum.Enum):
@@ -69,7 +71,8 @@ class Degradation:
         self._probing = False
         self._probe_at = 0.0
         self._checked_at = 0.0
-        self._unchecked = 0
+        self._unchecked = 0  # recorded since the last look
+        self._judged = False  # the last look had min_requests in the window
 
     @property
     def current(self) -> Tier | None:
@@ -89,7 +92,11 @@ class Degradation:
             window = self._versions[version] = SlidingWindow(SAMPLES_KEPT)
         window.record(latency_s, True, now)
         self._unchecked += 1
-        if now - self._checked_at < CHECK_EVERY_S and self._unchecked < self.policy.min_requests:
+        # Time-bound; and while the last look had too few requests, as soon as there are
+        # enough (a model just started, or back from idle, is judged without waiting).
+        if now - self._checked_at < CHECK_EVERY_S and (
+            self._judged or self._unchecked < self.policy.min_requests
+        ):
             return None
         return self.evaluate(now)
 
@@ -97,7 +104,8 @@ class Degradation:
         self._checked_at, self._unchecked = now, 0
         policy = self.policy
         summary = self._window.summary(policy.window_s, now)
-        if summary.requests < policy.min_requests:
+        self._judged = summary.requests >= policy.min_requests
+        if not self._judged:
             return None  # too few to judge: the tier holds
         p99 = self.p99_s = summary.p99_s
         self.window_requests = summary.requests
