@@ -7,9 +7,9 @@ benchmark rewrites that file, in one rename, while the server runs):
 
 - `light`: the fallback, LIGHT_MS per execution;
 - `plain`: the primary, BASE_MS per execution, no tiers;
-- `tiered`: the same primary, with `degrade_p99_ms: "80: fallback"` (every request but
-  probes to `light` while its recent p99 is past 80 ms), `fallback_model: light`, a 2 s window,
-  10 requests at least, 3 s dwell.
+- `tiered`: the same primary, with `degrade_p99_ms: "70: fallback"` (every request but
+  probes to `light` while its recent p99 is past 70 ms; --p99-ms), `fallback_model: light`,
+  a 2 s window, 10 requests at least, 3 s dwell.
 
 Both primaries batch (max_batch_size 16, dynamic_batching): CLIENTS concurrent requests
 share one execution, so a request's latency is about one execution's.
@@ -30,7 +30,7 @@ fallback answered, the time from the regression to the first fallback answer and
 changes seen (polled from the statistics every 50 ms, and counted from the server's log).
 Then the medians over the rounds, and the regression part's p99 ratio tiered / plain.
 
-    .venv/bin/python benchmarks/degradation_p99.py [SECONDS per phase] [ROUNDS] [--p99-ms 80]
+    .venv/bin/python benchmarks/degradation_p99.py [SECONDS per phase] [ROUNDS] [--p99-ms 70]
 
 The server gets a free port at run time; the run stops with an error, and prints no figures,
 if that server exits or another process answers on its port (tests/server_process.py).
@@ -68,9 +68,13 @@ LIGHT_MS = 5
 BASE_MS = 20
 REGRESSION = 3  # the primary's delay is multiplied by this for the last two thirds
 # With one instance, CLIENTS closed-loop clients split into two batches taking turns: a
-# request waits for the execution ahead of it, then its own (~2 x BASE_MS at base, measured
-# p99 ~45 ms), so the threshold sits between that and ~2 x the regressed delay.
-THRESHOLD_MS = 80  # --p99-ms
+# request waits for the execution ahead of it, then its own (~2 x BASE_MS at base: measured
+# p99 ~55 ms; ~130 ms regressed), so the threshold sits between the two. A probe goes alone
+# (one execution: ~65 ms regressed), and the tier is left once the p99 is under 0.8 x the
+# threshold: with 80 ms (release under 64 ms) the probes of a still-slow primary release
+# it and the load puts it back, every dwell time (docs/benchmarks.md); 70 ms releases under
+# 56 ms, below a regressed probe.
+THRESHOLD_MS = 70  # --p99-ms
 CLIENTS = 8
 DEADLINE_MS = 2000
 
