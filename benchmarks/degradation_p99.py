@@ -217,6 +217,8 @@ def summarise(phase: Phase) -> dict[str, float]:
         # answers, these are its probes (real client requests, the primary's latency)
         "reg by primary": sum(a.model == phase.model for a in after),
         "reg primary p50": pct([a.latency_s * 1000 for a in after if a.model == phase.model], 0.5),
+        # the primary's answers to requests sent once the fallback answered: the probes
+        "probes": sum(a.model == phase.model and a.sent_s >= first for a in after),
         "fallback share": len([a for a in after if a.model == "light"]) / max(1, len(after)),
         "to fallback ms": (first - phase.raised_at_s) * 1000,
         "tier changes": sum(
@@ -253,7 +255,8 @@ async def drive(
                     f"base p99 {s['base p99']:.1f} ms; regression p50 {s['reg p50']:.1f} "
                     f"p99 {s['reg p99']:.1f} p99.9 {s['reg p99.9']:.1f} ms\n"
                     f"    fallback {s['fallback share']:.1%} (by the primary: "
-                    f"{s['reg by primary']:.0f}, p50 {s['reg primary p50']:.0f} ms), first "
+                    f"{s['reg by primary']:.0f}, p50 {s['reg primary p50']:.0f} ms; of them sent "
+                    f"after the first fallback answer: {s['probes']:.0f}), first "
                     f"fallback {s['to fallback ms']:.0f} ms after the raise, tier changes "
                     f"{s['tier changes']:.0f}",
                     flush=True,
@@ -284,6 +287,7 @@ def report(phases: list[Phase]) -> None:
         ("reg p99.9", "{:.1f} ms"),
         ("fallback share", "{:.1%}"),
         ("reg by primary", "{:.0f}"),
+        ("probes", "{:.0f}"),
         ("to fallback ms", "{:.0f} ms"),
     ]
     rows = {m: [summarise(p) for p in phases if p.model == m] for m in MODELS}
