@@ -11,8 +11,9 @@ benchmark rewrites that file, in one rename, while the server runs):
   probes to `light` while its recent p99 is past 70 ms; --p99-ms), `fallback_model: light`,
   a 2 s window, 10 requests at least, 3 s dwell.
 
-Both primaries batch (max_batch_size 16, dynamic_batching): CLIENTS concurrent requests
-share one execution, so a request's latency is about one execution's.
+All three batch (max_batch_size 16, dynamic_batching, one instance): the CLIENTS
+concurrent requests share executions, two batches taking turns, so under load a request's
+latency is about two executions (its own and the one ahead of it), and a lone probe's one.
 
 A phase drives one model with CLIENTS closed-loop clients (aiohttp; each sends the next
 request when the last is answered, every request with `inferd-timeout-ms: DEADLINE_MS`) for
