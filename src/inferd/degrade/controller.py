@@ -10,8 +10,12 @@ model's speed and are left out.
 Moving up is immediate: the p99 past a tier's threshold puts the model in the highest tier
 it passes. Moving down needs both hysteresis and time: the p99 under `release_ratio` of the
 threshold, and `dwell_s` spent in the tier, so a latency hovering at a threshold enters the
-tier once and stays, rather than flapping. Until `min_requests` are in the window the tier
-does not move.
+tier once and stays, rather than flapping. A tier re-entered within the dwell time of
+leaving it doubles the dwell time (up to 16x; a re-entry after a calm spell resets it):
+leaving is judged on what reached the model in the tier (its probes, alone, answer faster
+than it does under all its traffic), and a premature release must not repeat every dwell.
+Until `min_requests` are in the window the tier does not move (while only probes reach the
+model, PROBES_NEEDED).
 
 While a tier sends every request away from the primary (fallback=100%, or its circuit
 open), one probe at a time, `probe_interval_s` after the last one answered, still goes to
@@ -34,6 +38,8 @@ SAMPLES_KEPT = 10_000  # per window: past it the window holds the latest request
 # The p99 is recomputed at most this often (a summary copies the window: at 10k requests a
 # second, once per request would be the event loop's whole time).
 CHECK_EVERY_S = 0.1
+PROBES_NEEDED = 3  # in the window, to judge a model only probes reach
+MAX_DAMPING = 4  # the dwell time doubles at most this many times (16x)
 
 
 class Route(enum.Enum):
@@ -70,6 +76,8 @@ class Degradation:
         self._share = 0.0  # the fallback share's running remainder: exact proportions
         self._probing = False
         self._probe_at = 0.0
+        self.damping = 0  # quick re-entries in a row: the dwell time doubles with each
+        self._left_at = 0.0  # when the model last moved down
         self._checked_at = 0.0
         self._unchecked = 0  # recorded since the last look
         self._judged = False  # the last look had min_requests in the window
@@ -104,7 +112,13 @@ class Degradation:
         self._checked_at, self._unchecked = now, 0
         policy = self.policy
         summary = self._window.summary(policy.window_s, now)
-        self._judged = summary.requests >= policy.min_requests
+        tier = self.current
+        # While everything goes away, the probes are all the window holds: a few suffice
+        # (else a primary slower than window_s / min_requests could never be judged).
+        needed = policy.min_requests
+        if tier is not None and tier.all_away:
+            needed = min(needed, PROBES_NEEDED)
+        self._judged = summary.requests >= needed
         if not self._judged:
             return None  # too few to judge: the tier holds
         p99 = self.p99_s = summary.p99_s
@@ -113,9 +127,15 @@ class Degradation:
         if passed > self.tier:
             return self._move(passed, now, summary.requests)
         held = _highest(policy.tiers, p99, policy.release_ratio)
-        if held < self.tier and now - self.entered_at >= policy.dwell_s:
+        if held < self.tier and now - self.entered_at >= self.dwell_s:
             return self._move(held, now, summary.requests)
         return None
+
+    @property
+    def dwell_s(self) -> float:
+        """The least time in a tier before moving down: the policy's, doubled for each quick
+        re-entry in a row (flap damping)."""
+        return self.policy.dwell_s * 2**self.damping
 
     def version_p99(self, version: str, now: float) -> tuple[float, int]:
         """A version's p99 over the window, and how many requests it is of."""
@@ -133,6 +153,14 @@ class Degradation:
 
     def _move(self, tier: int, now: float, requests: int) -> TierChange:
         change = TierChange(self.tier, tier, self.p99_s, requests)
+        if tier < self.tier:
+            self._left_at = now
+        elif self._left_at:
+            # Back up soon after coming down: the release was premature (a primary's probes,
+            # alone, answer faster than it does under the traffic it gets back), so the next
+            # release waits twice as long; a re-entry after a calm spell starts afresh.
+            quick = now - self._left_at < self.dwell_s
+            self.damping = min(self.damping + 1, MAX_DAMPING) if quick else 0
         self.tier, self.entered_at = tier, now
         self.changes += 1
         self._share = 0.0
@@ -186,5 +214,6 @@ def degradation_statistics(state: Degradation) -> dict[str, Any]:
         "tier": state.tier,
         "p99_ms": round(state.p99_s * 1000, 3),
         "tier_changes": state.changes,
+        "dwell_s": state.dwell_s,
         "requests": requests,
     }

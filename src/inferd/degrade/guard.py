@@ -50,14 +50,21 @@ class DegradationGuard:
         old = tiers[change.old - 1] if change.old else None
         why = f"p99 {change.p99_s * 1000:.0f} ms over {change.requests} requests"
         if new is not None and change.new > change.old:
+            damped = (
+                f"; re-entered soon after leaving: it leaves no sooner than {degrade.dwell_s:g} s"
+                " (the dwell time doubles with each quick re-entry)"
+                if degrade.damping
+                else ""
+            )
             log.warning(
-                "model %s: %s is past tier %d's %.0f ms: degraded to tier %d (%s)",
+                "model %s: %s is past tier %d's %.0f ms: degraded to tier %d (%s)%s",
                 model.name,
                 why,
                 new.number,
                 new.p99_s * 1000,
                 new.number,
                 new.describe(),
+                damped,
                 extra=_event(model.name, change),
             )
         else:
@@ -70,7 +77,7 @@ class DegradationGuard:
                 old.number,
                 old.p99_s * 1000,
                 degrade.policy.release_ratio,
-                degrade.policy.dwell_s,
+                degrade.dwell_s,
                 f"back to tier {new.number} ({new.describe()})" if new else "no longer degraded",
                 extra=_event(model.name, change),
             )

@@ -119,3 +119,43 @@ def test_a_version_p99_and_forgetting() -> None:
     assert d.version_p99("2", 0.1) == (0.0, 0)
     d.evaluate(0.2)  # the model's window starts again: too few to move
     assert d.p99_s == pytest.approx(0.3)  # as last evaluated, before forgetting
+
+
+def test_a_quick_re_entry_doubles_the_dwell_time_and_a_calm_spell_resets_it() -> None:
+    d = make(window_s=0.5, dwell_s=1.0)
+    now = feed(d, 0.150, 0.0, 10)  # into tier 1
+    assert (d.tier, d.dwell_s) == (1, 1.0)
+    # A release judged on fast answers, then the slowness straight back: a flap.
+    now = feed(d, 0.010, d.entered_at + 1.0, 10)
+    assert d.tier == 0
+    now = feed(d, 0.150, now + 0.1, 10)
+    assert (d.tier, d.damping, d.dwell_s) == (1, 1, 2.0)
+    entered = d.entered_at
+    now = feed(d, 0.010, entered + 1.5, 10)  # the old dwell has passed, the doubled one not
+    assert d.tier == 1
+    now = feed(d, 0.010, entered + 2.0, 10)
+    assert d.tier == 0
+    now = feed(d, 0.150, now + 0.1, 10)
+    assert d.dwell_s == 4.0
+    for _ in range(10):  # capped at 16x
+        now = feed(d, 0.010, d.entered_at + d.dwell_s, 10)
+        now = feed(d, 0.150, now + 0.1, 10)
+    assert d.dwell_s == 16.0
+    # Down, and a long calm spell before the next slowness: the dwell time is the policy's.
+    now = feed(d, 0.010, d.entered_at + d.dwell_s, 10)
+    assert d.tier == 0
+    feed(d, 0.150, now + 60.0, 10)
+    assert (d.tier, d.damping, d.dwell_s) == (1, 0, 1.0)
+
+
+def test_with_only_probes_reaching_the_model_a_few_suffice_to_judge() -> None:
+    d = make(min_requests=20, window_s=2.0)
+    now = feed(d, 0.250, 0.0, 20)
+    assert d.tier == 2  # fallback=100%: only probes reach the model now
+    # A slow primary's probes, once the window holds nothing else: three are enough to
+    # move it up (20, min_requests, would take 10 s of half-second probes in a 2 s window).
+    for i in range(2):
+        d.observe("1", 0.5, now + 3.0 + 0.6 * i)
+    assert d.tier == 2
+    d.observe("1", 0.5, now + 4.2)
+    assert d.tier == 3
