@@ -29,6 +29,16 @@ class InferdError(Exception):
         self.message = message
 
 
+class DeadlineUnmeetableError(InferdError):
+    """A request refused because the model would not answer it within its deadline;
+    `estimate_s` is how long the model would have taken (degradation tiers count it as a
+    request that slow: a model whose clients' deadlines it cannot meet is slow for them)."""
+
+    def __init__(self, kind: ErrorKind, message: str, estimate_s: float) -> None:
+        super().__init__(kind, message)
+        self.estimate_s = estimate_s
+
+
 def invalid(message: str) -> InferdError:
     return InferdError(ErrorKind.INVALID_ARGUMENT, message)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from inferd.errors import ErrorKind, InferdError
+from inferd.errors import DeadlineUnmeetableError, ErrorKind, InferdError
 
 if TYPE_CHECKING:
     from inferd.types import InferRequest
@@ -112,6 +112,9 @@ class RequestRecord:
     # by a tier has the tier and "refused".
     degraded_tier: int = 0
     degraded_action: str = ""
+    # Refused because the model would not answer within the request's deadline: how long
+    # it would have taken (0.0 otherwise); degradation tiers count the request that slow.
+    refused_estimate_s: float = 0.0
 
     @property
     def is_success(self) -> bool:
@@ -138,6 +141,8 @@ def note_failure(record: RequestRecord, exc: BaseException) -> None:
     if isinstance(exc, InferdError):
         record.failure = FAILURE_REASON[exc.kind]
         record.message = exc.message
+        if isinstance(exc, DeadlineUnmeetableError):
+            record.refused_estimate_s = exc.estimate_s
     elif isinstance(exc, asyncio.CancelledError | GeneratorExit):
         # gRPC cancels the call when the client's deadline passes, racing the server's own
         # deadline timer: past the deadline it is a timeout, whichever came first.

@@ -77,7 +77,7 @@ class InferenceSteps:
         record.request_id = request.id
         model = self.registry.models[model_name]
         circuit = model.circuit
-        route = Route.PRIMARY
+        route, degradable = Route.PRIMARY, True
         degrade = model.degrade
         tier = degrade.current if degrade is not None else None
         if tier is not None:  # the model is degraded (docs/reliability.md)
@@ -89,6 +89,9 @@ class InferenceSteps:
                     if record.degraded_action == "stale":  # not a fresh hit
                         degrade.count(tier.number, "stale")
                     return stale
+                tier = degrade.current  # the lookup awaited: the tier may have moved
+        if tier is not None:
+            assert degrade is not None
             # An opted-out request takes no share (the shares stay exact for the others),
             # but may be a probe: it goes to the model either way.
             if degradable or tier.all_away:
@@ -101,7 +104,7 @@ class InferenceSteps:
                 )
                 return _degraded(response, tier.number, "fallback")
         try:
-            if not circuit.allow(probe=route is Route.PROBE):
+            if not circuit.allow(probe=route is Route.PROBE or route is Route.TRIAL):
                 return await self._circuit_open(model, request, ctx, record, tier, route)
             try:
                 response = await self._serve(model_name, call.version, request, ctx, record)
@@ -178,8 +181,14 @@ class InferenceSteps:
         """A degraded cached model's answer from its cache, fresh or past its TTL (kept for
         degrade_stale_s): None when the cache has none, and the request goes on."""
         mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
-        if mv.cache is None or mv.decoupled:
+        if mv.cache is None or mv.decoupled or request.uses_shared_memory:
+            # (a request in shared memory is answered by its own execution: its inputs are
+            # mapped, and its outputs written, on the path that runs it)
             return None
+        # The checks the request gets on its way to the model: a malformed one is refused,
+        # never answered from the cache because its inputs match an entry's.
+        mv.signature.bind(request, False)
+        scheduling_parameters(request)
         assert self.response_cache is not None
         cache = self.response_cache
         found = await stale_answer(cache, mv.cache, mv, self.registry, request, record)
@@ -187,12 +196,6 @@ class InferenceSteps:
             return None
         tensors, parameters, is_stale = found
         record.model, record.version = mv.name, mv.version
-        if request.uses_shared_memory:  # the answer goes into the client's regions
-            lease = self.shared_memory.lease(request)
-            try:
-                tensors = lease.write_outputs(tensors)
-            finally:
-                lease.release()
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
         )

@@ -58,14 +58,16 @@ class Router:
     views; each change assigns a new dict or writes one existing key, so a scrape thread
     reading them (snapshots.items) never sees a dict change size."""
 
-    __slots__ = ("_history", "_policy", "_rollbacks", "_weights", "changed_at")
+    __slots__ = ("_history", "_policy", "_rollbacks", "_weights", "promoted")
 
     def __init__(self) -> None:
         self._weights: dict[str, int] = {}  # empty: the default route
         self._history: list[dict[str, int]] = []  # earlier weights, newest last
         self._rollbacks: dict[str, int] = {}  # automatic rollbacks per version
         self._policy = RollbackPolicy()
-        self.changed_at = 0.0  # monotonic time of the last step a rollback undoes (0: none)
+        # (version, monotonic time) while the last change was a promote: what a degradation
+        # tier's rollback may undo (None after any other change)
+        self.promoted: tuple[str, float] | None = None
 
     @property
     def weights(self) -> Mapping[str, int]:
@@ -96,11 +98,6 @@ class Router:
         return candidates[-1][0]
 
     @property
-    def can_undo(self) -> bool:
-        """Whether `rollback` with no canary has earlier weights to restore."""
-        return bool(self._history and self._history[-1])
-
-    @property
     def stable(self) -> str | None:
         """The version with the largest weight (ties: the lowest number)."""
         if not self._weights:
@@ -118,6 +115,7 @@ class Router:
     def promote(self, version: str, ready: Container[str], model: str) -> None:
         """All traffic to `version`."""
         self.set_weights({version: 100}, ready, model)
+        self.promoted = (version, time.monotonic())
 
     def rollback(self, version: str, model: str) -> None:
         """Undo the last step forward: a canary's traffic goes back to the stable version
@@ -133,6 +131,7 @@ class Router:
             self._change({v: (0 if v in canaries else w) for v, w in self._weights.items()})
         elif self._history and self._history[-1]:
             self._weights = self._history.pop()
+            self.promoted = None
         else:
             raise invalid(f"model '{model}' has no canary or earlier routing to roll back to")
 
@@ -140,6 +139,7 @@ class Router:
         """The canary guard's automatic rollback: the version's weight drops to 0, counted."""
         self._weights[version] = 0  # an existing key: the dict keeps its size
         self._rollbacks[version] = self._rollbacks.get(version, 0) + 1
+        self.promoted = None
 
     def configure(self, policy: RollbackPolicy, weights: Mapping[str, int] | None) -> None:
         """After a (re)load: the config's rollback policy, and its `canary_weights` (when it
@@ -147,12 +147,14 @@ class Router:
         self._policy = policy
         if weights is not None:
             self._weights = dict(weights)
+            self.promoted = None
 
     def clear(self) -> None:
         """The model unloaded: back to the default route."""
         self._weights = {}
+        self.promoted = None
 
     def _change(self, weights: dict[str, int]) -> None:
         self._history = [*self._history[-9:], dict(self._weights)]
         self._weights = weights
-        self.changed_at = time.monotonic()
+        self.promoted = None  # promote() sets it again after its own change

@@ -47,6 +47,7 @@ class Route(enum.Enum):
     PROBE = "probe"  # to the primary, to measure it, while everything else goes away
     FALLBACK = "fallback"  # to fallback_model, by the tier's share
     CIRCUIT = "open_circuit"  # the tier holds the circuit open: fallback_model or 503
+    TRIAL = "trial"  # to the primary: half the traffic back, before an all-away tier is left
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,9 @@ class TierChange:
     new: int
     p99_s: float
     requests: int  # in the window the p99 is of
+    # "move"; or, the tier unchanged: "trial" (half the traffic goes back to the model to
+    # judge it under load before the tier is left), "trial_failed" (that made it slow again)
+    kind: str = "move"
 
 
 class Degradation:
@@ -76,6 +80,7 @@ class Degradation:
         self._share = 0.0  # the fallback share's running remainder: exact proportions
         self._probing = False
         self._probe_at = 0.0
+        self.trial_since = 0.0  # half the traffic given back to judge leaving (0: no trial)
         self.damping = 0  # quick re-entries in a row: the dwell time doubles with each
         self._left_at = 0.0  # when the model last moved down
         self._checked_at = 0.0
@@ -126,8 +131,20 @@ class Degradation:
         passed = _highest(policy.tiers, p99, 1.0)
         if passed > self.tier:
             return self._move(passed, now, summary.requests)
+        if self.trial_since:
+            if passed == self.tier:  # half the traffic back, and the model is slow again
+                self.trial_since, self.entered_at = 0.0, now
+                self.damping = min(self.damping + 1, MAX_DAMPING)
+                return TierChange(self.tier, self.tier, p99, summary.requests, "trial_failed")
+            if now - self.trial_since < policy.window_s:
+                return None  # until the window holds only the trial's requests
         held = _highest(policy.tiers, p99, policy.release_ratio)
         if held < self.tier and now - self.entered_at >= self.dwell_s:
+            if tier is not None and tier.all_away and not self.trial_since:
+                # Judged on lone probes so far, which answer faster than the model does
+                # under its traffic: give half of it back first, and judge that.
+                self.trial_since = now
+                return TierChange(self.tier, self.tier, p99, summary.requests, "trial")
             return self._move(held, now, summary.requests)
         return None
 
@@ -135,7 +152,7 @@ class Degradation:
     def dwell_s(self) -> float:
         """The least time in a tier before moving down: the policy's, doubled for each quick
         re-entry in a row (flap damping)."""
-        return self.policy.dwell_s * 2**self.damping
+        return self.policy.dwell_s * float(2**self.damping)
 
     def version_p99(self, version: str, now: float) -> tuple[float, int]:
         """A version's p99 over the window, and how many requests it is of."""
@@ -162,6 +179,7 @@ class Degradation:
             quick = now - self._left_at < self.dwell_s
             self.damping = min(self.damping + 1, MAX_DAMPING) if quick else 0
         self.tier, self.entered_at = tier, now
+        self.trial_since = 0.0
         self.changes += 1
         self._share = 0.0
         return change
@@ -173,6 +191,12 @@ class Degradation:
         tier = self.current
         if tier is None:
             return Route.PRIMARY
+        if self.trial_since:  # every other request to the model, the rest as the tier says
+            self._share += 0.5
+            if self._share < 1.0:
+                return Route.TRIAL
+            self._share -= 1.0
+            return Route.CIRCUIT if tier.open_circuit else Route.FALLBACK
         if (
             tier.all_away
             and not self._probing
@@ -215,5 +239,6 @@ def degradation_statistics(state: Degradation) -> dict[str, Any]:
         "p99_ms": round(state.p99_s * 1000, 3),
         "tier_changes": state.changes,
         "dwell_s": state.dwell_s,
+        "trial": bool(state.trial_since),
         "requests": requests,
     }

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferd.degrade")
 
-# The failures that still say how slow the model is: the client's deadline ran out, or the
-# client gave up waiting. Their duration is a lower bound of the model's latency.
-SLOW_FAILURES = frozenset({"timeout", "cancelled"})
+# A request whose client gave up waiting: its duration is a lower bound of the latency.
+CANCELLED = "cancelled"
+TIMEOUT = "timeout"
 
 
 class DegradationGuard:
@@ -35,16 +35,18 @@ class DegradationGuard:
         model = self._registry.models.get(record.model)
         if model is None or model.degrade is None or not record.version:
             return
-        if record.cache == "hit" or (
-            record.failure is not None and record.failure not in SLOW_FAILURES
-        ):
+        latency_s = slowness(record, model.degrade.policy.tiers[0].p99_s)
+        if latency_s is None:
             return  # a cache hit, a refusal, a bad request: nothing about the model's speed
         now = time.monotonic()
-        change = model.degrade.observe(record.version, record.duration_ns / 1e9, now)
+        change = model.degrade.observe(record.version, latency_s, now)
         if change is not None:
             self.apply(model, model.degrade, change, now)
 
     def apply(self, model: Model, degrade: Degradation, change: TierChange, now: float) -> None:
+        if change.kind != "move":
+            self._trial(model, degrade, change)
+            return
         tiers = degrade.policy.tiers
         new = tiers[change.new - 1] if change.new else None
         old = tiers[change.old - 1] if change.old else None
@@ -81,6 +83,8 @@ class DegradationGuard:
                 f"back to tier {new.number} ({new.describe()})" if new else "no longer degraded",
                 extra=_event(model.name, change),
             )
+        if new is not None and change.new > change.old and (new.fallback_share or new.open_circuit):
+            self._check_fallback(model, degrade, new.number)
         holds = new is not None and new.open_circuit
         if holds and not (old is not None and old.open_circuit):
             model.circuit.hold_open(f"degradation tier {change.new}: {why}")
@@ -88,6 +92,47 @@ class DegradationGuard:
             model.circuit.release_hold()
         if new is not None and new.rollback and change.new > change.old:
             self._rollback(model, degrade, change, now)
+
+    def _trial(self, model: Model, degrade: Degradation, change: TierChange) -> None:
+        why = f"p99 {change.p99_s * 1000:.0f} ms over {change.requests} requests"
+        if change.kind == "trial":
+            log.warning(
+                "model %s: %s is under tier %d's release point, judged on probes: half the "
+                "traffic goes back to it for %g s before the tier is left",
+                model.name,
+                why,
+                change.new,
+                degrade.policy.window_s,
+                extra={**_event(model.name, change), "event": "degradation_trial"},
+            )
+        else:
+            log.warning(
+                "model %s: with half the traffic back its %s is past tier %d's threshold "
+                "again: the tier holds, the next try in %g s",
+                model.name,
+                why,
+                change.new,
+                degrade.dwell_s,
+                extra={**_event(model.name, change), "event": "degradation_trial_failed"},
+            )
+
+    def _check_fallback(self, model: Model, degrade: Degradation, tier: int) -> None:
+        """A tier that relies on the fallback model says so when it is not there to rely on."""
+        name = degrade.policy.fallback_model
+        if not name:
+            return
+        fallback = self._registry.models.get(name)
+        if fallback is None or fallback.default_version() is None:
+            log.warning(
+                "model %s: degradation tier %d sends requests to its fallback model '%s', which "
+                "is not loaded and ready: the model keeps answering them itself (its circuit, if "
+                "held open, refuses them); load '%s' before it is needed",
+                model.name,
+                tier,
+                name,
+                name,
+                extra={"model": model.name, "event": "degradation_fallback_unavailable"},
+            )
 
     def _rollback(self, model: Model, degrade: Degradation, change: TierChange, now: float) -> None:
         """Roll back through the routing's own rollback: a canary taking traffic whose p99 is
@@ -135,9 +180,12 @@ class DegradationGuard:
                     extra={**_event(name, change), "version": version},
                 )
             return
-        fresh = router.changed_at and now - router.changed_at <= degrade.policy.rollback_within_s
+        # Only a promote, the last routing change, of the version now slow: undone through
+        # the routing's rollback (the weights before it come back).
+        promoted = router.promoted
+        fresh = promoted is not None and now - promoted[1] <= degrade.policy.rollback_within_s
         p99, n = degrade.version_p99(stable, now) if stable else (0.0, 0)
-        if not (fresh and router.can_undo and stable and n and p99 > threshold):
+        if not (fresh and promoted is not None and promoted[0] == stable and n and p99 > threshold):
             log.warning(
                 "model %s: degradation tier %d (%s): nothing to roll back (no canary taking "
                 "traffic, and no promote within %.0f s whose version is the slow one)",
@@ -167,6 +215,27 @@ class DegradationGuard:
             weights,
             extra={**_event(name, change), "version": stable},
         )
+
+
+def slowness(record: RequestRecord, first_threshold_s: float) -> float | None:
+    """How slow the model was for this request, or None when the request says nothing of it.
+
+    An answer: its duration. A client that left: its duration (a lower bound). A request
+    whose deadline passed: at least the first tier's threshold (the model was too slow for
+    its client; its true latency is unknown past the deadline, which may be shorter than any
+    threshold). A request refused because the model could not answer within its deadline
+    (400 / 429 with the model's estimate): that estimate. Anything else: None.
+    """
+    if record.cache == "hit":
+        return None
+    duration_s = record.duration_ns / 1e9
+    if record.failure is None or record.failure == CANCELLED:
+        return duration_s
+    if record.failure == TIMEOUT:
+        return max(duration_s, first_threshold_s * 1.001)
+    if record.refused_estimate_s:
+        return record.refused_estimate_s
+    return None
 
 
 def _event(model: str, change: TierChange) -> dict[str, object]:

@@ -368,6 +368,7 @@ class ModelRegistry(RoutingCalls):
             model.reason = "unloaded"
             model.config_checksum = ""
             model.router.clear()
+            configure_degradation(model, None)  # a later load starts from tier 0
             if forget:
                 del self.models[name]
             self.changed()

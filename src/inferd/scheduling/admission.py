@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferd.errors import deadline_exceeded, invalid, shed
+from inferd.errors import (
+    DeadlineUnmeetableError,
+    ErrorKind,
+    deadline_exceeded,
+    invalid,
+    shed,
+)
 from inferd.scheduling.queues import QueuePolicy
 from inferd.types import InferRequest
 
@@ -115,15 +121,19 @@ def refuse_unmeetable_deadline(
     if exec_s is None or estimate_s is None:
         return
     if exec_s > remaining_s:
-        raise invalid(
+        raise DeadlineUnmeetableError(
+            ErrorKind.INVALID_ARGUMENT,
             f"model '{model}' cannot answer within the request's deadline: its typical "
             f"execution time is about {exec_s * 1000:.1f} ms, and the request allows "
-            f"{remaining_s * 1000:.1f} ms; allow it more time"
+            f"{remaining_s * 1000:.1f} ms; allow it more time",
+            exec_s,
         )
     if estimate_s > remaining_s:
-        raise shed(
+        raise DeadlineUnmeetableError(
+            ErrorKind.RESOURCE_EXHAUSTED,
             f"model '{model}' cannot meet the request's deadline now: about "
             f"{(estimate_s - exec_s) * 1000:.1f} ms of work ahead of it (queued or executing) "
             f"and {exec_s * 1000:.1f} ms for its own execution, {remaining_s * 1000:.1f} ms "
-            "left; retry later"
+            "left; retry later",
+            estimate_s,
         )

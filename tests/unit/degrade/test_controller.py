@@ -159,3 +159,26 @@ def test_with_only_probes_reaching_the_model_a_few_suffice_to_judge() -> None:
     assert d.tier == 2
     d.observe("1", 0.5, now + 4.2)
     assert d.tier == 3
+
+
+def test_an_all_away_tier_is_left_only_after_half_the_traffic_back_stays_fast() -> None:
+    d = make(window_s=1.0, dwell_s=1.0, min_requests=5)
+    now = feed(d, 0.250, 0.0, 10)
+    assert d.tier == 2  # fallback=100%: only probes reach the model
+    # Fast probes after the dwell time: not left yet, half the traffic goes back first.
+    now = feed(d, 0.010, d.entered_at + 1.5, 5)
+    assert d.tier == 2 and d.trial_since
+    routes = [d.route(now) for _ in range(10)]
+    assert routes.count(Route.TRIAL) == 5 and routes.count(Route.FALLBACK) == 5
+    # Under that load it is slow again: the trial fails, the tier holds, the dwell doubles.
+    now = feed(d, 0.250, now, 5)
+    assert d.tier == 2 and not d.trial_since and d.dwell_s == 2.0
+    assert d.route(now + 1.0) is Route.PROBE  # probes again
+    d.probe_done(now + 1.0)
+    # Fast under half the traffic for a whole window: the tier is left.
+    now = feed(d, 0.010, d.entered_at + 2.0, 5)
+    assert d.trial_since and d.tier == 2
+    now = feed(d, 0.010, now + 0.5, 5)
+    assert d.tier == 2  # the window still holds requests from before the trial
+    feed(d, 0.010, d.trial_since + 1.0, 5)
+    assert d.tier == 0 and not d.trial_since

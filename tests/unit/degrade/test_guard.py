@@ -12,7 +12,7 @@ import pytest
 
 from inferd.circuit import CircuitBreaker
 from inferd.degrade.controller import Degradation, TierChange
-from inferd.degrade.guard import DegradationGuard
+from inferd.degrade.guard import DegradationGuard, slowness
 from inferd.degrade.reload import configure_degradation
 from inferd.degrade.tiers import DegradePolicy, parse_tiers
 from inferd.events import CallContext, RequestRecord
@@ -122,3 +122,66 @@ def test_a_reload_keeps_unchanged_tiers_and_resets_changed_ones(tmp_path: Path) 
     assert model.degrade.tier == 0 and not model.circuit.held
     configure_degradation(model, DegradePolicy())  # tiers removed
     assert model.degrade is None
+
+
+def test_rollback_undoes_only_a_promote_never_an_operators_own_rollback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry, model, guard = setup(tmp_path, "100: rollback")
+    degrade = model.degrade
+    assert degrade is not None
+    router = model.router
+    router.set_weights({"1": 90, "2": 10}, {"1", "2"}, "m")
+    router.rollback("2", "m")  # the operator took the canary back by hand
+    assert dict(router.weights) == {"1": 90, "2": 0}
+    now = time.monotonic()
+    for _ in range(5):
+        degrade.observe("1", 0.3, now)  # then version 1 turns slow
+    with caplog.at_level(logging.WARNING, logger="inferd.degrade"):
+        guard.apply(model, degrade, TierChange(0, 1, 0.3, 5), now)
+    assert dict(router.weights) == {"1": 90, "2": 0}  # the canary stays rolled back
+    assert "nothing to roll back" in caplog.text
+    # A promote of the version that turns slow is undone: the weights before it return.
+    router.promote("2", {"1", "2"}, "m")
+    for _ in range(5):
+        degrade.observe("2", 0.3, now)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="inferd.degrade"):
+        guard.apply(model, degrade, TierChange(0, 1, 0.3, 5), now)
+    assert dict(router.weights) == {"1": 90, "2": 0}
+    assert "undid the promote of version 2" in caplog.text
+    assert router.promoted is None  # undone once: nothing left to undo
+    assert registry.models["m"] is model
+
+
+def test_how_slow_each_kind_of_request_says_the_model_is() -> None:
+    def record(ms: float, failure: str | None = None, **more: object) -> RequestRecord:
+        r = served("1", ms, failure)
+        for key, value in more.items():
+            setattr(r, key, value)
+        return r
+
+    first = 0.150
+    assert slowness(record(40), first) == pytest.approx(0.040)
+    assert slowness(record(40, "cancelled"), first) == pytest.approx(0.040)
+    # A deadline that passed: at least the first threshold, whatever the deadline was.
+    assert slowness(record(40, "timeout"), first) == pytest.approx(0.150, rel=0.01)
+    assert slowness(record(900, "timeout"), first) == pytest.approx(0.900)
+    # Refused because the model could not answer in time: the model's own estimate.
+    refused = record(0.1, "invalid_input", refused_estimate_s=0.6)
+    assert slowness(refused, first) == 0.6
+    assert slowness(record(0.1, "rejected", refused_estimate_s=0.4), first) == 0.4
+    for failure in ("invalid_input", "rejected", "model_error", "unavailable"):
+        assert slowness(record(500, failure), first) is None
+    assert slowness(served("1", 500, cache="hit"), first) is None
+
+
+def test_an_unload_forgets_the_tier_and_releases_the_hold(tmp_path: Path) -> None:
+    _, model, guard = setup(tmp_path, "100: open_circuit")
+    for _ in range(5):
+        guard.on_request(served("1", 300))
+    assert model.degrade is not None and model.degrade.tier == 1 and model.circuit.held
+    configure_degradation(model, None)  # unloaded
+    assert model.degrade is None and not model.circuit.held
+    configure_degradation(model, policy("100: open_circuit"))  # loaded again
+    assert model.degrade is not None and model.degrade.tier == 0
