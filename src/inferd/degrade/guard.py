@@ -19,9 +19,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferd.degrade")
 
-# A request whose client gave up waiting: its duration is a lower bound of the latency.
-CANCELLED = "cancelled"
-TIMEOUT = "timeout"
+CANCELLED = "cancelled"  # the client left: its duration is a lower bound of the latency
+TIMEOUT = "timeout"  # the deadline passed, queued or executing
 
 
 class DegradationGuard:
@@ -221,10 +220,12 @@ def slowness(record: RequestRecord, first_threshold_s: float) -> float | None:
     """How slow the model was for this request, or None when the request says nothing of it.
 
     An answer: its duration. A client that left: its duration (a lower bound). A request
-    whose deadline passed: at least the first tier's threshold (the model was too slow for
-    its client; its true latency is unknown past the deadline, which may be shorter than any
-    threshold). A request refused because the model could not answer within its deadline
-    (400 / 429 with the model's estimate): that estimate. Anything else: None.
+    whose deadline passed: at least the first tier's threshold. Its latency is unknown past
+    a deadline that may be shorter than every threshold, and the refusals that follow (the
+    model's estimate past the clients' deadlines) stop its executions, so its estimate stops
+    growing: counted at their duration, a model that misses every deadline would never look
+    slow. A request deadline-aware admission refused (400 / 429): the model's estimate of
+    how long it would have taken. Anything else: None.
     """
     if record.cache == "hit":
         return None
