@@ -89,7 +89,9 @@ class InferenceSteps:
                     if record.degraded_action == "stale":  # not a fresh hit
                         degrade.count(tier.number, "stale")
                     return stale
-                tier = degrade.current  # the lookup awaited: the tier may have moved
+                # The lookup awaited: the tier may have moved, the model been reloaded.
+                degrade = model.degrade
+                tier = degrade.current if degrade is not None else None
         if tier is not None:
             assert degrade is not None
             # An opted-out request takes no share (the shares stay exact for the others),
@@ -188,6 +190,7 @@ class InferenceSteps:
         # The checks the request gets on its way to the model: a malformed one is refused,
         # never answered from the cache because its inputs match an entry's.
         mv.signature.bind(request, False)
+        classification.requested_classes(request, mv.signature)
         scheduling_parameters(request)
         assert self.response_cache is not None
         cache = self.response_cache

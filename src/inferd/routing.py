@@ -115,7 +115,8 @@ class Router:
     def promote(self, version: str, ready: Container[str], model: str) -> None:
         """All traffic to `version`."""
         self.set_weights({version: 100}, ready, model)
-        self.promoted = (version, time.monotonic())
+        # Undoable only with earlier weights to restore (not from the default route).
+        self.promoted = (version, time.monotonic()) if self._history[-1] else None
 
     def rollback(self, version: str, model: str) -> None:
         """Undo the last step forward: a canary's traffic goes back to the stable version

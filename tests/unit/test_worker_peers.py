@@ -191,6 +191,7 @@ def test_degradation_of_workers_merges_as_the_worst_tier_and_summed_counts() -> 
         requests = {"1": {"fallback": fallback}} if fallback else {}
         entry["degradation"] = {
             "tier": tier, "p99_ms": p99_ms, "tier_changes": changes, "requests": requests,
+            "dwell_s": 10.0 * (changes or 1), "trial": tier == 0 and changes > 1,
         }  # fmt: skip
         return [entry]
 
@@ -202,4 +203,6 @@ def test_degradation_of_workers_merges_as_the_worst_tier_and_summed_counts() -> 
         "p99_ms": 420.0,
         "tier_changes": 4,
         "requests": {"1": {"fallback": 12}},
+        "dwell_s": 20.0,  # the longest
+        "trial": True,  # any worker's
     }

@@ -130,15 +130,18 @@ class Degradation:
         self.window_requests = summary.requests
         passed = _highest(policy.tiers, p99, 1.0)
         if passed > self.tier:
-            return self._move(passed, now, summary.requests)
+            return self._move(passed, now, summary.requests, failed_trial=bool(self.trial_since))
+        held = _highest(policy.tiers, p99, policy.release_ratio)
         if self.trial_since:
-            if passed == self.tier:  # half the traffic back, and the model is slow again
+            over = now - self.trial_since >= policy.window_s
+            # Slow again with half the traffic back, or, a whole window of it judged, still
+            # not under the release point: the tier holds.
+            if passed == self.tier or (over and held == self.tier):
                 self.trial_since, self.entered_at = 0.0, now
                 self.damping = min(self.damping + 1, MAX_DAMPING)
                 return TierChange(self.tier, self.tier, p99, summary.requests, "trial_failed")
-            if now - self.trial_since < policy.window_s:
+            if not over:
                 return None  # until the window holds only the trial's requests
-        held = _highest(policy.tiers, p99, policy.release_ratio)
         if held < self.tier and now - self.entered_at >= self.dwell_s:
             if tier is not None and tier.all_away and not self.trial_since:
                 # Judged on lone probes so far, which answer faster than the model does
@@ -168,10 +171,12 @@ class Degradation:
         for version in versions:
             self._versions.pop(version, None)
 
-    def _move(self, tier: int, now: float, requests: int) -> TierChange:
+    def _move(self, tier: int, now: float, requests: int, failed_trial: bool = False) -> TierChange:
         change = TierChange(self.tier, tier, self.p99_s, requests)
         if tier < self.tier:
             self._left_at = now
+        elif failed_trial:  # up from a trial: that release was premature too
+            self.damping = min(self.damping + 1, MAX_DAMPING)
         elif self._left_at:
             # Back up soon after coming down: the release was premature (a primary's probes,
             # alone, answer faster than it does under the traffic it gets back), so the next

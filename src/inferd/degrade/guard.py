@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferd.degrade")
 
-CANCELLED = "cancelled"  # the client left: its duration is a lower bound of the latency
-TIMEOUT = "timeout"  # the deadline passed, queued or executing
+# Requests the model did not answer in time, their client gone or their deadline passed:
+# their duration is a lower bound of its latency.
+OUT_OF_TIME = frozenset({"cancelled", "timeout"})
 
 
 class DegradationGuard:
@@ -34,7 +35,7 @@ class DegradationGuard:
         model = self._registry.models.get(record.model)
         if model is None or model.degrade is None or not record.version:
             return
-        latency_s = slowness(record, model.degrade.policy.tiers[0].p99_s)
+        latency_s = slowness(record)
         if latency_s is None:
             return  # a cache hit, a refusal, a bad request: nothing about the model's speed
         now = time.monotonic()
@@ -200,6 +201,10 @@ class DegradationGuard:
         except InferdError as exc:
             log.warning("model %s: degradation rollback failed: %s", name, exc.message)
             return
+        if router.weights.get(stable, 0) > 0:  # the weights before it still gave it a share
+            router.guard_rollback(stable)
+            self._registry.changed()
+            weights = dict(router.weights)
         degrade.forget([stable])
         log.warning(
             "model %s: degradation tier %d undid the promote of version %s (its p99 %.0f ms "
@@ -216,24 +221,20 @@ class DegradationGuard:
         )
 
 
-def slowness(record: RequestRecord, first_threshold_s: float) -> float | None:
+def slowness(record: RequestRecord) -> float | None:
     """How slow the model was for this request, or None when the request says nothing of it.
 
-    An answer: its duration. A client that left: its duration (a lower bound). A request
-    whose deadline passed: at least the first tier's threshold. Its latency is unknown past
-    a deadline that may be shorter than every threshold, and the refusals that follow (the
-    model's estimate past the clients' deadlines) stop its executions, so its estimate stops
-    growing: counted at their duration, a model that misses every deadline would never look
-    slow. A request deadline-aware admission refused (400 / 429): the model's estimate of
-    how long it would have taken. Anything else: None.
+    An answer: its duration. A request whose client left or whose deadline passed: its
+    duration (a lower bound: a client's own short deadline never makes a fast model look
+    slow). A request deadline-aware admission refused (400 / 429): the model's estimate of
+    how long it would have taken, so clients whose deadlines are shorter than every
+    threshold, who see refusals rather than slow answers, still show a slow model as slow
+    (the estimate keeps being measured: DynamicBatcher._estimate_stale). Anything else: None.
     """
     if record.cache == "hit":
         return None
-    duration_s = record.duration_ns / 1e9
-    if record.failure is None or record.failure == CANCELLED:
-        return duration_s
-    if record.failure == TIMEOUT:
-        return max(duration_s, first_threshold_s * 1.001)
+    if record.failure is None or record.failure in OUT_OF_TIME:
+        return record.duration_ns / 1e9
     if record.refused_estimate_s:
         return record.refused_estimate_s
     return None

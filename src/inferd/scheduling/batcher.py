@@ -35,6 +35,10 @@ from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 from inferd.signature import BoundRequest
 from inferd.types import Array
 
+# An idle model's execution estimate older than this (or ten executions) is measured again
+# before it refuses a deadline (DynamicBatcher._estimate_stale).
+STALE_ESTIMATE_S = 1.0
+
 __all__ = ["BatchClose", "BatchingOptions", "DynamicBatcher", "Pending"]
 
 
@@ -126,6 +130,22 @@ class DynamicBatcher:
         """Busy time and demand of the instances over the recent window (autoscaling)."""
         return self._runner.load.sample()
 
+    def _estimate_stale(self) -> bool:
+        """The execution estimate deadline-aware admission refuses by is out of date: the
+        model is idle and has not executed for a while. An estimate that refuses every
+        request would never be measured again (a model that got fast again would refuse its
+        clients for ever, one that got slow would look as fast as it last was); so such a
+        request is let through, and its execution measures the model (at most one per
+        STALE_ESTIMATE_S, or ten executions' time)."""
+        runner = self._runner
+        exec_s = runner.exec_s
+        return (
+            exec_s is not None
+            and runner.executing == 0
+            and self._queue.waiting_total == 0
+            and time.monotonic() - runner.measured_at > max(STALE_ESTIMATE_S, 10 * exec_s)
+        )
+
     async def submit(
         self,
         request: BoundRequest,
@@ -161,7 +181,7 @@ class DynamicBatcher:
             now,
         )
         remaining_s = admitted.remaining_s
-        if remaining_s is not None:
+        if remaining_s is not None and not self._estimate_stale():
             refuse_unmeetable_deadline(
                 self.name, self._runner.exec_s, self.estimated_wait_s(request.rows), remaining_s
             )

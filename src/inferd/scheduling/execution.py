@@ -86,6 +86,7 @@ class BatchRunner:
             for inst in self.instances
         )
         self.exec_s: float | None = None  # moving average of a batch's execution time
+        self.measured_at = 0.0  # monotonic time exec_s last took an execution in
         self.consecutive_failures = 0  # executions in a row that failed (readiness)
         self.executing = 0  # requests in batches that are executing now
         # Busy time and demand over a recent window: the autoscaling signal (load_signal.py).
@@ -202,6 +203,7 @@ class BatchRunner:
             failed = False
             exec_s = sum(timings) / 1e9
             self.exec_s = exec_s if self.exec_s is None else 0.8 * self.exec_s + 0.2 * exec_s
+            self.measured_at = time.monotonic()
             if finish is not None:
                 results = finish(batch, results)
             for p, out in zip(batch, results, strict=True):

@@ -138,6 +138,8 @@ def _merge_degradation(into: dict[str, Any], other: dict[str, Any]) -> None:
     into["tier"] = max(into.get("tier", 0), other["tier"])
     into["p99_ms"] = max(into.get("p99_ms", 0.0), other["p99_ms"])
     into["tier_changes"] = into.get("tier_changes", 0) + other["tier_changes"]
+    into["dwell_s"] = max(into.get("dwell_s", 0.0), other.get("dwell_s", 0.0))
+    into["trial"] = bool(into.get("trial")) or bool(other.get("trial"))
     requests = into.setdefault("requests", {})
     for tier, actions in other["requests"].items():
         mine = requests.setdefault(tier, {})

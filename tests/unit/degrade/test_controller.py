@@ -182,3 +182,17 @@ def test_an_all_away_tier_is_left_only_after_half_the_traffic_back_stays_fast() 
     assert d.tier == 2  # the window still holds requests from before the trial
     feed(d, 0.010, d.trial_since + 1.0, 5)
     assert d.tier == 0 and not d.trial_since
+
+
+def test_a_trial_that_stays_between_release_point_and_threshold_fails_after_a_window() -> None:
+    d = make(window_s=1.0, dwell_s=1.0, min_requests=5)
+    feed(d, 0.250, 0.0, 10)
+    assert d.tier == 2
+    now = feed(d, 0.010, d.entered_at + 1.5, 5)  # fast probes: a trial
+    started = d.trial_since
+    assert started
+    # Under half the traffic: 180 ms, under tier 2's 200 ms, above its 160 ms release point.
+    now = feed(d, 0.180, now, 5, step=0.05)
+    assert d.trial_since == started and d.tier == 2
+    feed(d, 0.180, started + 1.0, 5)
+    assert d.tier == 2 and not d.trial_since and d.damping == 1  # failed: the tier holds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -716,6 +717,43 @@ def test_inflight_counts_queued_and_executing() -> None:
             assert batcher.inflight() == 0
             await queue_behind_busy(batcher, inst, [req(1), req(2)])
             assert batcher.inflight() == 0
+        finally:
+            await batcher.stop()
+
+    run(main)
+
+
+def test_a_stale_estimate_lets_one_request_through_to_measure_the_model_again() -> None:
+    """Deadline-aware admission refuses deadlines shorter than the model's typical execution;
+    an estimate that refuses everything would never be measured again. Once the model has
+    been idle past the estimate's age, the next such request runs, and its execution updates
+    the estimate."""
+
+    async def main() -> None:
+        inst = Instance()
+        batcher = dynamic("m", [inst], options())
+        runner = batcher._runner
+        try:
+            await outputs(batcher, req(1.0))  # one execution: an estimate exists
+            runner.exec_s = 1.0  # as if the model took a second per execution
+
+            def soon() -> int:
+                return time.perf_counter_ns() + 50_000_000  # a 50 ms deadline
+
+            with pytest.raises(InferdError) as info:
+                await batcher.submit(req(2.0), deadline_ns=soon())
+            assert info.value.kind is ErrorKind.INVALID_ARGUMENT
+            assert "typical execution time is about 1000.0 ms" in info.value.message
+            runner.measured_at -= 100  # idle, the estimate a hundred seconds old
+            out, _ = await batcher.submit(req(3.0), deadline_ns=soon())
+            assert out["OUT"].tolist() == [[6.0]]  # measured: the model is fast again
+            assert runner.exec_s is not None and runner.exec_s < 1.0
+            assert [rows_of(b) for b in inst.batches] == [[1.0], [3.0]]
+            # Fresh again: the next unmeetable deadline is refused as before, unexecuted.
+            runner.exec_s = 1.0
+            with pytest.raises(InferdError):
+                await batcher.submit(req(4.0), deadline_ns=soon())
+            assert len(inst.batches) == 2
         finally:
             await batcher.stop()
 
