@@ -107,7 +107,7 @@ class InferenceSteps:
                 return _degraded(response, tier.number, "fallback")
         try:
             if not circuit.allow(probe=route is Route.PROBE or route is Route.TRIAL):
-                return await self._circuit_open(model, request, ctx, record, tier, route)
+                return await self._circuit_open(model, request, ctx, record, tier)
             try:
                 response = await self._serve(model_name, call.version, request, ctx, record)
             except InferdError as exc:
@@ -132,7 +132,6 @@ class InferenceSteps:
         ctx: CallContext,
         record: RequestRecord,
         tier: Tier | None,
-        route: Route,
     ) -> InferResponse:
         """A request the circuit stops: to the fallback model, or refused (503)."""
         circuit, name = model.circuit, model.name
