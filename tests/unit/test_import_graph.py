@@ -6,6 +6,8 @@ keeps it from failing at start-up, so the test names the modules going round it.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import inferd
@@ -137,3 +139,10 @@ def test_no_import_circle_in_the_package() -> None:
     assert not cycles, "import circles in src/inferd:\n" + "\n".join(
         " -> ".join(cycle) for cycle in cycles
     )
+
+
+def test_numpy_random_is_imported_before_any_model_loads() -> None:
+    """Models load in threads, several at once; numpy 2's lazy first import of numpy.random
+    raced there (KeyError: 'numpy.random.mtrand'): the server imports it up front."""
+    code = "import sys, inferd.server; assert 'numpy.random' in sys.modules, 'lazy'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -8,6 +8,8 @@ import logging
 import time
 from pathlib import Path
 
+import numpy.random  # noqa: F401  (imported before any model loads: see below)
+
 from inferd.backends.base import Backend
 from inferd.backends.pb_utils.host import HostProvider
 from inferd.events import Telemetry
@@ -18,6 +20,11 @@ from inferd.repository.model_state import ModelVersion, State
 from inferd.repository.warmup import warm_up
 from inferd.scheduling.batcher import DynamicBatcher
 from inferd.scheduling.sequence_batcher import SequenceBatcher
+
+# numpy 2 imports numpy.random lazily, at the first `np.random` a process runs. Versions load
+# in threads, several at once, and two models' first uses racing there failed a load with
+# KeyError: 'numpy.random.mtrand' (CI: the example repository's `recall`). Imported with
+# this module, before any model's code runs, it is never first imported by two threads.
 
 log = logging.getLogger("inferd.repository")
 
