@@ -59,9 +59,8 @@ class InferenceServer:
         worker: WorkerSlot | None = None,
         engine_directory: Path | None = None,
     ) -> None:
-        """`worker`: this process is one of `--workers N` (see inferd.workers).
-        `engine_directory`: this process is the engine of `--workers N --engine`: its HTTP
-        and gRPC adapters and the hop listen on unix sockets there, for the front ends."""
+        """`worker`: this process is one of `--workers N` (inferd.workers); `engine_directory`:
+        it is the engine of `--workers N --engine`, its adapters and hop on unix sockets there."""
         self.settings = settings
         self.worker = worker
         self.engine_directory = engine_directory

@@ -77,6 +77,7 @@ class Degradation:
         self.counts: dict[tuple[int, str], int] = {}
         self._window = SlidingWindow(SAMPLES_KEPT)
         self._versions: dict[str, SlidingWindow] = {}
+        self._per_version = any(t.rollback for t in policy.tiers)
         self._share = 0.0  # the fallback share's running remainder: exact proportions
         self._probing = False
         self._probe_at = 0.0
@@ -100,10 +101,11 @@ class Degradation:
     def observe(self, version: str, latency_s: float, now: float) -> TierChange | None:
         """One request the model served and how long it took; the tier change it causes."""
         self._window.record(latency_s, True, now)
-        window = self._versions.get(version)
-        if window is None:
-            window = self._versions[version] = SlidingWindow(SAMPLES_KEPT)
-        window.record(latency_s, True, now)
+        if self._per_version:  # only a rollback tier reads a version's own p99
+            window = self._versions.get(version)
+            if window is None:
+                window = self._versions[version] = SlidingWindow(SAMPLES_KEPT)
+            window.record(latency_s, True, now)
         self._unchecked += 1
         # Time-bound; and while the last look had too few requests, as soon as there are
         # enough (a model just started, or back from idle, is judged without waiting).

@@ -12,9 +12,9 @@ from inferd.degrade.tiers import DegradePolicy, parse_tiers
 TIERS = "100: fallback=50%; 200: fallback; 400: open_circuit"
 
 
-def make(**kwargs: float) -> Degradation:
+def make(tiers: str = TIERS, **kwargs: float) -> Degradation:
     policy = DegradePolicy(
-        tiers=parse_tiers(TIERS),
+        tiers=parse_tiers(tiers),
         window_s=kwargs.get("window_s", 2.0),
         min_requests=int(kwargs.get("min_requests", 5)),
         release_ratio=kwargs.get("release_ratio", 0.8),
@@ -108,7 +108,7 @@ def test_while_everything_goes_away_one_probe_at_a_time_measures_the_primary() -
 
 
 def test_a_version_p99_and_forgetting() -> None:
-    d = make()
+    d = make(TIERS + "; 800: rollback")  # a rollback tier: versions' own windows are kept
     for i in range(10):
         d.observe("1", 0.01, i * 0.01)
         d.observe("2", 0.3, i * 0.01)
@@ -196,3 +196,9 @@ def test_a_trial_that_stays_between_release_point_and_threshold_fails_after_a_wi
     assert d.trial_since == started and d.tier == 2
     feed(d, 0.180, started + 1.0, 5)
     assert d.tier == 2 and not d.trial_since and d.damping == 1  # failed: the tier holds
+
+
+def test_without_a_rollback_tier_no_version_window_is_kept() -> None:
+    d = make()
+    d.observe("2", 0.3, 0.0)
+    assert d.version_p99("2", 0.1) == (0.0, 0)
