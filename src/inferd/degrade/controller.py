@@ -70,7 +70,6 @@ class Degradation:
         self.tier = 0  # 0: not degraded
         self.entered_at = 0.0  # monotonic time the current tier was entered
         self.p99_s = 0.0  # at the last evaluation with enough requests
-        self.window_requests = 0
         self.changes = 0
         # (tier, action) -> requests answered degraded that way; action: fallback, stale,
         # open_circuit (by the fallback), refused (the circuit, or the tier's queue bound)
@@ -129,7 +128,6 @@ class Degradation:
         if not self._judged:
             return None  # too few to judge: the tier holds
         p99 = self.p99_s = summary.p99_s
-        self.window_requests = summary.requests
         passed = _highest(policy.tiers, p99, 1.0)
         if passed > self.tier:
             return self._move(passed, now, summary.requests, failed_trial=bool(self.trial_since))
