@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.sharedctypes  # noqa: F401  (imported up front: see below)
 import os
 import pickle
 import signal
@@ -43,6 +44,11 @@ from inferd.backends.worker_bls import BlsServer
 from inferd.backends.worker_child import worker_main  # the child's side
 from inferd.backends.worker_spec import WorkerSpec
 from inferd.shared_array_store import SharedArrayError
+
+# multiprocessing imports `sharedctypes` at the first RawArray. Versions load in threads,
+# several at once: two process-isolated models' first RawArrays raced there and failed a
+# load with "cannot import name 'RawArray'" (CI). Imported above, it never is first
+# imported by two threads at once.
 
 log = logging.getLogger("inferd.backends.python")
 
