@@ -32,10 +32,10 @@ from tests.monitoring_models import parameters, write_signed_model  # noqa: E402
 from inferd.events import CallContext, RequestRecord, Telemetry  # noqa: E402
 from inferd.monitoring.capture import Capture  # noqa: E402
 from inferd.monitoring.capture_files import CapturedRequest  # noqa: E402
-from inferd.monitoring.capture_options import CaptureSettings  # noqa: E402
+from inferd.monitoring.capture_settings import CaptureSettings  # noqa: E402
 from inferd.monitoring.capture_writer import CaptureWriter, DropCounts  # noqa: E402
 from inferd.repository.registry import ModelRegistry  # noqa: E402
-from inferd.request_log import input_fingerprint  # noqa: E402
+from inferd.telemetry.request_log import input_fingerprint  # noqa: E402
 from inferd.types import InferRequest, InferResponse, Tensor  # noqa: E402
 
 X = np.ones((8, 4), np.float32)

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.dataplane import DataPlane
+from inferd.dataplane.internal_requests import call_model
+from inferd.dataplane.plane import DataPlane
 from inferd.events import CallContext, Telemetry
-from inferd.internal_call import call_model
 from inferd.repository.registry import ModelRegistry
 from inferd.types import InferRequest, Tensor
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from inferd.scheduling.batcher import BatchingOptions, DynamicBatcher
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 from inferd.types import Array
 
 

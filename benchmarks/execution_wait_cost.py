@@ -1,6 +1,6 @@
 """How a batch's thread hop can be awaited with a timeout, each way's cost per call: plain
 `run_in_executor` (no timeout), `asyncio.wait` with a timeout, and inferd's `Call` (filled by
-the thread, scheduling/calls.py) without and with its `call_later` timer.
+the thread, scheduling/instance_runs.py) without and with its `call_later` timer.
 
     .venv/bin/python benchmarks/execution_wait_cost.py --calls 5000 --rounds 15
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from inferd.scheduling.calls import Call, wake
+from inferd.scheduling.instance_runs import Call, wake
 
 EXECUTOR = ThreadPoolExecutor(1)
 TIMEOUT_S = 120.0

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.protocol.http_infer import InferEndpoint
-from inferd.server import InferenceServer
+from inferd.protocol.http.infer_route import InferEndpoint
+from inferd.server.build import InferenceServer
 from inferd.settings import Settings
 
 _NOT_FOUND = b'{"error":"not found"}'

@@ -3,7 +3,7 @@
 Three servers over the same core, serving the peers' `tiny` ONNX model (pure server
 overhead; benchmarks/peers/inferd_repo.py builds it):
 
-- `uvicorn`: `inferd serve`, i.e. uvicorn with protocol/fast_http.py answering the infer
+- `uvicorn`: `inferd serve`, i.e. uvicorn with protocol/http/fast_path.py answering the infer
   route straight from the parser;
 - `granian-rsgi`: granian's RSGI interface running the infer route over the same
   `InferEndpoint.respond` (frontend_apps.py);

@@ -25,7 +25,7 @@ from inferd.backends.base import LoadContext  # noqa: E402
 from inferd.backends.torch import TorchBackend  # noqa: E402
 from inferd.repository.spec import batching_options  # noqa: E402
 from inferd.scheduling.batcher import DynamicBatcher  # noqa: E402
-from inferd.signature import ModelSignature  # noqa: E402
+from inferd.tensors.signature import ModelSignature  # noqa: E402
 
 CONFIG = """
 name: "gpu_mlp"

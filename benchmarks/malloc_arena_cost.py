@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/malloc_arena_cost.py [--rounds 3] [--concurrency 8]
         [--duration-s 10]
 
-inferd runs with one glibc malloc arena (inferd.memory.configure_allocator) so that swapped
+inferd runs with one glibc malloc arena (inferd.repository.memory_release.configure_allocator) so
+that swapped
 out versions give their memory back; glibc's default is 8 arenas per core. This serves two
 models from two servers at once, one with inferd's setting and one with MALLOC_ARENA_MAX set
 to glibc's default, and loads them in turn (A, B, A, B, ...) with `inferd bench` over HTTP

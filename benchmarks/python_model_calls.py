@@ -21,9 +21,9 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
-from inferd.backends.python_import import import_model_module
-from inferd.backends.triton_python import TritonPythonInstance
-from inferd.signature import ModelSignature
+from inferd.backends.python.model_import import import_model_module
+from inferd.backends.python.triton_model import TritonPythonInstance
+from inferd.tensors.signature import ModelSignature
 from inferd.types import InferRequest, Tensor
 
 MODEL = """

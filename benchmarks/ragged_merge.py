@@ -14,9 +14,9 @@ import timeit
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.repository.ragged_config import NO_RAGGED, BatchInputSpec, RaggedPlan
+from inferd.config.ragged import NO_RAGGED, BatchInputSpec, RaggedPlan
 from inferd.scheduling.merge import merged_inputs
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 
 ENDS = BatchInputSpec(
     mc.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT, ("INDEX",), np.dtype(np.int32), "IN"

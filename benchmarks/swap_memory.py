@@ -10,7 +10,8 @@ poll mode under one HTTP and one gRPC client per worker, swaps both to a new ver
 RSS). Variants, all from this tree:
 
 - `before`: as inferd was before the fix: no malloc_trim, glibc's default malloc arenas,
-  no collection of frozen objects (inferd.memory's functions patched out at start);
+  no collection of frozen objects (inferd.repository.memory_release's functions patched out at
+  start);
 - `trim`: malloc_trim and the full collection after every release, default arenas;
 - `after`: what inferd does: the trim, the collection, and one malloc arena.
 
@@ -48,9 +49,9 @@ _PATCHES = {
 
 def _python(variant: str) -> tuple[str, ...]:
     code = (
-        "import gc, sys; import inferd.memory as m; "
+        "import gc, sys; import inferd.repository.memory_release as m; "
         + (_PATCHES[variant] + "; " if _PATCHES[variant] else "")
-        + "from inferd.cli import main; sys.exit(main())"
+        + "from inferd.cli.main import main; sys.exit(main())"
     )
     return (sys.executable, "-c", code)
 

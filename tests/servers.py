@@ -19,8 +19,8 @@ import uvicorn
 
 from inferd.scheduling.batcher import DynamicBatcher
 from inferd.scheduling.scheduler import Scheduler
-from inferd.scheduling.sequence_batcher import SequenceBatcher
-from inferd.server import InferenceServer
+from inferd.scheduling.sequence.sequence_batcher import SequenceBatcher
+from inferd.server.build import InferenceServer
 from inferd.settings import Settings
 from tests.server_process import check_port_free, free_port, wait_until_serving
 

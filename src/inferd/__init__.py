@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from inferd.python_model import (  # noqa: E402
+from inferd.backends.python.model_api import (  # noqa: E402
     SEQUENCE_END,
     SEQUENCE_START,
     ModelCallError,
@@ -13,7 +13,7 @@ from inferd.python_model import (  # noqa: E402
     RequestInfo,
     ResponseSender,
 )
-from inferd.shared_arrays import SharedArrayError, shared_array  # noqa: E402
+from inferd.backends.python.shared_arrays import SharedArrayError, shared_array  # noqa: E402
 
 __all__ = [
     "SEQUENCE_END",

@@ -1,5 +1,5 @@
 import sys
 
-from inferd.cli import main
+from inferd.cli.main import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """Bounds on what a client controls at the transport: one frozen value in Settings.
 
-Every field is an `inferd serve` option (limit_options.py) and a row of docs/limits.md, which
+Every field is an `inferd serve` option (cli/limit_options.py) and a row of docs/limits.md, which
 names the error each one gives. The request and response sizes stay in Settings
 (`max_request_bytes`, `max_response_bytes`), where they were first.
 """

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from inferd.access import TOKEN_ENV as ADMIN_TOKEN_ENV
-from inferd.help_format import DefaultsOnceFormatter
+from inferd.cli.help_format import DefaultsOnceFormatter
+from inferd.dataplane.access import TOKEN_ENV as ADMIN_TOKEN_ENV
 from inferd.repository.checksum import checksum
 
 if TYPE_CHECKING:
-    from inferd.repository.config import (
+    from inferd.config.model_config import (
         ConfigError,
         backend_name,
         instance_count,
@@ -55,7 +55,7 @@ _CONFIG_NAMES = frozenset(
 
 def __getattr__(name: str) -> object:
     if name in _CONFIG_NAMES:
-        from inferd.repository import config
+        from inferd.config import model_config as config
 
         return getattr(config, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

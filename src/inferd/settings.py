@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inferd.limits import Limits
-from inferd.monitoring.capture_options import CaptureSettings
+from inferd.monitoring.capture_settings import CaptureSettings
 
 if TYPE_CHECKING:
     from inferd.cache.cache_settings import CacheSettings
@@ -41,7 +41,8 @@ class Settings:
     exit_timeout_s: float = 30.0
     # Default for models whose config sets no execution_timeout_ms; 0: none (reliability.md).
     execution_timeout_ms: int = 120_000
-    # Model error text sent to clients whole (paths, tracebacks); off: sanitised (error_text.py).
+    # Model error text sent to clients whole (paths, tracebacks); off: sanitised
+    # (protocol/error_text.py).
     verbose_errors: bool = False
     max_inflight_requests: int = 0  # server-wide; past it requests are shed (429); 0: none
     model_control_mode: str = "none"  # Triton's: none, poll or explicit

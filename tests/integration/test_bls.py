@@ -24,7 +24,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from inferd.events import BatchRecord, RequestRecord
-from inferd.request_log import RequestLogSink
+from inferd.telemetry.request_log import RequestLogSink
 from tests.admission_models import executed, gate_closed
 from tests.async_infer import OK, PROTOCOLS, AsyncInfer
 from tests.bls_models import GUARD, ISOLATIONS, write_bls_models

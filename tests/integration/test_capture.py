@@ -16,8 +16,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 
 from inferd.monitoring.capture_files import load_capture, read_index, shards
-from inferd.monitoring.capture_options import CaptureSettings
-from inferd.request_log import input_fingerprint
+from inferd.monitoring.capture_settings import CaptureSettings
+from inferd.telemetry.request_log import input_fingerprint
 from inferd.types import Tensor
 from tests.capture_clients import PROTOCOL, WIRES, Client
 from tests.integration.test_metrics import scrape, value

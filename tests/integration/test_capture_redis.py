@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import redis
 
-from inferd.monitoring.capture_cli import add_capture_options, capture_settings
-from inferd.monitoring.capture_options import CaptureOptionError, CaptureSettings
+from inferd.cli.capture_options import add_capture_options, capture_settings
 from inferd.monitoring.capture_redis import load_redis_capture
+from inferd.monitoring.capture_settings import CaptureOptionError, CaptureSettings
 from tests.capture_clients import WIRES, Client
 from tests.integration.test_metrics import scrape, value
 from tests.monitoring_models import parameters, write_signed_model

@@ -20,8 +20,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext, SupervisedInstance
-from inferd.backends.python import PythonBackend
-from inferd.backends.worker_process import ProcessInstance
+from inferd.backends.python.isolated.isolated_instance import ProcessInstance
+from inferd.backends.python.python_backend import PythonBackend
 from inferd.errors import ErrorKind, InferdError
 from tests.servers import RunningServer, run_server
 

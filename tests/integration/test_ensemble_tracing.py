@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from inferd.tracing import TraceSink  # noqa: I001 (after the optional-dependency skip above)
+from inferd.telemetry.tracing import TraceSink  # noqa: I001 (after the optional-dependency skip above)
 from tests.async_infer import PROTOCOLS
 from tests.ensemble_models import write_ensemble_models
 from tests.integration.test_logging_tracing import PARENT_ID, Collector, added, attrs

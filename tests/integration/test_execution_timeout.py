@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from inferd.shutdown import EXIT_MARGIN_S, EXIT_STUCK
+from inferd.server.shutdown import EXIT_MARGIN_S, EXIT_STUCK
 from tests.fault_models import param
 from tests.integration.test_metrics import scrape, value
 from tests.integration.test_protocols import PROTOCOLS, Client
@@ -307,7 +307,7 @@ def test_sigterm_ends_the_process_however_stuck_a_model_is(
     assert f"shutdown incomplete: {left}" in output
     assert "still executing: model 'stuck' version 1 instance 0 for " in output
     assert f"exiting with status {EXIT_STUCK}" in output
-    assert "inferd.server: shutdown complete" not in output
+    assert "inferd.server.build: shutdown complete" not in output
     assert not alive(model_pid), f"the model's worker process {model_pid} outlived the server"
     # Logged for the record of a slow run; the bound is EXIT_TIMEOUT_S + EXIT_MARGIN_S.
     print(f"exited {took_s:.1f} s after SIGTERM")

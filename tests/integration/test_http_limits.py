@@ -1,4 +1,4 @@
-"""Limits on every axis an HTTP client controls (protocol/http_guard.py), over raw sockets:
+"""Limits on every axis an HTTP client controls (protocol/http/parser_guard.py), over raw sockets:
 head size, header count, URL length, header and body timeouts, idle connections and the
 connection limit. Each refusal names its limit, and after each the server is still live and
 ready and serves other clients."""

@@ -1,5 +1,5 @@
 """HTTP/1.1 on the wire for the infer route, which inferd answers below ASGI
-(protocol/fast_http.py): pipelining, Expect: 100-continue, HTTP/1.0, chunked bodies,
+(protocol/http/fast_path.py): pipelining, Expect: 100-continue, HTTP/1.0, chunked bodies,
 oversized bodies and disconnects, over raw sockets so nothing is smoothed over by a client."""
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from inferd.cache.cache_settings import parse_cache_config
-from inferd.cli import build_parser, serve_parser
-from inferd.cli_env import from_text, options, variable_name
+from inferd.cli.env import from_text, options, variable_name
+from inferd.cli.main import build_parser, serve_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"

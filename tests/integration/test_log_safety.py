@@ -18,9 +18,9 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from inferd import error_text
-from inferd.cli import build_parser, serve_parser, settings_from
-from inferd.error_text import MODEL_ERROR_CHARS
+from inferd.cli.main import build_parser, serve_parser, settings_from
+from inferd.protocol import error_text
+from inferd.protocol.error_text import MODEL_ERROR_CHARS
 from tests.servers import STATE_DEADLINE_S, CliServer, free_port, run_cli_server, run_server
 
 LEAKY_CONFIG = """
@@ -44,7 +44,7 @@ class Model:
             "PermissionError: denied " + "z" * 100_000
         )
 """
-FORGED = "12:00:00 ERROR   inferd.server: forged"
+FORGED = "12:00:00 ERROR   inferd.server.build: forged"
 
 
 @dataclass

@@ -17,14 +17,14 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from inferd.events import Sink
-from inferd.request_log import RequestLogSink
-from inferd.tracing import parse_traceparent
+from inferd.telemetry.request_log import RequestLogSink
+from inferd.telemetry.tracing import parse_traceparent
 from tests.servers import RunningServer, run_server
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="tracing tests need inferd[otel]")
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: E402
 
-from inferd.tracing import TraceSink  # noqa: E402
+from inferd.telemetry.tracing import TraceSink  # noqa: E402
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -47,7 +47,7 @@ def stub(running: RunningServer) -> Iterator[service_pb2_grpc.GRPCInferenceServi
 
 @contextlib.contextmanager
 def added(running: RunningServer, sink: Sink) -> Iterator[None]:
-    """Wire `sink` into the running server for the duration of a test (as server.py will)."""
+    """Wire `sink` into the running server for the duration of a test (as server/build.py will)."""
     running.server.telemetry.add(sink)
     try:
         yield

@@ -1,4 +1,5 @@
-"""The metrics port (metrics_http.py): no thread per connection, idle connections closed,
+"""The metrics port (telemetry/metrics/metrics_endpoint.py): no thread per connection, idle
+connections closed,
 open connections capped, keep-alive scrapes."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from inferd.limits import Limits
-from inferd.metrics_http import MAX_CONNECTIONS
+from inferd.telemetry.metrics.metrics_endpoint import MAX_CONNECTIONS
 from tests.servers import STATE_DEADLINE_S, RunningServer, run_server
 
 

@@ -23,7 +23,7 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from inferd import cli
+from inferd.cli import main as cli
 from inferd_tools.optimize.publish import REPORT_FILE, file_sha256
 from tests.models import builders, write_counter
 from tests.optimize_models import write_mlp, write_outlier_classifier, write_torch_mlp

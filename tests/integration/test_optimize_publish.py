@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from inferd.access import TOKEN_ENV
+from inferd.dataplane.access import TOKEN_ENV
 from tests.integration.test_optimize import optimize
 from tests.optimize_models import write_mlp
 from tests.servers import STATE_DEADLINE_S, run_server

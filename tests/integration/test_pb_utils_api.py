@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from inferd.backends import pb_utils
+from inferd.backends.python import pb_utils
 from tests.integration.test_protocols import PROTOCOLS, Client
 from tests.pb_utils_checks import CHECKS, TRITON_NAMES
 from tests.servers import RunningServer, run_server

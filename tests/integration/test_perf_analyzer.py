@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from onnx import TensorProto
 
-from inferd.shared_memory import Lease
+from inferd.dataplane.shm_regions import Lease
 from inferd.types import InferRequest
 from tests.models import builders
 from tests.servers import RunningServer, run_server

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd.backends.worker_process import ProcessInstance
+from inferd.backends.python.isolated.isolated_instance import ProcessInstance
 from inferd.errors import InferdError
 from tests.async_infer import OK, PROTOCOLS, AsyncInfer
 from tests.servers import RunningServer, batcher_of, run_cli_server, run_server

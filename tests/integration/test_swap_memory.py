@@ -22,8 +22,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from inferd.backends.onnx import OnnxInstance
-from inferd.backends.python import PythonInstance  # type: ignore[attr-defined]
-from inferd.backends.worker_process import ProcessInstance
+from inferd.backends.python.isolated.isolated_instance import ProcessInstance
+from inferd.backends.python.python_backend import PythonInstance  # type: ignore[attr-defined]
 from tests.lifecycle_models import write_plus_model, write_plus_version, write_python_model
 from tests.servers import RunningServer, run_server
 from tests.swap_memory import (

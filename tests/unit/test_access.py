@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.access import AccessError, AccessPolicy, ApiGroup, parse_restriction
+from inferd.dataplane.access import AccessError, AccessPolicy, ApiGroup, parse_restriction
 from inferd.errors import ErrorKind, InferdError
 
 TOKEN = "0123456789abcdef-token"

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from inferd.backends import pb_utils
-from inferd.backends.pb_utils.responses import ResponseIterator, bls_response
-from inferd.bls_call import BlsResult, Caller
-from inferd.bls_runner import parent_context
+from inferd.backends.python import pb_utils
+from inferd.backends.python.bls_request import BlsResult, Caller
+from inferd.backends.python.pb_utils.responses import ResponseIterator, bls_response
+from inferd.dataplane.bls_runner import parent_context
 from inferd.events import CallContext
 
 

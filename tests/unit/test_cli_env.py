@@ -13,8 +13,8 @@ import pytest
 from tests.models import write_counter
 from tests.server_process import free_port, wait_until_serving
 
-from inferd.cli import build_parser, serve_parser, settings_from
-from inferd.cli_env import PREFIX, from_text, options, variable_name
+from inferd.cli.env import PREFIX, from_text, options, variable_name
+from inferd.cli.main import build_parser, serve_parser, settings_from
 from inferd.settings import Settings
 
 

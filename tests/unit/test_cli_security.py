@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from tests.security import Pki, write_pki
 
-from inferd import server
-from inferd.access import AccessError
-from inferd.cli import build_parser, settings_from
-from inferd.cli_security import SecurityOptionError
+from inferd.cli.main import build_parser, settings_from
+from inferd.cli.security_options import SecurityOptionError
+from inferd.dataplane.access import AccessError
+from inferd.protocol.tls import TlsError
+from inferd.server import build as server
 from inferd.settings import Settings, TlsFiles
-from inferd.tls import TlsError
 
 TOKEN = "a-long-enough-admin-token"
 

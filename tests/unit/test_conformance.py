@@ -10,9 +10,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.conformance import OutputMismatchError, conform_output
 from inferd.errors import ErrorKind
-from inferd.signature import ModelSignature
+from inferd.tensors.conformance import OutputMismatchError, conform_output
+from inferd.tensors.signature import ModelSignature
 from inferd.types import Array
 
 CONFIG = """

@@ -7,9 +7,9 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
-from inferd.backends.pb_utils.host import MetricKind
-from inferd.custom_metrics import CustomMetrics, MetricError
-from inferd.metrics_http import exposition
+from inferd.backends.python.custom_metrics import CustomMetrics, MetricError
+from inferd.backends.python.pb_utils.host import MetricKind
+from inferd.telemetry.metrics.metrics_endpoint import exposition
 
 
 @pytest.fixture

@@ -122,7 +122,7 @@ def test_bench_and_tune_need_only_the_base_dependencies() -> None:
     tool (building `inferd`'s parser imports each tool's options)."""
     files = sorted((TOOLS / "bench").glob("*.py")) + sorted((TOOLS / "tune").glob("*.py"))
     files += [TOOLS / "__init__.py", TOOLS / "commands.py", TOOLS / "optimize" / "main.py"]
-    files += [ROOT / "src" / "inferd" / "cli.py", ROOT / "src" / "inferd" / "public.py"]
+    files += [ROOT / "src" / "inferd" / "cli/main.py", ROOT / "src" / "inferd" / "public.py"]
     assert not missing(files, closure(base()))
 
 

@@ -144,5 +144,5 @@ def test_no_import_circle_in_the_package() -> None:
 def test_numpy_random_is_imported_before_any_model_loads() -> None:
     """Models load in threads, several at once; numpy 2's lazy first import of numpy.random
     raced there (KeyError: 'numpy.random.mtrand'): the server imports it up front."""
-    code = "import sys, inferd.server; assert 'numpy.random' in sys.modules, 'lazy'"
+    code = "import sys, inferd.server.build; assert 'numpy.random' in sys.modules, 'lazy'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,4 +1,4 @@
-"""An InferCall (infer_call.py): in flight within its `with`, and its record told to
+"""An InferCall (dataplane/unary_request.py): in flight within its `with`, and its record told to
 telemetry at the end whether the adapter's steps inside succeeded or failed; a StreamCall
 as one, unless its record was handed to a decoupled stream (told once, when it ends) or
 dropped for its fallback model's call."""
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from inferd.dataplane.unary_request import InferCall, StreamCall
 from inferd.errors import invalid
 from inferd.events import BatchRecord, CallContext, RequestRecord, Telemetry
-from inferd.infer_call import InferCall, StreamCall
 
 
 class Records:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.cli import build_parser, settings_from
+from inferd.cli.main import build_parser, settings_from
 from inferd.limits import KIB, MIB, Limits
 
 

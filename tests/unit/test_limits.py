@@ -13,17 +13,17 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from inferd.errors import ErrorKind, InferdError
-from inferd.protocol.codec import decode_request
-from inferd.protocol.pb_codec import decode_infer_request
-from inferd.protocol.tensor_wire import decode_bytes_elements
-from inferd.repository.config import ConfigError
-from inferd.repository.spec_limits import (
+from inferd.config.input_limits import (
     DEFAULT_MAX_BYTES_ELEMENT_SIZE,
     DEFAULT_MAX_INPUT_ELEMENTS,
     read_limits,
 )
-from inferd.signature import ModelSignature
+from inferd.config.model_config import ConfigError
+from inferd.errors import ErrorKind, InferdError
+from inferd.protocol.grpc.protobuf_codec import decode_infer_request
+from inferd.protocol.http.rest_codec import decode_request
+from inferd.tensors.signature import ModelSignature
+from inferd.tensors.wire_format import decode_bytes_elements
 from inferd.types import InferRequest, Tensor
 
 CONFIG = """

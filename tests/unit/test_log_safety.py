@@ -1,5 +1,5 @@
 """Log lines that request-derived text can neither forge nor flood (log_safety.py, log.py),
-and the model error text clients are sent (error_text.py)."""
+and the model error text clients are sent (protocol/error_text.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from inferd import error_text
-from inferd.error_text import MODEL_ERROR_CHARS, client_message, sanitised_model_text
 from inferd.errors import ErrorKind, InferdError, invalid
 from inferd.log import JsonFormatter, TextFormatter
 from inferd.log_safety import FIELD_CHARS, MESSAGE_CHARS, escaped, truncated
+from inferd.protocol import error_text
+from inferd.protocol.error_text import MODEL_ERROR_CHARS, client_message, sanitised_model_text
 
-FORGED = "nope\n12:00:00 ERROR   inferd.server: forged\r\x1b[2J\x00\x7f\x85\u2028end"
+FORGED = "nope\n12:00:00 ERROR   inferd.server.build: forged\r\x1b[2J\x00\x7f\x85\u2028end"
 
 
 def _record(message: str, **extra: object) -> logging.LogRecord:
@@ -62,7 +62,7 @@ def test_a_text_line_is_bounded() -> None:
 
 def test_a_traceback_cannot_forge_lines() -> None:
     try:
-        raise ValueError("boom\n12:00:00 ERROR   inferd.server: forged\x1b[0m")
+        raise ValueError("boom\n12:00:00 ERROR   inferd.server.build: forged\x1b[0m")
     except ValueError:
         record = _record("unhandled")
         record.exc_info = sys.exc_info()

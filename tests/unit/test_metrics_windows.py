@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from inferd.events import CallContext, RequestRecord
-from inferd.health import IDLE_SCORE
-from inferd.metrics import MetricsSink
+from inferd.reliability.health import IDLE_SCORE
 from inferd.repository.registry import ModelRegistry
-from inferd.statistics import StatisticsSink
+from inferd.telemetry.metrics.prometheus import MetricsSink
+from inferd.telemetry.statistics import StatisticsSink
 
 
 def _fail(sink: MetricsSink, version: str) -> None:

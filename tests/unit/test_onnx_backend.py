@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
 from inferd.backends.onnx import OnnxBackend, OnnxInstance
-from inferd.repository.config import ConfigError
+from inferd.config.model_config import ConfigError
 
 
 def _load(tmp_path: Path, extra: str, instance_count: int = 1) -> OnnxInstance:

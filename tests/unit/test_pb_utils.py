@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd.backends import pb_utils
+from inferd.backends.python import pb_utils
 from inferd.streams import CollectingSink
 
 CONFIG = {

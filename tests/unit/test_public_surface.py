@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 import inferd
-import inferd.access
-import inferd.help_format
+import inferd.cli.help_format
+import inferd.config.model_config
+import inferd.dataplane.access
 import inferd.public
 import inferd.repository.checksum
-import inferd.repository.config
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "src" / "inferd"
@@ -73,10 +73,10 @@ def test_the_tools_import_nothing_of_the_server_but_its_public_surface() -> None
 @pytest.mark.parametrize(
     ("source", "flagged"),
     [
-        ("from inferd.access import TOKEN_ENV", "inferd.access"),
-        ("import inferd.repository.config", "inferd.repository.config"),
+        ("from inferd.dataplane.access import TOKEN_ENV", "inferd.dataplane.access"),
+        ("import inferd.config.model_config", "inferd.config.model_config"),
         ("def f():\n    from inferd.repository import checksum", "inferd.repository"),
-        ("if TYPE_CHECKING:\n    import inferd.server", "inferd.server"),
+        ("if TYPE_CHECKING:\n    import inferd.server.build", "inferd.server.build"),
         ("from inferd import cli", "inferd.cli"),  # a submodule, not a name of inferd.__all__
         ("from inferd.public import TOKEN_ENV", "inferd.public.TOKEN_ENV"),  # not in __all__
     ],
@@ -98,16 +98,16 @@ def test_the_server_imports_the_tools_only_from_its_command_line() -> None:
         f"{path.relative_to(ROOT)}:{line} imports {module}"
         for path in sources(SERVER)
         for line, module, _ in imports(ast.parse(path.read_text(encoding="utf-8")))
-        if module.split(".")[0] == "inferd_tools" and path != SERVER / "cli.py"
+        if module.split(".")[0] == "inferd_tools" and path != SERVER / "cli/main.py"
     ]
     assert not found, "\n".join(found)
 
 
 def test_the_public_names_are_the_servers_own() -> None:
     """What the tools read is what the server uses, not a copy that could drift."""
-    config = inferd.repository.config
-    assert inferd.public.ADMIN_TOKEN_ENV is inferd.access.TOKEN_ENV
-    assert inferd.public.DefaultsOnceFormatter is inferd.help_format.DefaultsOnceFormatter
+    config = inferd.config.model_config
+    assert inferd.public.ADMIN_TOKEN_ENV is inferd.dataplane.access.TOKEN_ENV
+    assert inferd.public.DefaultsOnceFormatter is inferd.cli.help_format.DefaultsOnceFormatter
     assert inferd.public.checksum is inferd.repository.checksum.checksum
     for name in ("ConfigError", "backend_name", "instance_count", "int_parameter", "read_config"):
         assert getattr(inferd.public, name) is getattr(config, name), name
@@ -120,8 +120,8 @@ def test_building_the_command_line_leaves_config_reading_unloaded() -> None:
     """Every `inferd` command builds every tool's parser: reading config.pbtxt (protobuf and
     tritonclient's gRPC package) loads only when a command needs it."""
     code = (
-        "import sys, inferd.cli; inferd.cli.build_parser(); "
-        "print(sorted(m for m in ('inferd.repository.config', 'grpc', 'google.protobuf') "
+        "import sys, inferd.cli.main; inferd.cli.main.build_parser(); "
+        "print(sorted(m for m in ('inferd.config.model_config', 'grpc', 'google.protobuf') "
         "if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

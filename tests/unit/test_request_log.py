@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from inferd import log as inferd_log
-from inferd import tracing
 from inferd.events import CallContext, ExecutionTimes, RequestRecord
-from inferd.request_log import RequestLogSink, input_fingerprint
-from inferd.tracing import TraceContext, parse_traceparent
+from inferd.telemetry import tracing
+from inferd.telemetry.request_log import RequestLogSink, input_fingerprint
+from inferd.telemetry.tracing import TraceContext, parse_traceparent
 from inferd.types import InferRequest, Tensor
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

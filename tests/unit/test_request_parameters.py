@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.request_parameters import model_parameters
+from inferd.tensors.request_parameters import model_parameters
 
 
 def test_tritons_reserved_keys_stay_with_the_server() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import InferdError
-from inferd.routing import RollbackPolicy, Router
+from inferd.reliability.routing import RollbackPolicy, Router
 
 READY = {"1", "2", "3"}
 

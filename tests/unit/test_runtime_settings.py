@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.runtime_settings import RuntimeSettings
-from inferd.trace_settings import TraceSettings
+from inferd.telemetry.runtime_settings import RuntimeSettings
+from inferd.telemetry.trace_settings import TraceSettings
 
 
 def decisions(settings: TraceSettings, model: str, n: int) -> list[bool]:

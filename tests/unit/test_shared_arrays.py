@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import inferd
-from inferd.shared_array_store import ArrayScope, SharedArrayError, SharedArrayStore
+from inferd.backends.python.shared_array_store import ArrayScope, SharedArrayError, SharedArrayStore
 
 SCOPE = ArrayScope("m", "1", 7)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferd.dataplane.shm_regions import SharedMemoryRegistry, shm_path
 from inferd.errors import ErrorKind, InferdError
-from inferd.protocol.tensor_wire import NO_DATA, shared_memory_ref
-from inferd.shared_memory import SharedMemoryRegistry, shm_path
+from inferd.tensors.wire_format import NO_DATA, shared_memory_ref
 from inferd.types import InferRequest, RequestedOutput, SharedMemoryRef, Tensor
 
 

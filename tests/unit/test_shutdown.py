@@ -1,4 +1,4 @@
-"""The shutdown watchdog (inferd.shutdown): past the exit timeout and its margin it ends the
+"""The shutdown watchdog (inferd.server.shutdown): past the exit timeout and its margin it ends the
 process with EXIT_STUCK, whatever blocks it. Run in a child interpreter, since it calls
 os._exit; here the main thread blocks for ever, and a stuck non-daemon executor thread would
 also hold the interpreter at exit (concurrent.futures joins them)."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from inferd.shutdown import EXIT_STUCK
+from inferd.server.shutdown import EXIT_STUCK
 
 CHILD = """
 import logging, sys, threading
 from concurrent.futures import ThreadPoolExecutor
-from inferd.shutdown import ShutdownClock
+from inferd.server.shutdown import ShutdownClock
 
 logging.basicConfig(stream=sys.stdout, level=logging.INFO)
 never = threading.Event()

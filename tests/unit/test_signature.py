@@ -10,7 +10,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.signature import ModelSignature
+from inferd.tensors.signature import ModelSignature
 from inferd.types import InferRequest, RequestedOutput, Tensor
 
 BATCHED = """

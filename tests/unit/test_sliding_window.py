@@ -1,9 +1,10 @@
-"""The one sliding-window estimator (sliding_window.py) behind health, canary and circuit:
+"""The one sliding-window estimator (reliability/sliding_window.py) behind health, canary and
+circuit:
 counts, error rate and p99 over the window, at explicit times (no clock waited on)."""
 
 from __future__ import annotations
 
-from inferd.sliding_window import SlidingWindow, WindowSummary
+from inferd.reliability.sliding_window import SlidingWindow, WindowSummary
 
 
 def test_an_empty_window() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from inferd.snapshots import items
+from inferd.telemetry.snapshots import items
 
 
 def test_items_while_another_thread_inserts() -> None:

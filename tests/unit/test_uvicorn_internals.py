@@ -2,9 +2,10 @@
 names the class and attribute, so an upgrade that moves one fails here, loudly, rather than
 as a hang or a wrong answer somewhere in the HTTP tests.
 
-protocol/http_guard.py and protocol/fast_http.py subclass `HttpToolsProtocol` (its parser
+protocol/http/parser_guard.py and protocol/http/fast_path.py subclass `HttpToolsProtocol` (its
+parser
 callbacks, per-connection state, keep-alive timer) and stand an object of their own where
-uvicorn keeps its request/response cycle; server.py subclasses `uvicorn.Server` to change
+uvicorn keeps its request/response cycle; server/build.py subclasses `uvicorn.Server` to change
 its signal handling. pyproject.toml pins uvicorn below its next major version for this.
 """
 
@@ -26,7 +27,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from inferd.protocol import fast_http
+from inferd.protocol.http import fast_path as fast_http
 
 # The methods the subclasses override or call, with the parameters they pass.
 PROTOCOL_METHODS = {
@@ -202,8 +203,8 @@ def test_the_server_signal_handling_inferd_overrides() -> None:
     server = uvicorn.Server(Config(_app, lifespan="off", log_config=None))
     captured = getattr(server, "_captured_signals", None)
     assert captured == [], "uvicorn.Server._captured_signals: the signals to re-raise"
-    with server.capture_signals():  # a context manager, as server.py wraps it
+    with server.capture_signals():  # a context manager, as server/build.py wraps it
         server.handle_exit(signal.SIGTERM, None)
         assert server._captured_signals == [signal.SIGTERM]
         assert server.should_exit
-        server._captured_signals.clear()  # what server.py does: exit 0, not by the signal
+        server._captured_signals.clear()  # what server/build.py does: exit 0, not by the signal

@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from inferd.dataplane import DataPlane
+from inferd.dataplane.plane import DataPlane
 from inferd.events import BatchRecord, ResponseTimes, Telemetry
 from inferd.repository.registry import ModelRegistry
-from inferd.statistics import StatisticsSink, VersionStats
+from inferd.telemetry.statistics import StatisticsSink, VersionStats
 from inferd.workers.peers import (
     PeerServer,
     WorkerSlot,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
-from inferd.backends.base import Backend
 from inferd.errors import invalid
+
+if TYPE_CHECKING:  # `import inferd` (the Python model API lives below) stays light
+    from inferd.backends.base import Backend
 
 BACKENDS = ("onnxruntime", "pytorch", "python")  # what `backend:` may name
 
@@ -34,10 +37,10 @@ def _backend(name: str) -> Backend:
 
         return TorchBackend()
     if name == "python":
-        from inferd.backends.python import PythonBackend
+        from inferd.backends.python.python_backend import PythonBackend
 
         return PythonBackend()
     raise invalid(f"unknown backend '{name}'; supported backends: {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "Backend", "get_backend"]
+__all__ = ["BACKENDS", "get_backend"]

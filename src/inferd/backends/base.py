@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.backends.python.shared_array_store import ArrayScope
+from inferd.config.backend_parameters import BackendSettings, read_backend_settings
 from inferd.errors import InferdError
-from inferd.repository.spec_backend import BackendSettings, read_backend_settings
-from inferd.shared_array_store import ArrayScope
 from inferd.types import Array
 
 if TYPE_CHECKING:
-    from inferd.backends.pb_utils.host import HostProvider
-    from inferd.python_model import RequestInfo
-    from inferd.signature import BoundRequest
+    from inferd.backends.python.model_api import RequestInfo
+    from inferd.backends.python.pb_utils.host import HostProvider
+    from inferd.tensors.signature import BoundRequest
 
 
 @dataclass(frozen=True, slots=True)

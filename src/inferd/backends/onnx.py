@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends import onnx_bf16 as bf16_session
 from inferd.backends.base import LoadContext
-from inferd.repository.config import ConfigError, instance_group_of
+from inferd.config.model_config import ConfigError, instance_group_of
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.onnx")

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from inferd.config.model_config import ConfigError
 from inferd.datatypes import BF16
-from inferd.repository.config import ConfigError
 from inferd.types import Array
 
 ONNX_TYPE = "tensor(bfloat16)"

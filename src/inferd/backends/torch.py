@@ -19,9 +19,9 @@ import torch
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
-from inferd.conformance import OutputMismatchError
+from inferd.config.model_config import ConfigError, instance_group_of
 from inferd.datatypes import BF16, CONFIG_TO_V2, V2_TO_NUMPY
-from inferd.repository.config import ConfigError, instance_group_of
+from inferd.tensors.conformance import OutputMismatchError
 from inferd.types import Array
 
 log = logging.getLogger("inferd.backends.torch")

@@ -17,7 +17,7 @@ from inferd.cache.keys import (
     cache_key,
 )
 from inferd.cache.response_cache import ResponseCache
-from inferd.cache.stats import LatencyHistogram, TierStats
+from inferd.cache.tier_stats import LatencyHistogram, TierStats
 
 __all__ = [
     "KEY_EXEMPT_PARAMETERS",

@@ -16,7 +16,7 @@ from typing import TypeAlias
 
 from inferd.cache.entry import CachedResponse
 from inferd.cache.keys import CacheKey
-from inferd.cache.stats import TierStats
+from inferd.cache.tier_stats import TierStats
 
 # (entry, model, fresh_until, keep_until) on the tier's clock, None: no TTL (keep_until is
 # fresh_until without stale_s). A plain tuple, untracked by the GC.

@@ -15,7 +15,7 @@ critical path.
   (up to 64 values or 256 KiB a batch), each bounded by `timeout_ms` plus the values'
   transfer time at 100 MB/s.
 
-Keys are `inferd:cache:v1:<hex digest>`; values are codec.py's compact form, carrying the
+Keys are `inferd:cache:v1:<hex digest>`; values are redis_encoding.py's compact form, carrying the
 key description, compared on every hit. An entry stored with stale_s lives `PX ttl+stale_s`
 behind an envelope with its fresh-until time: `get` treats it as expired past that time,
 `find(stale_ok=True)` (a degraded model's lookup) answers with it.
@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-from inferd.cache import codec
+from inferd.cache import redis_encoding as codec
 from inferd.cache.breaker import Breaker
 from inferd.cache.cache_settings import CacheConfigError, RedisSettings
 from inferd.cache.entry import CachedResponse, frozen, make_entry
 from inferd.cache.keys import CacheKey
 from inferd.cache.redis_calls import LookupBatcher, cancels, reraise_swallowed_cancel
-from inferd.cache.stats import TierStats
+from inferd.cache.tier_stats import TierStats
 
 log = logging.getLogger("inferd.cache")
 
@@ -247,7 +247,7 @@ class RedisTier:
     ) -> None:
         """Queue the entry for the background insert; never waits. ttl_s None: the tier's
         default TTL (None there too: no expiry). With a TTL, `stale_s` keeps the entry that
-        long past it (PX ttl + stale_s), its times in codec.py's envelope."""
+        long past it (PX ttl + stale_s), its times in redis_encoding.py's envelope."""
         self.start()
         assert self._queue is not None
         if self.breaker.is_open:

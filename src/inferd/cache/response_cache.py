@@ -39,7 +39,7 @@ from inferd.cache.entry import (
 from inferd.cache.keys import CacheKey
 from inferd.cache.local_tier import LocalTier
 from inferd.cache.single_flight import LeaderCancelledError, SingleFlight
-from inferd.cache.stats import TierStats
+from inferd.cache.tier_stats import TierStats
 from inferd.types import Tensor
 
 if TYPE_CHECKING:

@@ -1,7 +1,8 @@
 """The front end's side of the hop: `EngineClient`, the unary steps of the DataPlane
 (`start`, `admit`, `infer`, `respond`), run in the engine.
 
-The adapters (protocol/http_infer.py, protocol/grpc_infer.py) call it exactly as they call
+The adapters (protocol/http/infer_route.py, protocol/grpc/model_infer.py) call it exactly as they
+call
 the DataPlane in one process: the front end decodes the wire format, the client writes the
 input tensors into its request slab and sends a descriptor; the engine's answer comes back
 as tensors read in place from the response slab, which the adapter encodes. An error in the
@@ -26,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from inferd.access import AccessPolicy
+from inferd.dataplane.access import AccessPolicy
 from inferd.engine import hop
 from inferd.engine.model_table import FrontTable
 from inferd.engine.slab import DEFAULT_SLAB_BYTES, Slab, SlabAllocator

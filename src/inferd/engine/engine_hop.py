@@ -1,5 +1,5 @@
 """The engine's end of the hop: a unix socket that front ends connect to, each request run
-through the DataPlane's own steps (inference.py), as if it had come in over HTTP or gRPC.
+through the DataPlane's own steps (dataplane/unary.py), as if it had come in over HTTP or gRPC.
 
 Inputs are read in place from the front end's request slab; outputs are written once into
 its response slab. Every request gets exactly one answer (ANSWER or FAILED), a cancelled one
@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any, cast
 
-from inferd.dataplane import DataPlane
+from inferd.dataplane.plane import DataPlane
 from inferd.engine import hop
 from inferd.engine.model_table import ModelTable
 from inferd.engine.slab import Slab, SlabAllocator
@@ -33,7 +33,7 @@ class EngineHop:
         self.dataplane = dataplane
         self.path = path
         self.links: set[_FrontEndLink] = set()
-        # Per front end index, for the metrics (engine/metrics.py): infer requests taken,
+        # Per front end index, for the metrics (engine/front_end_series.py): infer requests taken,
         # and what each front end reported at its last hello (its own 503s, engine losses).
         self.requests: dict[int, int] = {}
         self.reported: dict[int, dict[str, int]] = {}

@@ -3,7 +3,7 @@ siblings through SO_REUSEPORT), no model.
 
 What is per connection happens here: HTTP parsing, decoding the infer request into
 tensors, encoding the answer. The infer route and gRPC ModelInfer run the same adapter
-code as one process (protocol/http_infer.py, protocol/grpc_infer.py) over an
+code as one process (protocol/http/infer_route.py, protocol/grpc/model_infer.py) over an
 `EngineClient`, which takes each request through the hop to the engine; every other route
 and method is passed to the engine's own adapters (http_proxy.py, grpc_proxy.py).
 """
@@ -21,26 +21,27 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from inferd import server, tls
-from inferd.access import AccessPolicy
+from inferd.dataplane.access import AccessPolicy
+from inferd.dataplane.unary_plane import UnaryPlane
 from inferd.engine import sockets
 from inferd.engine.client import EngineClient
 from inferd.engine.grpc_proxy import GrpcProxy, engine_channel
 from inferd.engine.http_proxy import HttpProxy
 from inferd.engine.slab import shm_directory
 from inferd.limits import Limits
-from inferd.protocol.fast_http import protocol_class
-from inferd.protocol.grpc import METHOD_GROUPS
-from inferd.protocol.grpc_access import AccessInterceptor
-from inferd.protocol.grpc_handlers import SERVICE
-from inferd.protocol.grpc_infer import UnaryInferMethod
-from inferd.protocol.http import InferdApp
-from inferd.protocol.http_infer import InferEndpoint
+from inferd.protocol import tls
+from inferd.protocol.grpc.access_interceptor import AccessInterceptor
+from inferd.protocol.grpc.handlers import SERVICE
+from inferd.protocol.grpc.model_infer import UnaryInferMethod
+from inferd.protocol.grpc.service import METHOD_GROUPS
+from inferd.protocol.http.app import InferdApp
+from inferd.protocol.http.fast_path import protocol_class
+from inferd.protocol.http.infer_route import InferEndpoint
 from inferd.protocol.offload import Offload
+from inferd.server import build as server
+from inferd.server.shutdown import ShutdownClock
 from inferd.settings import Settings
-from inferd.shutdown import ShutdownClock
-from inferd.unary_plane import UnaryPlane
-from inferd.workers.shared_port import shared_port_socket
+from inferd.workers.reuse_port import shared_port_socket
 
 log = logging.getLogger("inferd.engine")
 

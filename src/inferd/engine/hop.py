@@ -41,7 +41,7 @@ from inferd.datatypes import V2_TO_NUMPY
 from inferd.engine.slab import Slab, SlabAllocator
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import CallContext
-from inferd.protocol.tensor_wire import NO_DATA
+from inferd.tensors.wire_format import NO_DATA
 from inferd.types import InferRequest, InferResponse, RequestedOutput, SharedMemoryRef, Tensor
 
 HELLO, REQUEST, CANCEL, RELEASE, ANSWER, FAILED, TABLE, REFUSED = range(8)

@@ -19,8 +19,8 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from inferd.errors import InferdError
-from inferd.protocol.http_errors import http_error
-from inferd.protocol.http_infer import read_body
+from inferd.protocol.http.error_responses import http_error
+from inferd.protocol.http.infer_route import read_body
 
 ENGINE_GONE = "the engine process is restarting; retry in a moment"
 # Per connection, not per message: the proxy sets its own.

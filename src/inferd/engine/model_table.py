@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.repository.spec_limits import InputLimits
-from inferd.signature import ModelSignature
+from inferd.config.input_limits import InputLimits
+from inferd.tensors.signature import ModelSignature
 from inferd.types import InferRequest
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ def _child_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> No
         return  # the supervisor died before the parent-death signal was armed
     os.setpgid(0, 0)  # as a worker: a terminal's Ctrl-C reaches the supervisor only
     if _is_engine(slot):
-        from inferd import server
+        from inferd.server import build as server
 
         inferd_log.configure(settings.log_level, settings.log_format, worker="engine")
         server.run_engine(settings, slot.directory)
@@ -68,7 +68,7 @@ class EngineSupervisor(Supervisor):
         # mode the supervisor serves no metrics, so it has no thread; nothing imported starts
         # one or touches an accelerator (the engine loads models after its fork).
         import inferd.engine.front_end  # noqa: F401
-        import inferd.server  # noqa: F401
+        import inferd.server.build  # noqa: F401
 
         self.context = multiprocessing.get_context("fork")
 

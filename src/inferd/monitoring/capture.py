@@ -30,8 +30,8 @@ import numpy as np
 from inferd.errors import invalid, not_found
 from inferd.monitoring.accuracy import canary_is_worse
 from inferd.monitoring.capture_files import CapturedRequest
-from inferd.monitoring.capture_options import CaptureSettings
 from inferd.monitoring.capture_redis import RedisCaptureWriter
+from inferd.monitoring.capture_settings import CaptureSettings
 from inferd.monitoring.capture_writer import CaptureQueue, CaptureWriter, DropCounts
 from inferd.monitoring.feedback import FeedbackIndex
 from inferd.types import InferRequest, InferResponse, Tensor

@@ -21,7 +21,7 @@ from inferd.monitoring.capture_files import (
     read_shard,
     shard_arrays,
 )
-from inferd.monitoring.capture_options import CaptureOptionError
+from inferd.monitoring.capture_settings import CaptureOptionError
 from inferd.monitoring.capture_writer import QUEUE_ITEMS, CaptureQueue, DropCounts
 
 BATCH_BYTES = 1024 * 1024

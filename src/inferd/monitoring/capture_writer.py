@@ -29,8 +29,8 @@ from inferd.monitoring.capture_files import (
     shards,
     write_shard,
 )
-from inferd.monitoring.capture_options import CaptureSettings
-from inferd.request_log import input_fingerprint
+from inferd.monitoring.capture_settings import CaptureSettings
+from inferd.telemetry.request_log import input_fingerprint
 
 log = logging.getLogger("inferd.capture")
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inferd.monitoring.drift import chi_square, ks_test, psi
+from inferd.monitoring.drift_spec import DriftOptions
 from inferd.monitoring.reference import Reference, TensorPlan, TensorReference, features, prepare
-from inferd.repository.spec_drift import DriftOptions
 
 if TYPE_CHECKING:
     from inferd.scheduling.pending import Pending, Result

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.repository.spec_drift import (
+from inferd.monitoring.drift_spec import (
     REFERENCE_AUTO,
     REFERENCE_FILE,
     REFERENCE_FIRST,

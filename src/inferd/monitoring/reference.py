@@ -26,7 +26,7 @@ from inferd.monitoring.drift import (
     class_reference,
     columns_reference,
 )
-from inferd.repository.spec_drift import DriftOptions
+from inferd.monitoring.drift_spec import DriftOptions
 
 REFERENCE_FILE = "reference.npz"
 MIN_ROWS = 10

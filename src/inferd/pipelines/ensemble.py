@@ -1,5 +1,5 @@
 """Running a Triton ensemble: each step is a request to its composing model through the same
-steps a client's request takes (internal_call.py), so that model's routing, admission,
+steps a client's request takes (dataplane/internal_requests.py), so that model's routing, admission,
 batching, statistics, metrics and request log apply per step.
 
 A request's tensors live in one dict of numpy arrays (ensemble input, intermediate and output
@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from inferd.dataplane.internal_requests import ModelCalls, call_model
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import CallContext, ExecutionTimes, StepTiming
-from inferd.internal_call import ModelCalls, call_model
 from inferd.pipelines.ensemble_config import EnsembleGraph, Step
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import Outcome
-from inferd.signature import BoundRequest
-from inferd.tracing import span_header, start_trace
+from inferd.telemetry.tracing import span_header, start_trace
+from inferd.tensors.signature import BoundRequest
 from inferd.types import Array, InferRequest, RequestedOutput, Tensor
 
 # A step's NOT_FOUND (its model was unloaded a moment ago) is the ensemble's UNAVAILABLE:

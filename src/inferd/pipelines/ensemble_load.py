@@ -16,6 +16,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import AnyInstance, LoadContext
+from inferd.config.model_config import CONFIG_FILE, ConfigError, validate
 from inferd.datatypes import CONFIG_TO_V2
 from inferd.pipelines.ensemble import Ensemble
 from inferd.pipelines.ensemble_config import (
@@ -25,7 +26,6 @@ from inferd.pipelines.ensemble_config import (
     check_ensemble_fields,
     parse_graph,
 )
-from inferd.repository.config import CONFIG_FILE, ConfigError, validate
 from inferd.repository.spec import ModelSpec, parse_spec
 
 

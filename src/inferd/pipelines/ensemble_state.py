@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from inferd.config.model_config import ConfigError, read_config
 from inferd.pipelines.ensemble_config import is_ensemble
 from inferd.pipelines.ensemble_load import (
     UNKNOWN,
@@ -20,7 +21,6 @@ from inferd.pipelines.ensemble_load import (
     composing_problem,
     ensemble_runner,
 )
-from inferd.repository.config import ConfigError, read_config
 from inferd.repository.model_state import Model, ModelVersion, State
 
 log = logging.getLogger("inferd.repository")

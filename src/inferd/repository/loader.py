@@ -15,11 +15,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends import BACKENDS, get_backend
 from inferd.backends.base import AnyInstance, Backend, LoadContext
-from inferd.backends.pb_utils.host import HostProvider
-from inferd.errors import InferdError
-from inferd.pipelines.ensemble_config import is_ensemble
-from inferd.pipelines.ensemble_load import prepare_ensemble
-from inferd.repository.config import (
+from inferd.backends.python.pb_utils.host import HostProvider
+from inferd.config.model_config import (
     PLATFORM_TO_BACKEND,
     ConfigError,
     backend_name,
@@ -28,8 +25,11 @@ from inferd.repository.config import (
     read_config,
     validate,
 )
-from inferd.repository.paths import check_config_paths
-from inferd.repository.ragged_config import read_ragged_plan
+from inferd.config.model_paths import check_config_paths
+from inferd.config.ragged import read_ragged_plan
+from inferd.errors import InferdError
+from inferd.pipelines.ensemble_config import is_ensemble
+from inferd.pipelines.ensemble_load import prepare_ensemble
 from inferd.repository.spec import ModelSpec, parse_spec
 
 # Which backend serves a model that has no config naming one (Triton's platform detection).

@@ -10,19 +10,19 @@ from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.circuit import CircuitBreaker
+from inferd.cache.model_cache_spec import CacheOptions
+from inferd.reliability.circuit import CircuitBreaker
+from inferd.reliability.routing import Router
 from inferd.repository.checksum import Fingerprint
 from inferd.repository.spec import ModelSpec
-from inferd.repository.spec_cache import CacheOptions
-from inferd.routing import Router
 from inferd.scheduling.scheduler import Scheduler
-from inferd.scheduling.sequence_config import SequenceOptions
-from inferd.signature import ModelSignature
+from inferd.scheduling.sequence.sequence_config import SequenceOptions
+from inferd.tensors.signature import ModelSignature
 
 if TYPE_CHECKING:
-    from inferd.degrade.controller import Degradation
     from inferd.monitoring.drift_sampler import DriftMonitor
     from inferd.pipelines.ensemble import Ensemble
+    from inferd.reliability.degrade.controller import Degradation
 
 
 class State(enum.Enum):

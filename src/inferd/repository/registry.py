@@ -21,19 +21,19 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends.pb_utils.host import HostProvider
-from inferd.circuit import CircuitBreaker
-from inferd.classification import read_labels
-from inferd.degrade.reload import configure_degradation
+from inferd.backends.python.pb_utils.host import HostProvider
+from inferd.cache.model_cache_spec import served_cache
+from inferd.config.model_config import CONFIG_FILE, ConfigError
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
-from inferd.memory import MemoryReleaser, rss_bytes
 from inferd.pipelines import ensemble_state as ensembles
 from inferd.pipelines.ensemble_config import is_ensemble
 from inferd.pipelines.ensemble_load import Composing
+from inferd.reliability.circuit import CircuitBreaker
+from inferd.reliability.degrade.reload import configure_degradation
 from inferd.repository.checksum import checksum, file_checksum, fingerprint
-from inferd.repository.config import CONFIG_FILE, ConfigError
 from inferd.repository.loader import prepare
+from inferd.repository.memory_release import MemoryReleaser, rss_bytes
 from inferd.repository.model_state import (
     Model,
     ModelVersion,
@@ -43,10 +43,10 @@ from inferd.repository.model_state import (
 )
 from inferd.repository.registry_routing import RoutingCalls
 from inferd.repository.spec import ModelSpec
-from inferd.repository.spec_cache import served_cache
 from inferd.repository.uploads import check_model_name, checked_paths, write_files
 from inferd.repository.version_load import load_version
-from inferd.signature import ModelSignature
+from inferd.tensors.classification import read_labels
+from inferd.tensors.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
 
@@ -325,7 +325,7 @@ class ModelRegistry(RoutingCalls):
         elif reloading:
             # Nothing swapped, but the pass read the model to check it (config completion,
             # checksums): give that back too, or it stays until the next swap. (The
-            # repository's first load ends with one trim for every model: server.py.)
+            # repository's first load ends with one trim for every model: server/build.py.)
             await self._release(model.name, [], "reloaded", rss_bytes())
         if failed:
             # As Triton: the load call fails when a version did not load, even though the

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable
 
 from inferd.errors import not_found
+from inferd.reliability.routing import parse_weights
 from inferd.repository.model_state import Model, ready_versions
-from inferd.routing import parse_weights
 
 log = logging.getLogger("inferd.repository")
 

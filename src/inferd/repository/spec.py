@@ -16,30 +16,30 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.circuit import CircuitPolicy
-from inferd.degrade.tiers import DegradePolicy
-from inferd.errors import InferdError
-from inferd.monitoring.capture_options import (
-    DEFAULT_ACCURACY_WINDOW,
-    DEFAULT_FEEDBACK_TTL_S,
-    CaptureOptions,
-)
-from inferd.repository.config import (
+from inferd.cache.model_cache_spec import CacheOptions, read_cache_options
+from inferd.config.backend_parameters import BackendSettings, read_backend_settings
+from inferd.config.input_limits import InputLimits, read_limits
+from inferd.config.model_config import (
     CONFIG_FILE,
     ConfigError,
     instance_count,
     int_parameter,
     parameter,
 )
-from inferd.repository.spec_backend import BackendSettings, read_backend_settings
-from inferd.repository.spec_cache import CacheOptions, read_cache_options
-from inferd.repository.spec_degrade import read_degrade_policy
-from inferd.repository.spec_drift import DriftOptions, read_drift_options
-from inferd.repository.spec_limits import InputLimits, read_limits
-from inferd.routing import RollbackPolicy, parse_weights
+from inferd.errors import InferdError
+from inferd.monitoring.capture_settings import (
+    DEFAULT_ACCURACY_WINDOW,
+    DEFAULT_FEEDBACK_TTL_S,
+    CaptureOptions,
+)
+from inferd.monitoring.drift_spec import DriftOptions, read_drift_options
+from inferd.reliability.circuit import CircuitPolicy
+from inferd.reliability.degrade.tier_spec import read_degrade_policy
+from inferd.reliability.degrade.tiers import DegradePolicy
+from inferd.reliability.routing import RollbackPolicy, parse_weights
 from inferd.scheduling.batcher import BatchingOptions
 from inferd.scheduling.queues import QueuePolicy
-from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
+from inferd.scheduling.sequence.sequence_config import SequenceOptions, read_sequence_options
 
 BATCHING_POLICIES = ("work_conserving", "window", "none")
 DEFAULT_UNREADY_AFTER_FAILURES = 5

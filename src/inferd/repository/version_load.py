@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy.random  # noqa: F401  (imported before any model loads: see below)
 
 from inferd.backends.base import Backend
-from inferd.backends.pb_utils.host import HostProvider
+from inferd.backends.python.pb_utils.host import HostProvider
+from inferd.config.model_config import backend_name
 from inferd.events import Telemetry
 from inferd.monitoring.drift_setup import monitor_for_load
-from inferd.repository.config import backend_name
 from inferd.repository.loader import load_instances, model_file
 from inferd.repository.model_state import ModelVersion, State
 from inferd.repository.warmup import warm_up
 from inferd.scheduling.batcher import DynamicBatcher
-from inferd.scheduling.sequence_batcher import SequenceBatcher
+from inferd.scheduling.sequence.sequence_batcher import SequenceBatcher
 
 # numpy 2 imports numpy.random lazily, at the first `np.random` a process runs. Versions load
 # in threads, several at once, and two models' first uses racing there failed a load with

@@ -19,17 +19,17 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import AnyInstance, RequestInfoInstance, RequestListInstance
-from inferd.conformance import OutputMismatchError, conform_output
+from inferd.backends.python.model_api import SEQUENCE_END, SEQUENCE_START, RequestInfo
+from inferd.config.model_config import ConfigError
+from inferd.config.model_paths import confined
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.errors import InferdError
-from inferd.protocol.tensor_wire import decode_bytes_elements
-from inferd.python_model import SEQUENCE_END, SEQUENCE_START, RequestInfo
-from inferd.repository.config import ConfigError
-from inferd.repository.paths import confined
 from inferd.scheduling.merge import merged_inputs
-from inferd.scheduling.sequence_config import SequenceOptions
-from inferd.signature import BoundRequest, ModelSignature
+from inferd.scheduling.sequence.sequence_config import SequenceOptions
 from inferd.streams import CollectingSink
+from inferd.tensors.conformance import OutputMismatchError, conform_output
+from inferd.tensors.signature import BoundRequest, ModelSignature
+from inferd.tensors.wire_format import decode_bytes_elements
 from inferd.types import Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)

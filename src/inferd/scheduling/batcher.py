@@ -23,16 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferd.backends.base import AnyInstance
+from inferd.config.ragged import NO_RAGGED, RaggedPlan
 from inferd.errors import deadline_exceeded, unavailable
 from inferd.events import ExecutionTimes, Telemetry
-from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.admission import admit, full, refuse_unmeetable_deadline
 from inferd.scheduling.execution import BatchObserver, BatchRunner
 from inferd.scheduling.formation import Formation, FormationOptions, form_batch
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import BatchClose, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 from inferd.types import Array
 
 # An idle model's execution estimate older than this (or ten executions) is measured again

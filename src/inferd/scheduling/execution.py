@@ -1,7 +1,8 @@
 """What every scheduler shares once it has formed a batch: execute it off the event loop on
 one instance, answer each request of it, and tell telemetry how it went.
 
-The dynamic batcher (`batcher.py`) and the sequence batcher (`sequence_batcher.py`) differ in
+The dynamic batcher (`batcher.py`) and the sequence batcher
+(`scheduling/sequence/sequence_batcher.py`) differ in
 how they form batches; `BatchRunner` is the part after that, so timings, statistics,
 metrics and failure handling are the same for both.
 """
@@ -24,10 +25,10 @@ from inferd.backends.base import (
     RequestListInstance,
     SupervisedInstance,
 )
+from inferd.config.ragged import NO_RAGGED, RaggedPlan
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
-from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
-from inferd.scheduling.calls import Call, wake
+from inferd.scheduling.instance_runs import Call, wake
 from inferd.scheduling.isolate import RequestFailedAloneError, can_isolate, run_isolating
 from inferd.scheduling.load_signal import LoadWindow
 from inferd.scheduling.pending import BatchClose, Finish, Pending, Result

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from inferd.repository.ragged_config import (
+from inferd.config.ragged import (
     ACCUMULATED_ELEMENT_COUNT_WITH_ZERO,
     ELEMENT_COUNT,
     ITEM_SHAPE,
@@ -23,7 +23,7 @@ from inferd.repository.ragged_config import (
     BatchInputSpec,
     RaggedPlan,
 )
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 from inferd.types import Array
 
 

@@ -1,5 +1,5 @@
 """What a scheduler holds for a queued request, and what an execution answers it with:
-shared by batch formation (`batcher.py`, `sequence_batches.py`) and execution
+shared by batch formation (`batcher.py`, `scheduling/sequence/sequence_batches.py`) and execution
 (`execution.py`, `run_batch.py`, `isolate.py`), so neither imports the other's module."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from inferd.errors import InferdError
 from inferd.events import ExecutionTimes
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 from inferd.types import Array
 
 

@@ -8,10 +8,10 @@ import time
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from inferd.backends.base import AnyInstance, Instance, RequestInfoInstance, RequestListInstance
-from inferd.bls_call import EXECUTING
+from inferd.backends.python.bls_request import EXECUTING
+from inferd.backends.python.model_api import RequestInfo
+from inferd.config.ragged import NO_RAGGED, RaggedPlan
 from inferd.errors import ErrorKind, InferdError
-from inferd.python_model import RequestInfo
-from inferd.repository.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.scheduling.merge import merged_inputs
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ def run_batch(
 ) -> tuple[list[Result], Timings]:
     """Merge, execute, split: runs in the instance's worker thread, never on the loop.
     Calls the model makes meanwhile to other models (BLS) are made for the batch's requests:
-    they carry their deadline and trace, and end when their clients give up (bls_call.py)."""
+    they carry their deadline and trace, and end when their clients give up
+    (backends/python/bls_request.py)."""
     token = EXECUTING.set(batch)
     try:
         return _run_batch(instance, batch, batched, by_request, with_info, ragged)

@@ -1,5 +1,6 @@
 """What the data plane, the registry and the metrics need of a model version's scheduler:
-the dynamic batcher (`batcher.py`) and the sequence batcher (`sequence_batcher.py`)."""
+the dynamic batcher (`batcher.py`) and the sequence batcher
+(`scheduling/sequence/sequence_batcher.py`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Protocol
 
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import Outcome
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 
 
 class Scheduler(Protocol):

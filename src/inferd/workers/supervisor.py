@@ -37,11 +37,11 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from inferd import log as inferd_log
-from inferd.host_metrics import GpuCollector, register_host_metrics
 from inferd.limits import ensure_file_descriptors
-from inferd.metrics_http import MetricsServer
+from inferd.server.shutdown import EXIT_MARGIN_S
 from inferd.settings import Settings
-from inferd.shutdown import EXIT_MARGIN_S
+from inferd.telemetry.metrics.host_families import GpuCollector, register_host_metrics
+from inferd.telemetry.metrics.metrics_endpoint import MetricsServer
 from inferd.workers import peers
 from inferd.workers.peers import WorkerSlot
 
@@ -86,7 +86,7 @@ def _worker_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> N
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then
     # stops the workers once, gracefully (a second signal would make uvicorn force-quit).
     os.setpgid(0, 0)
-    from inferd import server
+    from inferd.server import build as server
 
     inferd_log.configure(settings.log_level, settings.log_format, worker=slot.index)
     server.run_worker(settings, slot)
@@ -262,7 +262,7 @@ class Supervisor:
             if w.process.is_alive() and w.process.pid is not None:
                 os.kill(w.process.pid, signal.SIGTERM)
         # A worker's drain (HTTP, gRPC, models) shares one exit_timeout_s, and its watchdog
-        # ends it EXIT_MARGIN_S later at the latest (shutdown.py): past that it is hung.
+        # ends it EXIT_MARGIN_S later at the latest (server/shutdown.py): past that it is hung.
         deadline = time.monotonic() + self.settings.exit_timeout_s + 2 * EXIT_MARGIN_S
         for w in workers:
             w.process.join(max(0.0, deadline - time.monotonic()))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inferd.cache import codec
+from inferd.cache import redis_encoding as codec
 from inferd.cache.entry import CachedOutput, cached_output
 from inferd.datatypes import V2_TO_NUMPY
 

@@ -13,7 +13,7 @@ import pytest
 from tests.cache_models import write_exec_model
 
 from inferd.cache import CacheSettings, LocalSettings, ResponseCache
-from inferd.cached_call import CACHE_HIT, request_key, run_cached, stale_answer
+from inferd.dataplane.cache_step import CACHE_HIT, request_key, run_cached, stale_answer
 from inferd.events import CallContext, RequestRecord
 from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry

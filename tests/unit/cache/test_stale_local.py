@@ -12,7 +12,7 @@ from tests.unit.cache.cache_helpers import Model, key, outputs
 from inferd.cache import CacheSettings, LocalSettings, ResponseCache
 from inferd.cache.entry import make_entry, owned_copy
 from inferd.cache.local_tier import LocalTier
-from inferd.metrics_cache import CacheCollector
+from inferd.telemetry.metrics.cache_families import CacheCollector
 
 
 class Clock:

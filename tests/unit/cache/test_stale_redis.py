@@ -14,7 +14,8 @@ import redis
 from tests.unit.cache.cache_helpers import Model, key
 from tests.unit.cache.redis_servers import MAIN_REDIS, silent_listener
 
-from inferd.cache import CacheSettings, LocalSettings, RedisSettings, ResponseCache, codec
+from inferd.cache import CacheSettings, LocalSettings, RedisSettings, ResponseCache
+from inferd.cache import redis_encoding as codec
 from inferd.cache.breaker import FAILURES
 from inferd.cache.redis_tier import KEY_PREFIX
 

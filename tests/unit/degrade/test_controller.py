@@ -1,4 +1,4 @@
-"""One model's tiers in motion (degrade/controller.py), on an injected clock: up at once
+"""One model's tiers in motion (reliability/degrade/controller.py), on an injected clock: up at once
 past a threshold, down only under the release point and after the dwell time, no move on
 too few requests, probes while every request goes away, and exact fallback shares."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.degrade.controller import Degradation, Route
-from inferd.degrade.tiers import DegradePolicy, parse_tiers
+from inferd.reliability.degrade.controller import Degradation, Route
+from inferd.reliability.degrade.tiers import DegradePolicy, parse_tiers
 
 TIERS = "100: fallback=50%; 200: fallback; 400: open_circuit"
 

@@ -1,6 +1,6 @@
-"""What a tier change does besides routing (degrade/guard.py): the circuit held open and
+"""What a tier change does besides routing (reliability/degrade/guard.py): the circuit held open and
 released, a rollback only of the slow version (or none, said so), and a reload that keeps
-unchanged tiers' state (degrade/reload.py)."""
+unchanged tiers' state (reliability/degrade/reload.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from inferd.circuit import CircuitBreaker
-from inferd.degrade.controller import Degradation, TierChange
-from inferd.degrade.guard import DegradationGuard, slowness
-from inferd.degrade.reload import configure_degradation
-from inferd.degrade.tiers import DegradePolicy, parse_tiers
 from inferd.events import CallContext, RequestRecord
+from inferd.reliability.circuit import CircuitBreaker
+from inferd.reliability.degrade.controller import Degradation, TierChange
+from inferd.reliability.degrade.guard import DegradationGuard, slowness
+from inferd.reliability.degrade.reload import configure_degradation
+from inferd.reliability.degrade.tiers import DegradePolicy, parse_tiers
 from inferd.repository.model_state import Model
 from inferd.repository.registry import ModelRegistry
 

@@ -1,4 +1,5 @@
-"""The `degrade_*` parameters, parsed at load (repository/spec_degrade.py, degrade/tiers.py):
+"""The `degrade_*` parameters, parsed at load (reliability/degrade/tier_spec.py,
+reliability/degrade/tiers.py):
 the tiers as written, defaults, and a load error naming file and parameter for every value or
 combination inferd would not honour."""
 
@@ -10,8 +11,8 @@ import pytest
 from tests.unit.repository.test_config import LINEAR_CONFIG, make_model
 from tests.unit.repository.test_spec import spec_of
 
-from inferd.degrade.tiers import DegradePolicy, Tier
-from inferd.repository.config import ConfigError
+from inferd.config.model_config import ConfigError
+from inferd.reliability.degrade.tiers import DegradePolicy, Tier
 from inferd.repository.loader import prepare
 
 TIERS = "500: fallback=25% queue=16; 1000: fallback stale; 2000: rollback open_circuit"

@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto
 from tests.models import builders
 
-from inferd.access import AccessPolicy
-from inferd.dataplane import DataPlane
+from inferd.dataplane.access import AccessPolicy
+from inferd.dataplane.plane import DataPlane
 from inferd.engine import hop
 from inferd.engine.client import EngineClient
 from inferd.engine.engine_hop import EngineHop

@@ -18,16 +18,16 @@ from onnx import TensorProto
 from tests.models import builders
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.access import AccessPolicy
-from inferd.dataplane import DataPlane
+from inferd.config.input_limits import InputLimits
+from inferd.dataplane.access import AccessPolicy
+from inferd.dataplane.plane import DataPlane
 from inferd.engine.client import EngineClient
 from inferd.engine.engine_hop import EngineHop
 from inferd.engine.model_table import describe, rebuild
 from inferd.errors import InferdError
 from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
-from inferd.repository.spec_limits import InputLimits
-from inferd.signature import ModelSignature
+from inferd.tensors.signature import ModelSignature
 from inferd.types import InferRequest, RequestedOutput, Tensor
 
 CONFIG = """

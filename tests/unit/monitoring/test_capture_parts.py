@@ -18,7 +18,7 @@ from inferd.monitoring.capture_files import (
     shard_arrays,
     write_shard,
 )
-from inferd.monitoring.capture_options import CaptureSettings
+from inferd.monitoring.capture_settings import CaptureSettings
 from inferd.monitoring.capture_writer import CaptureWriter, DropCounts
 from inferd.monitoring.feedback import predicted_classes
 from inferd.types import Tensor

@@ -15,10 +15,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.monitoring.drift import chi_square, class_reference, columns_reference, ks_test, psi
 from inferd.monitoring.drift_sampler import QUEUE_BATCHES, DriftMonitor
+from inferd.monitoring.drift_spec import DriftOptions
 from inferd.monitoring.reference import Reference, reference_of, tensor_plans
-from inferd.repository.spec_drift import DriftOptions
 from inferd.scheduling.pending import Pending
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 
 FEATURES = 64
 SHIFTED = (5, 17, 40)

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.monitoring.drift_api import drift_report
+from inferd.dataplane.drift_api import drift_report
 from inferd.monitoring.drift_sampler import DriftMonitor
 from inferd.monitoring.drift_setup import new_monitor
+from inferd.monitoring.drift_spec import read_drift_options
 from inferd.monitoring.reference import Reference, reference_of, tensor_plans
 from inferd.repository.model_state import ModelVersion
-from inferd.repository.spec_drift import read_drift_options
 
 FEATURES = 64
 SHIFTED = (5, 17, 40)

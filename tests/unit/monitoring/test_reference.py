@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferd.config.model_config import ConfigError
 from inferd.monitoring.drift_setup import DriftSetupError, monitor_for_load
+from inferd.monitoring.drift_spec import DriftOptions, read_drift_options
 from inferd.monitoring.reference import (
     ReferenceError,
     features,
@@ -19,8 +21,6 @@ from inferd.monitoring.reference import (
     read_reference_file,
     tensor_plans,
 )
-from inferd.repository.config import ConfigError
-from inferd.repository.spec_drift import DriftOptions, read_drift_options
 
 OPTIONS = DriftOptions(class_outputs=frozenset({"probs"}))
 WHERE = "m/1/reference.npz"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.protocol.codec import decode_request, encode_response
+from inferd.protocol.http.rest_codec import decode_request, encode_response
 from inferd.types import InferResponse, RequestedOutput, Tensor
 
 # The wire dtype of each datatype, written out here rather than taken from inferd.

@@ -1,4 +1,5 @@
-"""One InferdError -> wire rule per protocol (protocol/http_errors.py, grpc_errors.py), over
+"""One InferdError -> wire rule per protocol (protocol/http/error_responses.py,
+protocol/grpc/error_status.py), over
 one case table of every error kind."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import orjson
 import pytest
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.protocol.grpc_errors import grpc_error
-from inferd.protocol.http_errors import http_error
+from inferd.protocol.grpc.error_status import grpc_error
+from inferd.protocol.http.error_responses import http_error
 
 SHED = [(b"retry-after", b"1")]
 CHALLENGE = [(b"www-authenticate", b'Bearer realm="inferd"')]

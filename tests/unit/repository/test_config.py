@@ -14,7 +14,7 @@ from google.protobuf import text_format
 from onnx import TensorProto
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.repository.config import ConfigError, read_config, to_json, validate
+from inferd.config.model_config import ConfigError, read_config, to_json, validate
 from inferd.repository.loader import prepare, select_versions
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"

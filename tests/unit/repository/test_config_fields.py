@@ -15,10 +15,10 @@ from onnx import TensorProto
 from tests.unit.repository.test_config import LINEAR_CONFIG, builders, make_model, prepare_error
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.repository import config_docs
-from inferd.repository.config import ConfigError, to_json
-from inferd.repository.config_fields import FIELDS
-from inferd.repository.config_parameters import (
+from inferd.config import field_docs as config_docs
+from inferd.config.fields import FIELDS
+from inferd.config.model_config import ConfigError, to_json
+from inferd.config.parameters import (
     BACKEND_PARAMETERS,
     INFERD_PARAMETERS,
 )
@@ -62,7 +62,7 @@ def test_the_docs_tables_are_the_codes() -> None:
     page = (ROOT / "docs" / "model-config.md").read_text(encoding="utf-8")
     assert config_docs.rewrite(page) == page, (
         "docs/model-config.md is out of date: run "
-        "`python -m inferd.repository.config_docs docs/model-config.md`"
+        "`python -m inferd.config.field_docs docs/model-config.md`"
     )
     assert "**unclassified**" not in page
 

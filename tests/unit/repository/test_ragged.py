@@ -15,12 +15,12 @@ from tests.unit.repository.test_config import builders, make_model, prepare_erro
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
-from inferd.backends.python import PythonBackend
-from inferd.repository.config import ConfigError
+from inferd.backends.python.python_backend import PythonBackend
+from inferd.config.model_config import ConfigError
+from inferd.config.ragged import BatchInputSpec, RaggedPlan, read_ragged_plan
 from inferd.repository.loader import prepare
-from inferd.repository.ragged_config import BatchInputSpec, RaggedPlan, read_ragged_plan
 from inferd.scheduling.merge import batch_input, merged_inputs
-from inferd.signature import BoundRequest, ModelSignature
+from inferd.tensors.signature import BoundRequest, ModelSignature
 from inferd.types import InferRequest, Tensor
 
 Kind = mc.BatchInput.Kind

@@ -16,7 +16,7 @@ import pytest
 from inferd.errors import InferdError
 from inferd.repository.model_state import ModelVersion, State
 from inferd.repository.registry import ModelRegistry
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 
 CONFIG = """
 name: "swap"

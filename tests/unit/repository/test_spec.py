@@ -16,12 +16,12 @@ from google.protobuf import text_format
 from tests.unit.repository.test_config import LINEAR_CONFIG, make_model
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.monitoring.capture_options import CaptureOptions
-from inferd.repository.config import ConfigError
-from inferd.repository.config_parameters import BACKEND_PARAMETERS, INFERD_PARAMETERS
+from inferd.config.input_limits import DEFAULT_MAX_BYTES_ELEMENT_SIZE, DEFAULT_MAX_INPUT_ELEMENTS
+from inferd.config.model_config import ConfigError
+from inferd.config.parameters import BACKEND_PARAMETERS, INFERD_PARAMETERS
+from inferd.monitoring.capture_settings import CaptureOptions
 from inferd.repository.loader import prepare
 from inferd.repository.spec import ModelSpec, parse_spec
-from inferd.repository.spec_limits import DEFAULT_MAX_BYTES_ELEMENT_SIZE, DEFAULT_MAX_INPUT_ELEMENTS
 from inferd.scheduling.queues import QueuePolicy
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "inferd"
@@ -327,11 +327,11 @@ def test_a_bad_value_fails_the_load(tmp_path: Path) -> None:
 
 SPEC_MODULES = {
     "repository/spec.py",
-    "repository/spec_backend.py",
-    "repository/spec_limits.py",
-    "repository/spec_drift.py",
-    "repository/spec_cache.py",
-    "repository/spec_degrade.py",
+    "config/backend_parameters.py",
+    "config/input_limits.py",
+    "monitoring/drift_spec.py",
+    "cache/model_cache_spec.py",
+    "reliability/degrade/tier_spec.py",
 }
 READERS = {"parameter", "int_parameter"}
 
@@ -359,7 +359,7 @@ def test_only_the_spec_parser_reads_parameter_strings() -> None:
     found = []
     for path in sorted(SRC.rglob("*.py")):
         relative = path.relative_to(SRC).as_posix()
-        if relative in SPEC_MODULES or relative == "repository/config.py":  # definitions
+        if relative in SPEC_MODULES or relative == "config/model_config.py":  # definitions
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         found += [f"{relative}:{line}" for line in _parameter_reads(tree)]

@@ -1,4 +1,4 @@
-"""`response_cache` and the `cache_*` parameters, parsed at load (repository/spec_cache.py):
+"""`response_cache` and the `cache_*` parameters, parsed at load (cache/model_cache_spec.py):
 defaults, and a load error naming file and field for every value or combination not honoured."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from tests.unit.repository.test_config import LINEAR_CONFIG, make_model
 from tests.unit.repository.test_spec import spec_of
 
 from inferd.cache.keys import KeyOptions
-from inferd.repository.config import ConfigError
+from inferd.cache.model_cache_spec import DEFAULT_MAX_RESPONSE_BYTES, CacheOptions
+from inferd.config.model_config import ConfigError
 from inferd.repository.loader import prepare
-from inferd.repository.spec_cache import DEFAULT_MAX_RESPONSE_BYTES, CacheOptions
 
 CACHED = "response_cache { enable: true }"
 

@@ -23,7 +23,7 @@ from inferd.events import BatchRecord, RequestRecord, Telemetry
 from inferd.scheduling.batcher import BatchClose, BatchingOptions, DynamicBatcher
 from inferd.scheduling.isolate import RequestFailedAloneError
 from inferd.scheduling.queues import QueuePolicy
-from inferd.signature import BoundRequest
+from inferd.tensors.signature import BoundRequest
 from inferd.types import Array
 
 GUARD_S = 10

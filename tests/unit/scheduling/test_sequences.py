@@ -16,14 +16,14 @@ from tests.sequence_models import accumulator_onnx
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.onnx import OnnxBackend
+from inferd.backends.python.model_api import SEQUENCE_END, SEQUENCE_START
+from inferd.config.model_config import ConfigError
 from inferd.errors import ErrorKind, InferdError
-from inferd.python_model import SEQUENCE_END, SEQUENCE_START
-from inferd.repository.config import ConfigError
 from inferd.scheduling.pending import BatchClose, Pending
-from inferd.scheduling.sequence_batches import attach_controls, form_batch, keep_states
-from inferd.scheduling.sequence_config import SequenceOptions, read_sequence_options
-from inferd.scheduling.sequences import END, IDLE, SequenceTable
-from inferd.signature import BoundRequest
+from inferd.scheduling.sequence.sequence_batches import attach_controls, form_batch, keep_states
+from inferd.scheduling.sequence.sequence_config import SequenceOptions, read_sequence_options
+from inferd.scheduling.sequence.sequence_table import END, IDLE, SequenceTable
+from inferd.tensors.signature import BoundRequest
 from inferd.types import Array
 
 START, STOP = SEQUENCE_START, SEQUENCE_END

@@ -1,0 +1,1 @@
+"""The Python backend: inferd's and Triton's model APIs, BLS, model prints, shared arrays."""

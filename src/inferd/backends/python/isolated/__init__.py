@@ -1,0 +1,1 @@
+"""A Python model in a process of its own (`isolation: "process"`): both ends of its pipe."""

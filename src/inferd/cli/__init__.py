@@ -1,0 +1,1 @@
+"""The `inferd` command line."""

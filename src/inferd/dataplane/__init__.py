@@ -1,0 +1,2 @@
+"""The protocol-neutral core both adapters call: the request steps, and the admin operations
+apart."""

@@ -1,0 +1,28 @@
+"""What the unary infer adapters (protocol/http/infer_route.py, protocol/grpc/model_infer.py) use
+of the
+core: the steps of unary.py and the access policy. The DataPlane has it; so has the
+front end's `EngineClient` (engine/client.py), which runs the steps in the engine process."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from inferd.dataplane.access import AccessPolicy
+from inferd.events import CallContext
+from inferd.types import InferRequest, InferResponse
+
+
+class UnaryPlane(Protocol):
+    @property
+    def access(self) -> AccessPolicy: ...
+
+    def start(self, model_name: str, version: str, ctx: CallContext) -> AbstractContextManager[Any]:
+        """The call, in flight within its `with`."""
+        ...
+
+    def admit(self, call: Any) -> None: ...
+
+    async def infer(self, call: Any, request: InferRequest) -> InferResponse: ...
+
+    def respond(self, call: Any, response: InferResponse) -> InferResponse: ...

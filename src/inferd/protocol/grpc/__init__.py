@@ -1,0 +1,1 @@
+"""The gRPC adapter: Triton's `inference.GRPCInferenceService` over the DataPlane."""

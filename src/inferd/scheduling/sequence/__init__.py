@@ -1,0 +1,1 @@
+"""The sequence batcher (Triton's `sequence_batching`, docs/sequences.md)."""

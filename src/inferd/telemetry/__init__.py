@@ -1,0 +1,1 @@
+"""What the server tells about itself: statistics, the request log, tracing."""

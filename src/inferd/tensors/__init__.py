@@ -1,0 +1,2 @@
+"""Tensors and their contracts: signature checks, output conformance, classification, text inputs,
+wire formats."""
