@@ -29,8 +29,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.monitoring_models import parameters, write_signed_model  # noqa: E402
 
+from inferd.dataplane.capture import Capture  # noqa: E402
 from inferd.events import CallContext, RequestRecord, Telemetry  # noqa: E402
-from inferd.monitoring.capture import Capture  # noqa: E402
 from inferd.monitoring.capture_files import CapturedRequest  # noqa: E402
 from inferd.monitoring.capture_settings import CaptureSettings  # noqa: E402
 from inferd.monitoring.capture_writer import CaptureWriter, DropCounts  # noqa: E402

@@ -1,5 +1,5 @@
 """What an ensemble's steps cost, in process (no wire: the same steps an adapter takes, from
-`DataPlane.start` on, through `internal_call.call_model`):
+`DataPlane.start` on, through `DataPlane.internal.call_model`):
 
 - `recall_rank` (the example ensemble: recall -> rank -> topk, three schedulers) against
   `fused`, one Python model doing the same three stages in one `predict` (the same table, the
@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.dataplane.internal_requests import call_model
 from inferd.dataplane.plane import DataPlane
 from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
@@ -158,7 +157,7 @@ async def measure(repo: Path, rounds: int) -> None:
         processes on a shared machine do not inflate it as they do the wall time."""
         request = InferRequest(model, "", [Tensor(name, "FP32", x.shape, x)])
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
-        await call_model(dataplane, request, CallContext("bench"))
+        await dataplane.internal.call_model(request, CallContext("bench"))
         return time.perf_counter_ns() - start, time.process_time_ns() - cpu
 
     async def three(x: np.ndarray) -> tuple[int, int]:
@@ -167,7 +166,7 @@ async def measure(repo: Path, rounds: int) -> None:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
         for model in ("copy_a", "copy_b", "copy_c"):
             request = InferRequest(model, "", [Tensor("IN", "FP32", x.shape, x)])
-            x = (await call_model(dataplane, request, CallContext("bench"))).outputs[0].data
+            x = (await dataplane.internal.call_model(request, CallContext("bench"))).outputs[0].data
         return time.perf_counter_ns() - start, time.process_time_ns() - cpu
 
     wall3: list[int] = []

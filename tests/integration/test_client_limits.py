@@ -130,7 +130,7 @@ def test_a_stream_that_is_not_read_stops_being_read_and_loses_nothing(
     channel = grpc.insecure_channel(stream_server.grpc_address)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     responses = stub.ModelStreamInfer(requests())  # not read yet
-    _wait(lambda: servicer.streams_held == 1, "the server stops reading the stream")
+    _wait(lambda: servicer.streaming.streams_held == 1, "the server stops reading the stream")
     # Held: only a handful of the 300 requests left the client (flow control), and the
     # server holds no more than PENDING answers it could not send.
     assert len(sent) < STREAMED / 2
@@ -154,7 +154,7 @@ def test_a_stream_that_is_not_read_stops_being_read_and_loses_nothing(
     assert sorted(ids) == list(range(STREAMED))
     responses.cancel()
     channel.close()
-    _wait(lambda: servicer.streams_held == 0, "the stream's reader ends")
+    _wait(lambda: servicer.streaming.streams_held == 0, "the stream's reader ends")
 
 
 # -- large requests are decoded off the event loop --------------------------------------------

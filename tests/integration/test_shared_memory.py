@@ -448,23 +448,3 @@ def test_unregister_while_queued_then_the_request_completes(
     got = shm.get_contents_as_numpy(handle, np.float32, [1, 4], offset=32)
     np.testing.assert_array_equal(got, value)
     assert not region.is_mapped and region.users == 0  # released with the last request
-
-
-def test_workers_refuse_registration(
-    client: ShmClient, server: RunningServer, objects: Objects
-) -> None:
-    # With --workers N another worker would take the request: registration says so.
-    from inferd.workers.peers import WorkerSlot
-
-    _, key = objects.create(64)
-    dataplane = server.server.dataplane
-    dataplane.workers = WorkerSlot(0, 2, Path("/nonexistent"))
-    try:
-        with pytest.raises(InferenceServerException) as info:
-            client.register("w", key, 64)
-        meta = client.raw.get_server_metadata()
-    finally:
-        dataplane.workers = None
-    assert "needs a server of one process" in info.value.message()
-    extensions = meta["extensions"] if client.protocol == "http" else meta.extensions
-    assert "system_shared_memory" not in extensions

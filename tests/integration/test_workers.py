@@ -22,6 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 from tests.integration.test_metrics import scrape_url, value
 from tests.models import builders
@@ -128,6 +129,24 @@ def test_grpc_shares_its_port_too(two_workers: tuple[CliServer, int, int]) -> No
     after = _answered_per_worker(metrics_port)
     assert sum(after.values()) - sum(before.values()) == 60
     assert all(after[w] > before[w] for w in after), (before, after)
+
+
+def test_shared_memory_needs_one_process(two_workers: tuple[CliServer, int, int]) -> None:
+    # Another worker would take the request that names a region registered with this one:
+    # registration says so over both protocols, and neither offers the extension.
+    server, grpc_port, _ = two_workers
+    body = {"key": "/inferd-workers-test", "offset": 0, "byte_size": 64}
+    r = httpx.post(f"{server.url}/v2/systemsharedmemory/region/w/register", json=body)
+    assert r.status_code == 400 and "needs a server of one process" in r.json()["error"]
+    meta = httpx.get(f"{server.url}/v2").json()
+    assert "system_shared_memory" not in meta["extensions"] and "statistics" in meta["extensions"]
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        with pytest.raises(InferenceServerException, match="needs a server of one process"):
+            client.register_system_shared_memory("w", "/inferd-workers-test", 64)
+        assert "system_shared_memory" not in client.get_server_metadata().extensions
+    finally:
+        client.close()
 
 
 def test_triton_names_per_worker_and_the_host_once(

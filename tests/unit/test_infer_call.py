@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from inferd.dataplane.request_gate import RequestGate
 from inferd.dataplane.unary_request import InferCall, StreamCall
 from inferd.errors import invalid
 from inferd.events import BatchRecord, CallContext, RequestRecord, Telemetry
@@ -27,11 +28,12 @@ class Records:
         pass
 
 
-class Owner:
+class Owner(RequestGate):
+    """The DataPlane's gate, with its telemetry's records at hand."""
+
     def __init__(self) -> None:
-        self._inflight = 0
         self.sink = Records()
-        self.telemetry = Telemetry([self.sink])
+        super().__init__(Telemetry([self.sink]))
 
 
 def _ctx() -> CallContext:
@@ -41,10 +43,10 @@ def _ctx() -> CallContext:
 def test_in_flight_within_the_with_and_recorded_once_after() -> None:
     owner = Owner()
     with InferCall(owner, "m", "", _ctx()) as call:
-        assert owner._inflight == 1
+        assert owner.inflight == 1
         assert owner.sink.requests == []
         call.record.model = "m"
-    assert owner._inflight == 0
+    assert owner.inflight == 0
     assert [(r.model, r.failure) for r in owner.sink.requests] == [("m", None)]
     assert owner.sink.requests[0].duration_ns > 0
 
@@ -53,7 +55,7 @@ def test_a_failure_inside_is_recorded_and_raised() -> None:
     owner = Owner()
     with pytest.raises(Exception, match="malformed"), InferCall(owner, "m", "", _ctx()):
         raise invalid("malformed JSON request")  # an adapter's decode, between the steps
-    assert owner._inflight == 0
+    assert owner.inflight == 0
     (record,) = owner.sink.requests
     assert (record.failure, record.message) == ("invalid_input", "malformed JSON request")
 
@@ -62,7 +64,7 @@ def test_a_stream_call_is_an_infer_call_until_handed_over() -> None:
     owner = Owner()
     with pytest.raises(Exception, match="malformed"), StreamCall(owner, "m", "", _ctx()):
         raise invalid("malformed JSON request")
-    assert owner._inflight == 0
+    assert owner.inflight == 0
     assert [r.failure for r in owner.sink.requests] == ["invalid_input"]
 
 
@@ -71,11 +73,11 @@ def test_a_handed_over_record_is_told_once_when_the_stream_ends() -> None:
     with StreamCall(owner, "m", "", _ctx()) as call:
         call.hand_over()
     # The `with` has ended, the stream has not: still in flight, not yet told.
-    assert owner._inflight == 1
+    assert owner.inflight == 1
     assert owner.sink.requests == []
     call.record.duration_ns = 7  # the stream fills its record in
     call.told()
-    assert owner._inflight == 0
+    assert owner.inflight == 0
     assert [r.duration_ns for r in owner.sink.requests] == [7]
 
 
@@ -86,7 +88,7 @@ def test_a_dropped_call_leaves_flight_at_once_and_is_never_told() -> None:
         StreamCall(owner, "m", "", _ctx()) as call,
     ):
         call.drop()  # the fallback model's own call counts the request
-        assert owner._inflight == 0
+        assert owner.inflight == 0
         raise invalid("fallback failed")
-    assert owner._inflight == 0
+    assert owner.inflight == 0
     assert owner.sink.requests == []

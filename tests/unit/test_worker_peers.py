@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from inferd.workers.peers import (
     merge_families,
     merge_model_stats,
 )
+from inferd.workers.statistics import WorkersStatistics
 
 
 def _stats(success: int, batches: dict[int, int], last: int) -> list[dict[str, object]]:
@@ -159,15 +161,16 @@ def test_a_sibling_that_is_not_there_is_no_answer(tmp_path: Path) -> None:
 def test_server_statistics_keep_a_silent_siblings_last_answer(tmp_path: Path) -> None:
     # Clients read deltas of these totals: a sibling that cannot answer for a moment must
     # not make them drop.
-    dataplane = DataPlane(ModelRegistry(tmp_path / "repo"), Telemetry())
-    dataplane.workers = WorkerSlot(0, 2, tmp_path)
+    slot = WorkerSlot(0, 2, tmp_path)
+    statistics = functools.partial(WorkersStatistics, slot=slot)
+    dataplane = DataPlane(ModelRegistry(tmp_path / "repo"), Telemetry(), statistics=statistics)
     sibling = PeerServer(WorkerSlot(1, 2, tmp_path), lambda name, version: _stats(7, {}, 5), None)
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         await sibling.start()
-        answered = await dataplane.server_statistics()
+        answered = await dataplane.statistics.server_statistics()
         await sibling.close()
-        silent = await dataplane.server_statistics()
+        silent = await dataplane.statistics.server_statistics()
         return answered, silent
 
     answered, silent = asyncio.run(scenario())

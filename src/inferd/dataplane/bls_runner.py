@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from inferd.backends.python.bls_request import STREAM_AHEAD, BlsCall, BlsResult, Caller
-from inferd.dataplane.internal_requests import ModelCalls, call_model, stream_model
+from inferd.dataplane.internal_requests import InternalCalls
 from inferd.datatypes import v2_datatype
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import CallContext
@@ -41,7 +41,7 @@ class BlsError(Exception):
 
 
 class BlsRunner:
-    def __init__(self, calls: ModelCalls, registry: ModelRegistry) -> None:
+    def __init__(self, calls: InternalCalls, registry: ModelRegistry) -> None:
         self._calls = calls
         self._registry = registry
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -78,7 +78,7 @@ class BlsRunner:
             with _Watched(callers):
                 parent = parent_context(callers, call.timeout_us)
                 self._refuse_decoupled(call)
-                response = await call_model(self._calls, to_request(call), parent)
+                response = await self._calls.call_model(to_request(call), parent)
                 return _result(response, True)
         except InferdError as exc:
             return _failed(exc.kind, exc.message)
@@ -94,7 +94,7 @@ class BlsRunner:
         try:
             with _Watched(callers):
                 parent = parent_context(callers, call.timeout_us)
-                async for item in stream_model(self._calls, to_request(call), parent):
+                async for item in self._calls.stream_model(to_request(call), parent):
                     yield _item(item)
                     if item.final:
                         return

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,21 +38,15 @@ CACHE_HIT = "hit"
 CACHE_MISS = "miss"
 
 
-class _Plane(Protocol):  # the DataPlane (which imports this module through unary.py)
-    response_cache: ResponseCache | None
-    registry: ModelRegistry
-
-
-def attach_cache(settings: CacheSettings | None, dataplane: _Plane) -> ResponseCache | None:
+def build_cache(settings: CacheSettings | None, registry: ModelRegistry) -> ResponseCache | None:
     """The server process's one ResponseCache (None without --cache-config), wired into its
-    data plane and registry: models load with it, retired versions' entries are dropped."""
+    registry: models load with it, retired versions' entries are dropped."""
     if settings is None or not settings.enabled:
         return None
     cache = ResponseCache(settings)
-    dataplane.response_cache = cache
-    dataplane.registry.cache_enabled = True
-    dataplane.registry.cache_local = settings.local is not None
-    dataplane.registry.on_retire = cache.invalidate_model
+    registry.cache_enabled = True
+    registry.cache_local = settings.local is not None
+    registry.on_retire = cache.invalidate_model
     return cache
 
 

@@ -20,17 +20,17 @@ from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from inferd.dataplane.decoupled_request import DecoupledCall
-from inferd.dataplane.internal_requests import ModelCalls
-from inferd.dataplane.unary_request import StreamCall
+from inferd.dataplane.request_gate import RequestGate
+from inferd.dataplane.unary_request import InferCall, StreamCall
 from inferd.errors import ErrorKind, InferdError, invalid, unavailable
-from inferd.events import CallContext, RequestRecord, Telemetry
+from inferd.events import CallContext, RequestRecord
 from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.admission import scheduling_parameters
 from inferd.scheduling.sequence.sequence_parameters import sequence_parameters
 from inferd.streams import StreamResponse
 from inferd.tensors import classification
-from inferd.types import InferRequest
+from inferd.types import InferRequest, InferResponse
 
 
 def unary_to_decoupled(model: str, ctx: CallContext) -> InferdError:
@@ -48,30 +48,39 @@ def unary_to_decoupled(model: str, ctx: CallContext) -> InferdError:
     return InferdError(ErrorKind.UNSUPPORTED, message)
 
 
-class _Core(ModelCalls, Protocol):
-    """What the streaming steps use of the DataPlane: its steps, and these."""
+class _Unary(Protocol):
+    """What the streaming steps use of the unary ones (unary.py's `UnarySteps`)."""
 
-    registry: ModelRegistry
-    telemetry: Telemetry
-    _inflight: int
+    gate: RequestGate
 
-    def _admit(
+    def admit(self, call: InferCall) -> None: ...
+
+    async def infer(self, call: InferCall, request: InferRequest) -> InferResponse: ...
+
+    def respond(self, call: InferCall, response: InferResponse) -> InferResponse: ...
+
+    def admit_version(
         self, model_name: str, version: str, ctx: CallContext, record: RequestRecord
     ) -> ModelVersion: ...
 
 
 class StreamingSteps:
-    """The streaming steps (a mixin of the DataPlane: it holds the methods, the DataPlane
-    the state)."""
+    """The streaming steps of every request to a model that may answer as a stream (the
+    module's docstring shows their order); a model that is not decoupled answers through
+    the unary steps, once."""
+
+    def __init__(self, registry: ModelRegistry, unary: _Unary) -> None:
+        self.registry = registry
+        self.unary = unary
 
     def start_stream(
-        self: _Core, model_name: str, version: str, ctx: CallContext, fallback_from: str = ""
+        self, model_name: str, version: str, ctx: CallContext, fallback_from: str = ""
     ) -> StreamCall:
         """A streaming request begins: counted in flight until its `with` ends, or, for a
         decoupled model, until its stream does."""
-        return StreamCall(self, model_name, version, ctx, fallback_from)
+        return StreamCall(self.unary.gate, model_name, version, ctx, fallback_from)
 
-    def admit_stream(self: _Core, call: StreamCall) -> None:
+    def admit_stream(self, call: StreamCall) -> None:
         """The checks before the body is read; whether the model answers as a stream."""
         try:
             mv = self.registry.get(call.model_name, call.version, call.ctx.routing_key)
@@ -79,12 +88,12 @@ class StreamingSteps:
         except InferdError:
             call.decoupled = False  # `admit` answers (and counts) the lookup's error
         if call.decoupled:
-            self._admit(call.model_name, call.version, call.ctx, call.record)
+            self.unary.admit_version(call.model_name, call.version, call.ctx, call.record)
         else:
-            self.admit(call)
+            self.unary.admit(call)
 
     async def stream(
-        self: _Core, call: StreamCall, request: InferRequest
+        self, call: StreamCall, request: InferRequest
     ) -> AsyncGenerator[StreamResponse, None]:
         """The responses to an admitted request, to iterate at once: a decoupled model's any
         number, then an item with `final` set (a response, an error or the final flag
@@ -92,7 +101,8 @@ class StreamingSteps:
         first response raises (here or at the first item), as in `infer`; later ones arrive
         as items holding the error."""
         if not call.decoupled:
-            response = self.respond(call, await self.infer(call, request))
+            unary = self.unary
+            response = unary.respond(call, await unary.infer(call, request))
             if call.fallback_from:
                 response.parameters["fallback_from"] = call.fallback_from
             return _once(StreamResponse(response, None, True))

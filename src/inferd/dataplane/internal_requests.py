@@ -57,27 +57,37 @@ def child_context(parent: CallContext) -> CallContext:
     )
 
 
-async def call_model(
-    calls: ModelCalls, request: InferRequest, parent: CallContext
-) -> InferResponse:
-    """One response from `request.model_name`, as a client's unary request would get it;
-    failures raise the same `InferdError` a client would see."""
-    ctx = child_context(parent)
-    with calls.start(request.model_name, request.model_version, ctx) as call:
-        calls.admit(call)
-        return calls.respond(call, await calls.infer(call, request))
+class InternalCalls:
+    """Calls from inside the server to a model through the DataPlane's steps (`steps`): an
+    ensemble's (pipelines/ensemble.py's `StepCaller`) and a Python model's BLS requests
+    (bls_runner.py)."""
 
+    __slots__ = ("_steps",)
 
-async def stream_model(
-    calls: ModelCalls, request: InferRequest, parent: CallContext
-) -> AsyncGenerator[StreamResponse, None]:
-    """The responses of `request.model_name` as a stream (a decoupled model's any number, a
-    model that is not decoupled once), each item as a stream's adapter gets it: a failure
-    before the first response raises; later ones arrive as items holding the error."""
-    ctx = child_context(parent)
-    with calls.start_stream(request.model_name, request.model_version, ctx) as call:
-        calls.admit_stream(call)
-        items = await calls.stream(call, request)
-    async with contextlib.aclosing(items):
-        async for item in items:
-            yield item
+    def __init__(self, steps: ModelCalls) -> None:
+        self._steps = steps
+
+    async def call_model(self, request: InferRequest, parent: CallContext) -> InferResponse:
+        """One response from `request.model_name`, as a client's unary request would get it;
+        failures raise the same `InferdError` a client would see."""
+        steps = self._steps
+        ctx = child_context(parent)
+        with steps.start(request.model_name, request.model_version, ctx) as call:
+            steps.admit(call)
+            return steps.respond(call, await steps.infer(call, request))
+
+    async def stream_model(
+        self, request: InferRequest, parent: CallContext
+    ) -> AsyncGenerator[StreamResponse, None]:
+        """The responses of `request.model_name` as a stream (a decoupled model's any
+        number, a model that is not decoupled once), each item as a stream's adapter gets
+        it: a failure before the first response raises; later ones arrive as items holding
+        the error."""
+        steps = self._steps
+        ctx = child_context(parent)
+        with steps.start_stream(request.model_name, request.model_version, ctx) as call:
+            steps.admit_stream(call)
+            items = await steps.stream(call, request)
+        async with contextlib.aclosing(items):
+            async for item in items:
+                yield item

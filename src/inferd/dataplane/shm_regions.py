@@ -31,13 +31,13 @@ import numpy as np
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE
 from inferd.errors import ErrorKind, InferdError, invalid, not_found
-from inferd.protocol.http.rest_codec import to_binary
 from inferd.tensors.wire_format import (
     BYTE_SIZE,
     MAX_BYTES_ELEMENTS,
     NO_DATA,
     OFFSET,
     decode_bytes_elements,
+    to_binary,
 )
 from inferd.types import Array, InferRequest, SharedMemoryRef, Tensor, element_count
 
@@ -187,12 +187,17 @@ class Lease:
 class SharedMemoryRegistry:
     """The system shared-memory regions of one server, by name."""
 
-    def __init__(self, max_regions: int = MAX_REGIONS, max_copy_bytes: int = 64 * 2**20) -> None:
+    def __init__(
+        self,
+        max_regions: int = MAX_REGIONS,
+        max_copy_bytes: int = 64 * 2**20,
+        max_bytes_elements: int = MAX_BYTES_ELEMENTS,
+    ) -> None:
         self.max_regions = max_regions
         # BYTES inputs are decoded into objects (a copy), unlike the in-place views of the
-        # other types: bounded as a request body is (the server sets --max-request-mib).
+        # other types: bounded as a request body is (the server passes --max-request-mib).
         self.max_copy_bytes = max_copy_bytes
-        self.max_bytes_elements = MAX_BYTES_ELEMENTS  # the server sets --max-bytes-elements
+        self.max_bytes_elements = max_bytes_elements  # the server passes --max-bytes-elements
         self.regions: dict[str, Region] = {}
 
     def register(self, name: str, key: object, offset: object, byte_size: object) -> None:

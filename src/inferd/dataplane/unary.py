@@ -14,19 +14,20 @@ the model it was sent to, failures included.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol
 
 from inferd.dataplane.cache_step import run_cached, stale_answer
+from inferd.dataplane.capture import Capture
 from inferd.dataplane.decoupled import unary_to_decoupled
 from inferd.dataplane.decoupled_request import MODEL_FAILURES
+from inferd.dataplane.internal_requests import InternalCalls
+from inferd.dataplane.request_gate import RequestGate
 from inferd.dataplane.shm_regions import SharedMemoryRegistry
 from inferd.dataplane.unary_request import InferCall
 from inferd.errors import ErrorKind, InferdError, shed, unavailable
-from inferd.events import CallContext, RequestRecord, Telemetry
+from inferd.events import CallContext, RequestRecord
 from inferd.limits import check_response_size
-from inferd.monitoring.capture import Capture
 from inferd.reliability.degrade.controller import Degradation, Route
-from inferd.reliability.degrade.request import degradation_allowed
 from inferd.reliability.degrade.tiers import Tier
 from inferd.repository.model_state import Model, ModelVersion
 from inferd.repository.registry import ModelRegistry
@@ -35,37 +36,56 @@ from inferd.scheduling.isolate import RequestFailedAloneError
 from inferd.scheduling.sequence.sequence_parameters import sequence_parameters
 from inferd.tensors import classification
 from inferd.tensors.conformance import OutputMismatchError, conform_output
+from inferd.tensors.request_parameters import degradation_allowed
 from inferd.tensors.signature import BoundRequest
 from inferd.types import InferRequest, InferResponse, Tensor, min_wire_bytes
 
 if TYPE_CHECKING:
     from inferd.cache.response_cache import ResponseCache
-    from inferd.dataplane.internal_requests import ModelCalls
-    from inferd.engine.model_table import ModelTable
 
 
-class InferenceSteps:
-    """The steps (a mixin of the DataPlane: it holds the methods, the DataPlane the state)."""
+class SignatureChecks(Protocol):
+    """Whose signature checks a request may carry (`--engine`'s model table,
+    engine/model_table.py): the generation it was checked against is the version's now."""
 
-    registry: ModelRegistry
-    telemetry: Telemetry
-    shared_memory: SharedMemoryRegistry
-    capture: Capture
-    is_shutting_down: bool
-    max_inflight: int
-    max_response_bytes: int
-    response_cache: ResponseCache | None  # --cache-config (docs/cache.md)
-    _inflight: int
-    checked_signatures: ModelTable | None  # the engine's of --engine: front ends check too
+    def is_current(self, mv: ModelVersion, generation: int) -> bool: ...
+
+
+class UnarySteps:
+    """The unary steps of every request, from `start` to `respond` (the module's docstring
+    shows their order). The DataPlane builds one and binds its steps as its own."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        gate: RequestGate,
+        shared_memory: SharedMemoryRegistry,
+        capture: Capture,
+        internal: InternalCalls,
+        response_cache: ResponseCache | None = None,
+        checked_signatures: SignatureChecks | None = None,
+        max_response_bytes: int = 0,
+    ) -> None:
+        self.registry = registry
+        self.gate = gate
+        self.shared_memory = shared_memory
+        self.capture = capture
+        self.internal = internal  # ensembles' steps go through the DataPlane's steps again
+        self.response_cache = response_cache  # --cache-config (docs/cache.md)
+        # The engine's model table of `--workers N --engine` (engine/model_table.py): whose
+        # front ends' signature checks a request may carry; None in one process.
+        self.checked_signatures = checked_signatures
+        # Responses past it fail with PAYLOAD_TOO_LARGE (0: none).
+        self.max_response_bytes = max_response_bytes
 
     def start(self, model_name: str, version: str, ctx: CallContext) -> InferCall:
         """A request begins: counted in flight (and against --max-inflight-requests) until
         the end of its `with`, which tells telemetry how it went."""
-        return InferCall(self, model_name, version, ctx)
+        return InferCall(self.gate, model_name, version, ctx)
 
     def admit(self, call: InferCall) -> None:
         """The checks before a request's body is read (a shed request is refused unread)."""
-        if self._admit(call.model_name, call.version, call.ctx, call.record).decoupled:
+        if self.admit_version(call.model_name, call.version, call.ctx, call.record).decoupled:
             raise unary_to_decoupled(call.model_name, call.ctx)
 
     async def infer(self, call: InferCall, request: InferRequest) -> InferResponse:
@@ -216,20 +236,11 @@ class InferenceSteps:
         self.capture.observe(call.record, response)  # sampled: by the model's rate
         return response
 
-    def _request_over(self) -> None:
-        self._inflight -= 1
-
-    def _admit(
+    def admit_version(
         self, model_name: str, version: str, ctx: CallContext, record: RequestRecord
     ) -> ModelVersion:
         """The checks before a request's body is read; the version it would go to."""
-        if self.is_shutting_down:
-            raise unavailable("the server is shutting down; retry on another replica")
-        if self.max_inflight and self._inflight > self.max_inflight:
-            raise shed(
-                f"the server has {self.max_inflight} requests in flight "
-                "(--max-inflight-requests); retry later"
-            )
+        self.gate.check()
         if model_name in self.registry.models:
             record.model = model_name
         early = self.registry.get(model_name, version, ctx.routing_key)
@@ -326,7 +337,7 @@ class InferenceSteps:
         if mv.ensemble is not None:  # its steps go through their models' schedulers
             record.steps = []
             outputs, times = await mv.ensemble.run(
-                cast("ModelCalls", self), bound, ctx, priority, timeout_us, record.steps
+                self.internal, bound, ctx, priority, timeout_us, record.steps
             )
         else:
             assert mv.batcher is not None  # a READY version always has one

@@ -5,26 +5,20 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Self
 
-from inferd.events import CallContext, RequestRecord, Telemetry, note_failure
-
-
-class _Counts(Protocol):
-    """What a call uses of the DataPlane: the count of requests in flight, and telemetry."""
-
-    _inflight: int
-    telemetry: Telemetry
+from inferd.dataplane.request_gate import RequestGate
+from inferd.events import CallContext, RequestRecord, note_failure
 
 
 class InferCall:
-    """A context manager: in flight within its `with`; at its end, failure or not, the
-    request's record goes to telemetry."""
+    """A context manager: in flight (counted by the DataPlane's `RequestGate`) within its
+    `with`; at its end, failure or not, the request's record goes to telemetry."""
 
-    __slots__ = ("_owner", "ctx", "model_name", "record", "version")
+    __slots__ = ("_gate", "ctx", "model_name", "record", "version")
 
-    def __init__(self, owner: _Counts, model_name: str, version: str, ctx: CallContext) -> None:
-        self._owner = owner
+    def __init__(self, gate: RequestGate, model_name: str, version: str, ctx: CallContext) -> None:
+        self._gate = gate
         self.model_name = model_name
         self.version = version
         self.ctx = ctx
@@ -33,7 +27,7 @@ class InferCall:
         self.record = RequestRecord(model="", version="", ctx=ctx, duration_ns=0)
 
     def __enter__(self) -> Self:
-        self._owner._inflight += 1
+        self._gate.inflight += 1
         return self
 
     def __exit__(
@@ -42,11 +36,11 @@ class InferCall:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._owner._inflight -= 1
+        self._gate.inflight -= 1
         if exc is not None:
             note_failure(self.record, exc)
         self.record.duration_ns = time.perf_counter_ns() - self.ctx.start_ns
-        self._owner.telemetry.request(self.record)
+        self._gate.telemetry.request(self.record)
 
 
 class StreamCall(InferCall):
@@ -58,13 +52,13 @@ class StreamCall(InferCall):
 
     def __init__(
         self,
-        owner: _Counts,
+        gate: RequestGate,
         model_name: str,
         version: str,
         ctx: CallContext,
         fallback_from: str = "",
     ) -> None:
-        super().__init__(owner, model_name, version, ctx)
+        super().__init__(gate, model_name, version, ctx)
         self.fallback_from = fallback_from  # the model whose open circuit sent it here
         self.decoupled = False  # set by `admit_stream`
         self._handed = False  # the record is no longer this call's to tell
@@ -75,13 +69,13 @@ class StreamCall(InferCall):
 
     def drop(self) -> None:
         """Counted as its fallback model's request instead: out of flight, never told."""
-        self._owner._inflight -= 1
+        self._gate.inflight -= 1
         self._handed = True
 
     def told(self) -> None:
         """The stream has ended and filled the record in: out of flight, to telemetry."""
-        self._owner._inflight -= 1
-        self._owner.telemetry.request(self.record)
+        self._gate.inflight -= 1
+        self._gate.telemetry.request(self.record)
 
     def __exit__(
         self,

@@ -29,7 +29,8 @@ log = logging.getLogger("inferd.engine")
 class EngineHop:
     """The listening socket; one `_FrontEndLink` per connected front end."""
 
-    def __init__(self, dataplane: DataPlane, path: Path) -> None:
+    def __init__(self, dataplane: DataPlane, table: ModelTable, path: Path) -> None:
+        """`table`: the DataPlane's `checked_signatures`, pushed to every front end."""
         self.dataplane = dataplane
         self.path = path
         self.links: set[_FrontEndLink] = set()
@@ -39,9 +40,8 @@ class EngineHop:
         self.reported: dict[int, dict[str, int]] = {}
         self.invalid: dict[int, int] = {}  # requests a front end refused on the signature
         self._server: asyncio.AbstractServer | None = None
-        self.table = ModelTable(dataplane.registry.models)
+        self.table = table
         self.table.refresh()
-        dataplane.checked_signatures = self.table  # whose checks the DataPlane may trust
         dataplane.registry.changed = self._models_changed
 
     def _models_changed(self) -> None:

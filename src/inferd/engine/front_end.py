@@ -22,17 +22,15 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from inferd.dataplane.access import AccessPolicy
-from inferd.dataplane.unary_plane import UnaryPlane
 from inferd.engine import sockets
 from inferd.engine.client import EngineClient
 from inferd.engine.grpc_proxy import GrpcProxy, engine_channel
 from inferd.engine.http_proxy import HttpProxy
 from inferd.engine.slab import shm_directory
-from inferd.limits import Limits
 from inferd.protocol import tls
 from inferd.protocol.grpc.access_interceptor import AccessInterceptor
 from inferd.protocol.grpc.handlers import SERVICE
-from inferd.protocol.grpc.model_infer import UnaryInferMethod
+from inferd.protocol.grpc.model_infer import ModelInferMethod
 from inferd.protocol.grpc.service import METHOD_GROUPS
 from inferd.protocol.http.app import InferdApp
 from inferd.protocol.http.fast_path import protocol_class
@@ -44,16 +42,6 @@ from inferd.settings import Settings
 from inferd.workers.reuse_port import shared_port_socket
 
 log = logging.getLogger("inferd.engine")
-
-
-class _ModelInfer(UnaryInferMethod):
-    def __init__(
-        self, plane: UnaryPlane, limits: Limits, offload: Offload, max_response_bytes: int
-    ) -> None:
-        self.plane = plane
-        self.limits = limits
-        self.offload = offload
-        self.max_response_bytes = max_response_bytes
 
 
 class FrontEnd:
@@ -114,7 +102,7 @@ class FrontEnd:
                 ("grpc.so_reuseport", 1),
             ],
         )
-        infer = _ModelInfer(self.dataplane, s.limits, self.offload, s.max_response_bytes)
+        infer = ModelInferMethod(self.dataplane, s.limits, self.offload, s.max_response_bytes)
         handler = grpc.unary_unary_rpc_method_handler(infer.ModelInfer)
         self.channel = engine_channel(
             sockets.grpc(self.directory), max(s.max_request_bytes, s.max_response_bytes)

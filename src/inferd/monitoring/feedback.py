@@ -1,6 +1,6 @@
 """Ground-truth feedback: a label joined to the prediction captured under its request id.
 
-Every captured request (capture.py: sampled at the model's `capture_sample_rate`, with or
+Every captured request (dataplane/capture.py: sampled at the model's `capture_sample_rate`, with or
 without `--capture-dir`) leaves its predicted classes here, by request id, for at most
 `feedback_ttl_s` and among at most `max_pending` per model (the oldest are forgotten
 first). `POST /v2/models/{m}/feedback {"id": ..., "label": ...}` joins a label to them: each
@@ -28,7 +28,8 @@ from inferd.monitoring.accuracy import AccuracyWindow
 from inferd.types import InferResponse, Tensor
 
 if TYPE_CHECKING:
-    from inferd.repository.model_state import ModelVersion
+    from inferd.monitoring.capture_settings import CaptureOptions
+    from inferd.tensors.signature import ModelSignature
 
 MAX_PENDING = 50_000  # predictions per model waiting for a label
 
@@ -51,12 +52,20 @@ class FeedbackIndex:
         self.windows: dict[tuple[str, str], AccuracyWindow] = {}
         self.counts: dict[tuple[str, str, str], int] = {}  # (model, version, outcome)
 
-    def remember(self, mv: ModelVersion, request_id: str, response: InferResponse) -> None:
-        """Keep a captured request's predicted classes until its label comes (or expires)."""
-        options = mv.spec.capture
-        pending = self._pending.get(mv.name)
+    def remember(
+        self,
+        model: str,
+        version: str,
+        options: CaptureOptions,
+        signature: ModelSignature,
+        request_id: str,
+        response: InferResponse,
+    ) -> None:
+        """Keep a captured request's predicted classes until its label comes (or expires):
+        the answer of `model` `version`, by its capture options and signature."""
+        pending = self._pending.get(model)
         if pending is None:
-            pending = self._pending[mv.name] = OrderedDict()
+            pending = self._pending[model] = OrderedDict()
         now = time.monotonic()
         while pending:  # forget the oldest: expired, or past the bound
             if len(pending) < self.max_pending and pending[next(iter(pending))].expires > now:
@@ -70,10 +79,10 @@ class FeedbackIndex:
         elif output.shared_memory is not None:
             problem = f"the request placed output '{name}' in shared memory, out of reach"
         else:
-            classes, problem = predicted_classes(output, mv.signature.is_batched)
-        labels = mv.signature.labels.get(name, ())
+            classes, problem = predicted_classes(output, signature.is_batched)
+        labels = signature.labels.get(name, ())
         pending[request_id] = Prediction(
-            mv.version,
+            version,
             classes,
             problem,
             labels,

@@ -1,6 +1,6 @@
 """Running a Triton ensemble: each step is a request to its composing model through the same
-steps a client's request takes (dataplane/internal_requests.py), so that model's routing, admission,
-batching, statistics, metrics and request log apply per step.
+steps a client's request takes (the server's `StepCaller`: dataplane/internal_requests.py),
+so that model's routing, admission, batching, statistics, metrics and request log apply per step.
 
 A request's tensors live in one dict of numpy arrays (ensemble input, intermediate and output
 tensors alike, by their ensemble names): a step's inputs are views of it and its outputs go
@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
-from inferd.dataplane.internal_requests import ModelCalls, call_model
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import CallContext, ExecutionTimes, StepTiming
 from inferd.pipelines.ensemble_config import EnsembleGraph, Step
@@ -28,7 +27,15 @@ from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import Outcome
 from inferd.telemetry.tracing import span_header, start_trace
 from inferd.tensors.signature import BoundRequest
-from inferd.types import Array, InferRequest, RequestedOutput, Tensor
+from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
+
+
+class StepCaller(Protocol):
+    """What an ensemble needs of the server: one step's request answered as a client's unary
+    request would be (the DataPlane's internal calls, dataplane/internal_requests.py)."""
+
+    async def call_model(self, request: InferRequest, parent: CallContext) -> InferResponse: ...
+
 
 # A step's NOT_FOUND (its model was unloaded a moment ago) is the ensemble's UNAVAILABLE:
 # the ensemble exists, one of its parts cannot serve.
@@ -64,7 +71,7 @@ class Ensemble:
 
     async def run(
         self,
-        calls: ModelCalls,
+        calls: StepCaller,
         bound: BoundRequest,
         ctx: CallContext,
         priority: int,
@@ -115,7 +122,7 @@ class Ensemble:
         return outputs, times
 
     async def _dataflow(
-        self, calls: ModelCalls, steps: list[Step], run: EnsembleRun, parent: CallContext, rid: str
+        self, calls: StepCaller, steps: list[Step], run: EnsembleRun, parent: CallContext, rid: str
     ) -> None:
         """Run `steps` as Triton does: each starts the moment every tensor it reads exists
         (a step that finishes starts the steps it unblocked), not when a whole wave is done.
@@ -145,7 +152,7 @@ class Ensemble:
             raise failed.exceptions[0] from None
 
     async def _step(
-        self, calls: ModelCalls, step: Step, run: EnsembleRun, parent: CallContext, rid: str
+        self, calls: StepCaller, step: Step, run: EnsembleRun, parent: CallContext, rid: str
     ) -> None:
         deadline = parent.deadline_ns
         if deadline is not None and time.perf_counter_ns() >= deadline:
@@ -168,7 +175,7 @@ class Ensemble:
         )
         started = time.perf_counter_ns()
         try:
-            response = await call_model(calls, request, parent)
+            response = await calls.call_model(request, parent)
         except InferdError as exc:
             raise InferdError(
                 _STEP_KIND.get(exc.kind, exc.kind),

@@ -6,7 +6,7 @@ weights (`{"2": 10, "1": 90}`), each request picks a version in proportion; a ro
 so the same key always lands on the same version while the weights stay the same.
 
 `Router` owns the weights; the automatic rollback that drops a failing canary's weight to 0
-(`inferd.reliability.canary.CanaryGuard`) asks it to.
+(`inferd.repository.canary_guard.CanaryGuard`) asks it to.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Recent request outcomes over a time window: one estimator of request count, error rate
-and p99 latency, for the health score (health.py), the canary guard (canary.py) and the
+and p99 latency, for the health score (health.py), the canary guard (repository/canary_guard.py)
+and the
 circuit breaker (circuit.py).
 
 Recording is an append under a lock (the event loop records; the metrics endpoint reads

@@ -29,7 +29,7 @@ from inferd.config.model_paths import check_config_paths
 from inferd.config.ragged import read_ragged_plan
 from inferd.errors import InferdError
 from inferd.pipelines.ensemble_config import is_ensemble
-from inferd.pipelines.ensemble_load import prepare_ensemble
+from inferd.repository.ensemble_load import prepare_ensemble
 from inferd.repository.spec import ModelSpec, parse_spec
 
 # Which backend serves a model that has no config naming one (Triton's platform detection).

@@ -26,12 +26,12 @@ from inferd.cache.model_cache_spec import served_cache
 from inferd.config.model_config import CONFIG_FILE, ConfigError
 from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
-from inferd.pipelines import ensemble_state as ensembles
 from inferd.pipelines.ensemble_config import is_ensemble
-from inferd.pipelines.ensemble_load import Composing
 from inferd.reliability.circuit import CircuitBreaker
-from inferd.reliability.degrade.reload import configure_degradation
+from inferd.repository import ensemble_state as ensembles
 from inferd.repository.checksum import checksum, file_checksum, fingerprint
+from inferd.repository.degrade_reload import configure_degradation
+from inferd.repository.ensemble_load import Composing
 from inferd.repository.loader import prepare
 from inferd.repository.memory_release import MemoryReleaser, rss_bytes
 from inferd.repository.model_state import (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -18,22 +19,23 @@ from starlette.applications import Starlette
 from inferd.backends.python import model_prints as model_output
 from inferd.backends.python.custom_metrics import CustomMetrics
 from inferd.dataplane.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
-from inferd.dataplane.cache_step import attach_cache
-from inferd.dataplane.plane import DataPlane
+from inferd.dataplane.cache_step import build_cache
+from inferd.dataplane.capture import Capture
+from inferd.dataplane.plane import DataPlane, PlaneOptions
 from inferd.engine import sockets as engine_sockets
 from inferd.engine.engine_hop import EngineHop
 from inferd.engine.front_end_series import FrontEndCollector
+from inferd.engine.model_table import ModelTable
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
-from inferd.monitoring.capture import Capture
 from inferd.protocol import error_text, tls
 from inferd.protocol.grpc import service as grpc_adapter
 from inferd.protocol.http.app import InferdApp, build_app
 from inferd.protocol.http.fast_path import protocol_class
 from inferd.protocol.offload import Offload
-from inferd.reliability.canary import CanaryGuard
-from inferd.reliability.degrade.guard import DegradationGuard
 from inferd.repository import memory_release as memory
+from inferd.repository.canary_guard import CanaryGuard
+from inferd.repository.degrade_guard import DegradationGuard
 from inferd.repository.registry import ModelRegistry
 from inferd.repository.uploads import UPLOAD_MODES
 from inferd.repository.watcher import RepositoryPoller
@@ -46,10 +48,12 @@ from inferd.telemetry.metrics.degrade_families import DegradationCollector
 from inferd.telemetry.metrics.metrics_endpoint import MetricsServer
 from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.telemetry.request_log import RequestLogSink
+from inferd.telemetry.statistics import ProcessStatistics
 from inferd.telemetry.trace_settings import TraceSettings
 from inferd.telemetry.tracing import TraceSink
 from inferd.workers.peers import PeerServer, WorkerSlot
 from inferd.workers.reuse_port import shared_port_socket
+from inferd.workers.statistics import WorkersStatistics
 
 log = logging.getLogger("inferd.server")
 
@@ -81,12 +85,35 @@ class InferenceServer:
         self.shutdown = ShutdownClock(settings.exit_timeout_s)
         admin = admin_api_enabled(settings)
         access = access_policy(settings)
+        processes = worker.count if worker is not None else 1
+        # The response cache: one per process (each worker of --workers N its own local tier,
+        # Redis shared; with --engine, the engine's), for models whose config enables it.
+        self.response_cache = build_cache(settings.cache, self.registry)
+        self.capture = Capture(self.registry, settings.capture, single_process=worker is None)
+        # --engine: the engine's model table, whose front ends' checks a request may carry.
+        self.model_table = ModelTable(self.registry.models) if engine_directory else None
         self.dataplane = DataPlane(
             self.registry,
             self.telemetry,
-            admin_api=admin,
+            PlaneOptions(
+                admin_api=admin,
+                model_upload=settings.model_upload,
+                max_inflight=settings.max_inflight_requests,
+                max_response_bytes=settings.max_response_bytes,
+                max_copy_bytes=settings.max_request_bytes,
+                max_bytes_elements=settings.limits.max_bytes_elements,
+                processes=processes,
+            ),
             access=access,
-            model_upload=settings.model_upload,
+            capture=self.capture,
+            response_cache=self.response_cache,
+            checked_signatures=self.model_table,
+            trace=trace_settings,
+            statistics=(
+                ProcessStatistics
+                if worker is None
+                else functools.partial(WorkersStatistics, slot=worker)
+            ),
         )
         # pb_utils' model loading API and custom metrics, for Python models.
         self.custom_metrics = CustomMetrics()
@@ -100,18 +127,6 @@ class InferenceServer:
                 "--admin-token-file, --http-restricted-api, --grpc-restricted-protocol)",
                 " and ".join(open_to_all),
             )
-        self.dataplane.max_inflight = settings.max_inflight_requests
-        self.dataplane.max_response_bytes = settings.max_response_bytes
-        self.dataplane.shared_memory.max_copy_bytes = settings.max_request_bytes
-        self.dataplane.shared_memory.max_bytes_elements = settings.limits.max_bytes_elements
-        self.dataplane.workers = worker
-        # The response cache: one per process (each worker of --workers N its own local tier,
-        # Redis shared; with --engine, the engine's), for models whose config enables it.
-        self.response_cache = attach_cache(settings.cache, self.dataplane)
-        self.capture = self.dataplane.capture = Capture(self.registry, settings.capture)
-        self.capture.single_process = worker is None
-        self.dataplane.runtime.trace = trace_settings
-        self.dataplane.runtime.workers = worker.count if worker is not None else 1
         self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))
         self.telemetry.add(DegradationGuard(self.registry))
@@ -121,7 +136,7 @@ class InferenceServer:
         if settings.metrics_port is not None:
             self.metrics = MetricsSink(
                 self.registry,
-                self.dataplane.statistics,
+                self.dataplane.statistics.sink,
                 settings.metrics_triton_names,
                 host_metrics=worker is None,  # with workers, the supervisor exports the host
             )
@@ -179,7 +194,9 @@ class InferenceServer:
         if self.settings.grpc_port is not None:
             await self._start_grpc(self.settings.grpc_port)
         if self.engine_directory is not None:  # last: front ends connect once models loaded
-            self.engine_hop = EngineHop(self.dataplane, engine_sockets.hop(self.engine_directory))
+            assert self.model_table is not None
+            hop_path = engine_sockets.hop(self.engine_directory)
+            self.engine_hop = EngineHop(self.dataplane, self.model_table, hop_path)
             if self.metrics is not None:
                 collector = FrontEndCollector(self.engine_hop, self.settings.workers)
                 self.metrics.prometheus.register(collector)
@@ -188,7 +205,9 @@ class InferenceServer:
             metrics = self.metrics
             self.peer_server = PeerServer(
                 self.worker,
-                lambda name, version: self.dataplane.model_statistics(name, version)["model_stats"],
+                lambda name, version: self.dataplane.statistics.model_statistics(name, version)[
+                    "model_stats"
+                ],
                 None if metrics is None else metrics.prometheus.collect,
             )
             await self.peer_server.start()
@@ -204,13 +223,13 @@ class InferenceServer:
                 "metrics at http://%s:%d/metrics", self.settings.host, self.metrics_server.port
             )
         if self.engine_directory is not None:
-            log.info("engine serving its front ends (ready: %s)", self.dataplane.ready())
+            log.info("engine serving its front ends (ready: %s)", self.dataplane.health.ready())
         else:
             log.info(
                 "HTTP server listening on http://%s:%d (ready: %s)",
                 self.settings.host,
                 self.settings.http_port,
-                self.dataplane.ready(),
+                self.dataplane.health.ready(),
             )
         try:
             yield

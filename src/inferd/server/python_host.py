@@ -35,7 +35,7 @@ class ServerHost:
         self.dataplane = dataplane
         self.metrics = metrics
         self.arrays = SharedArrayStore()  # inferd.shared_array's segments
-        self.bls = BlsRunner(dataplane, dataplane.registry)
+        self.bls = BlsRunner(dataplane.internal, dataplane.registry)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -88,7 +88,7 @@ class InstanceHost:
             parameters[key] = data
         dp = self._server.dataplane
         try:
-            self._server.on_loop(api, lambda: dp.load_model(model_name, parameters))
+            self._server.on_loop(api, lambda: dp.admin.load_model(model_name, parameters))
         except InferdError as exc:
             raise TritonModelException(f"{api}('{model_name}'): {exc.message}") from None
 
@@ -97,7 +97,7 @@ class InstanceHost:
         self._not_self(api, model_name)
         dp = self._server.dataplane
         try:
-            self._server.on_loop(api, lambda: dp.unload_model(model_name))
+            self._server.on_loop(api, lambda: dp.admin.unload_model(model_name))
         except InferdError as exc:
             raise TritonModelException(f"{api}('{model_name}'): {exc.message}") from None
 
@@ -106,7 +106,7 @@ class InstanceHost:
 
         async def ready() -> bool:
             try:
-                return dp.model_ready(model_name, model_version)
+                return dp.health.model_ready(model_name, model_version)
             except InferdError as exc:  # no such model or version: not ready
                 if exc.kind is ErrorKind.NOT_FOUND:
                     return False

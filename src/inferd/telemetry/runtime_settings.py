@@ -47,12 +47,14 @@ class RuntimeSettings:
         admin: Callable[[str], None],
         model_exists: Callable[[str], bool],
         trace: TraceSettings | None = None,
+        workers: int = 1,
     ) -> None:
-        """`admin(what)` raises when changes are not allowed (DataPlane's gate)."""
+        """`admin(what)` raises when changes are not allowed (the DataPlane's admin gate);
+        `workers`: the processes of `--workers N`, whose settings changes need exactly one."""
         self._admin = admin
         self._model_exists = model_exists
         self.trace = trace if trace is not None else TraceSettings(exporting=False)
-        self.workers = 1  # processes of `--workers N`; changes need exactly one
+        self.workers = workers
 
     # -- trace settings --------------------------------------------------------------------
 

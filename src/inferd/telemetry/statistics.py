@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from inferd.events import BatchRecord, RequestRecord, ResponseTimes
 
@@ -181,3 +182,23 @@ class StatisticsSink:
             ],
             "memory_usage": [],
         }
+
+
+LocalStatistics = Callable[[str, str], dict[str, Any]]  # this process's, by (model, version)
+
+
+class StatisticsProvider(Protocol):
+    """Where Triton's statistics of the whole server come from: this process's own, or with
+    `--workers N` every worker's summed (workers/statistics.py)."""
+
+    async def model_statistics(self, name: str, version: str) -> dict[str, Any]: ...
+
+
+class ProcessStatistics:
+    """One process: its own statistics are the server's."""
+
+    def __init__(self, local: LocalStatistics) -> None:
+        self.local = local
+
+    async def model_statistics(self, name: str, version: str) -> dict[str, Any]:
+        return self.local(name, version)

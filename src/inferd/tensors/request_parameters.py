@@ -2,9 +2,8 @@
 
 Triton keeps some keys for itself, and its backends never see them: `sequence_id`,
 `sequence_start`, `sequence_end`, `priority`, `timeout`, `headers`, every `triton_*` key, and
-HTTP's `binary_data_output`; inferd keeps `inferd_degrade` (reliability/degrade/request.py).
-Everything
-else reaches a Python model, as a scalar: a string, a number or a boolean (what both
+HTTP's `binary_data_output`; inferd keeps `inferd_degrade`, below. Everything else reaches a
+Python model, as a scalar: a string, a number or a boolean (what both
 protocols can carry). Checked in `ModelSignature.bind`, so a bad value is a 400 /
 INVALID_ARGUMENT naming the parameter before the request is queued.
 """
@@ -15,7 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferd.errors import invalid
-from inferd.reliability.degrade.request import OPT_OUT_PARAMETER, opt_out_value
+from inferd.types import InferRequest
+
+# A request's say in its degradation (docs/reliability.md#degradation-tiers): false asks never
+# to be answered by a degradation tier (no fallback model, no stale cache entry); the request
+# waits for the model itself, or is refused (a tier's queue bound, its open circuit). Reserved:
+# models never see it, and it is not part of a cache key (cache/keys.py).
+OPT_OUT_PARAMETER = "inferd_degrade"
 
 RESERVED = frozenset(
     {
@@ -26,8 +31,7 @@ RESERVED = frozenset(
         "timeout",
         "headers",
         "binary_data_output",
-        # the request's opt-out of degradation tiers (reliability/degrade/request.py)
-        "inferd_degrade",
+        OPT_OUT_PARAMETER,
     }
 )
 RESERVED_PREFIX = "triton_"
@@ -51,3 +55,19 @@ def model_parameters(parameters: Mapping[str, Any]) -> tuple[dict[str, Any], int
     # A malformed timeout is refused by the scheduler's own check (dataplane).
     timeout_us = timeout if type(timeout) is int and timeout > 0 else 0
     return custom, timeout_us
+
+
+def degradation_allowed(request: InferRequest) -> bool:
+    """False when the request opted out; 400 naming the parameter when it is not a bool."""
+    if not request.parameters:
+        return True
+    return opt_out_value(request.parameters.get(OPT_OUT_PARAMETER, True))
+
+
+def opt_out_value(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise invalid(
+            f"request parameter '{OPT_OUT_PARAMETER}' must be a boolean (false: never answer "
+            f"this request from a degradation tier), got {value!r:.40}"
+        )
+    return value

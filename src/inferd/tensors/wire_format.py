@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from inferd.datatypes import V2_TO_WIRE
 from inferd.errors import invalid
 from inferd.limits import DEFAULT_LIMITS
-from inferd.types import Array, SharedMemoryRef, element_count
+from inferd.types import Array, SharedMemoryRef, Tensor, element_count
 
 BYTES_LENGTH = struct.Struct("<I")  # the length before each BYTES element
 
@@ -129,3 +130,27 @@ def decode_bytes_elements(
     for i in range(0, count, _FILL_CHUNK):  # one C call of 16 M would hold the GIL 0.5 s
         out[i : i + _FILL_CHUNK] = items[i : i + _FILL_CHUNK]
     return out
+
+
+def as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return str(value).encode("utf-8")
+
+
+def to_binary(tensor: Tensor) -> bytes | memoryview:
+    """A tensor as Triton's binary extension (and shared memory) carries it: BYTES elements
+    each after their length, others as their raw little-endian elements."""
+    if tensor.datatype == "BYTES":
+        parts = []
+        for v in tensor.data.reshape(-1):
+            b = as_bytes(v)
+            parts.append(BYTES_LENGTH.pack(len(b)))
+            parts.append(b)
+        return b"".join(parts)
+    array = np.ascontiguousarray(tensor.data, dtype=V2_TO_WIRE[tensor.datatype]).reshape(-1)
+    # A view as bytes, not a copy; through uint8 since the buffer protocol cannot describe
+    # bfloat16 elements.
+    return memoryview(array.view(np.uint8))  # type: ignore[arg-type]

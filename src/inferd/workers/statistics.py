@@ -1,30 +1,14 @@
-"""Where Triton's statistics of the whole server come from, behind one interface: this
-process's own (one server process), or with `--workers N` every worker's summed (a
-statistics call lands on one worker; clients read deltas of these numbers)."""
+"""Triton's statistics of the whole server with `--workers N`: every worker's summed (a
+statistics call lands on one worker; clients read deltas of these numbers). One process's
+own are telemetry/statistics.py's `ProcessStatistics`; both are a `StatisticsProvider`."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from inferd.telemetry.statistics import LocalStatistics
 from inferd.workers import peers
-
-LocalStatistics = Callable[[str, str], dict[str, Any]]  # this process's, by (model, version)
-
-
-class StatisticsProvider(Protocol):
-    async def model_statistics(self, name: str, version: str) -> dict[str, Any]: ...
-
-
-class ProcessStatistics:
-    """One process: its own statistics are the server's."""
-
-    def __init__(self, local: LocalStatistics) -> None:
-        self.local = local
-
-    async def model_statistics(self, name: str, version: str) -> dict[str, Any]:
-        return self.local(name, version)
 
 
 class WorkersStatistics:
@@ -51,7 +35,3 @@ class WorkersStatistics:
             # answer: clients read deltas, and a total that drops would read as negative.
             lists.append(self._last.get(key, []))
         return {"model_stats": peers.merge_model_stats(lists)}
-
-
-def provider_for(local: LocalStatistics, slot: peers.WorkerSlot | None) -> StatisticsProvider:
-    return ProcessStatistics(local) if slot is None else WorkersStatistics(local, slot)

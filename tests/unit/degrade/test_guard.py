@@ -1,6 +1,6 @@
-"""What a tier change does besides routing (reliability/degrade/guard.py): the circuit held open and
+"""What a tier change does besides routing (repository/degrade_guard.py): the circuit held open and
 released, a rollback only of the slow version (or none, said so), and a reload that keeps
-unchanged tiers' state (reliability/degrade/reload.py)."""
+unchanged tiers' state (repository/degrade_reload.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from inferd.events import CallContext, RequestRecord
 from inferd.reliability.circuit import CircuitBreaker
 from inferd.reliability.degrade.controller import Degradation, TierChange
-from inferd.reliability.degrade.guard import DegradationGuard, slowness
-from inferd.reliability.degrade.reload import configure_degradation
 from inferd.reliability.degrade.tiers import DegradePolicy, parse_tiers
+from inferd.repository.degrade_guard import DegradationGuard, slowness
+from inferd.repository.degrade_reload import configure_degradation
 from inferd.repository.model_state import Model
 from inferd.repository.registry import ModelRegistry
 

@@ -19,6 +19,7 @@ from inferd.dataplane.plane import DataPlane
 from inferd.engine import hop
 from inferd.engine.client import EngineClient
 from inferd.engine.engine_hop import EngineHop
+from inferd.engine.model_table import ModelTable
 from inferd.engine.slab import ALIGN, MIN_CLASS, Slab, SlabAllocator
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import CallContext, Telemetry
@@ -106,9 +107,10 @@ def repo(tmp_path: Path) -> Path:
 def test_a_request_through_the_engine_link(repo: Path, tmp_path: Path) -> None:
     async def scenario() -> None:
         registry = ModelRegistry(repo, Telemetry())
-        dataplane = DataPlane(registry, registry.telemetry)
+        table = ModelTable(registry.models)
+        dataplane = DataPlane(registry, registry.telemetry, checked_signatures=table)
         await registry.load_all()
-        engine = EngineHop(dataplane, tmp_path / "engine.sock")
+        engine = EngineHop(dataplane, table, tmp_path / "engine.sock")
         await engine.start()
         client = EngineClient(AccessPolicy(), tmp_path / "engine.sock", tmp_path, 1 << 20)
         await client.connect()

@@ -23,7 +23,7 @@ from inferd.dataplane.access import AccessPolicy
 from inferd.dataplane.plane import DataPlane
 from inferd.engine.client import EngineClient
 from inferd.engine.engine_hop import EngineHop
-from inferd.engine.model_table import describe, rebuild
+from inferd.engine.model_table import ModelTable, describe, rebuild
 from inferd.errors import InferdError
 from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
@@ -133,9 +133,10 @@ def test_the_front_end_refuses_before_the_hop_and_the_engine_trusts_only_current
 
     async def scenario() -> None:
         registry = ModelRegistry(repo, Telemetry())
-        dataplane = DataPlane(registry, registry.telemetry)
+        table = ModelTable(registry.models)
+        dataplane = DataPlane(registry, registry.telemetry, checked_signatures=table)
         await registry.load_all()
-        engine = EngineHop(dataplane, tmp_path / "engine.sock")
+        engine = EngineHop(dataplane, table, tmp_path / "engine.sock")
         await engine.start()
         client = EngineClient(AccessPolicy(), tmp_path / "engine.sock", tmp_path, 1 << 20)
         await client.connect()
@@ -215,7 +216,9 @@ def test_a_restarted_engine_s_generations_never_vouch_for_the_old_engine_s_signa
     async def engine(repo: Path) -> tuple[ModelRegistry, EngineHop]:
         registry = ModelRegistry(repo, Telemetry())
         await registry.load_all()
-        hop = EngineHop(DataPlane(registry, registry.telemetry), socket)
+        table = ModelTable(registry.models)
+        dataplane = DataPlane(registry, registry.telemetry, checked_signatures=table)
+        hop = EngineHop(dataplane, table, socket)
         await hop.start()
         return registry, hop
 

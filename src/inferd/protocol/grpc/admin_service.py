@@ -29,13 +29,17 @@ class AdminService:
 
     def handler(self) -> grpc.GenericRpcHandler:
         methods = {
-            "GetRouting": lambda doc: self.dp.routing(_str(doc, "model")),
-            "SetRouting": lambda doc: self.dp.set_routing(_str(doc, "model"), doc.get("weights")),
-            "Promote": lambda doc: self.dp.promote(_str(doc, "model"), _str(doc, "version")),
-            "Rollback": lambda doc: self.dp.rollback(
+            "GetRouting": lambda doc: self.dp.admin.routing(_str(doc, "model")),
+            "SetRouting": lambda doc: self.dp.admin.set_routing(
+                _str(doc, "model"), doc.get("weights")
+            ),
+            "Promote": lambda doc: self.dp.admin.promote(_str(doc, "model"), _str(doc, "version")),
+            "Rollback": lambda doc: self.dp.admin.rollback(
                 _str(doc, "model"), str(doc.get("version", ""))
             ),
-            "GetDrift": lambda doc: self.dp.drift(_str(doc, "model"), str(doc.get("version", ""))),
+            "GetDrift": lambda doc: self.dp.admin.drift(
+                _str(doc, "model"), str(doc.get("version", ""))
+            ),
         }
         return grpc.method_handlers_generic_handler(
             ADMIN_SERVICE,

@@ -47,14 +47,17 @@ def errors_mapped(method: Method[Req, Resp]) -> Method[Req, Resp]:
     return wrapper
 
 
-class UnaryInferMethod:
+class ModelInferMethod:
     """`ModelInfer`, taking and giving wire bytes (handlers.py): parsing and serialising
     a large message happen here, off the event loop, not in gRPC on it."""
 
-    plane: UnaryPlane
-    limits: Limits
-    offload: Offload
-    max_response_bytes: int
+    def __init__(
+        self, plane: UnaryPlane, limits: Limits, offload: Offload, max_response_bytes: int = 0
+    ) -> None:
+        self.plane = plane
+        self.limits = limits
+        self.offload = offload
+        self.max_response_bytes = max_response_bytes
 
     @errors_mapped
     async def ModelInfer(self, request: bytes, context: Any) -> bytes:

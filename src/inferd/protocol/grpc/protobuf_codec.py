@@ -16,7 +16,6 @@ from tritonclient.grpc import service_pb2 as pb
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
 from inferd.limits import check_response_size
-from inferd.protocol.http.rest_codec import to_binary
 from inferd.protocol.strict_values import check_flags
 from inferd.tensors.wire_format import (
     MAX_BYTES_ELEMENTS,
@@ -27,6 +26,7 @@ from inferd.tensors.wire_format import (
     declared_count,
     decode_bytes_elements,
     shared_memory_ref,
+    to_binary,
 )
 from inferd.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
 

@@ -20,7 +20,7 @@ from inferd.limits import DEFAULT_LIMITS, Limits
 from inferd.protocol.grpc.access_interceptor import TRITON_METHOD_GROUPS, AccessInterceptor
 from inferd.protocol.grpc.admin_service import ADMIN_SERVICE, AdminService
 from inferd.protocol.grpc.handlers import add_inference_servicer
-from inferd.protocol.grpc.model_infer import UnaryInferMethod, errors_mapped
+from inferd.protocol.grpc.model_infer import ModelInferMethod, errors_mapped
 from inferd.protocol.grpc.protobuf_codec import (
     parameters_to_dict,
 )
@@ -32,11 +32,10 @@ from inferd.settings import TlsFiles
 log = logging.getLogger("inferd.grpc")
 
 
-class InferenceServicer(
-    UnaryInferMethod,
-    StreamInferMethod,
-    service_pb2_grpc.GRPCInferenceServiceServicer,  # type: ignore[misc]
-):
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """Every method of Triton's service; the two inference methods are parts of their own
+    (model_infer.py, stream_infer.py), the others translate here."""
+
     def __init__(
         self,
         dataplane: DataPlane,
@@ -45,31 +44,34 @@ class InferenceServicer(
         max_response_bytes: int = 0,
     ) -> None:
         self.dp = dataplane
-        self.plane = dataplane
-        self.limits = limits
-        self.offload = offload or Offload(limits.offload_bytes)
-        self.max_response_bytes = max_response_bytes
-        self.streams_held = 0  # ModelStreamInfer streams not read for want of room
+        offload = offload or Offload(limits.offload_bytes)
+        self.unary = ModelInferMethod(dataplane, limits, offload, max_response_bytes)
+        self.streaming = StreamInferMethod(dataplane, limits, offload, max_response_bytes)
+        # Bound here, as the DataPlane binds its steps: gRPC calls the part's method itself.
+        self.ModelInfer = self.unary.ModelInfer
+        self.ModelStreamInfer = self.streaming.ModelStreamInfer
 
     @errors_mapped
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=self.dp.live())
+        return pb.ServerLiveResponse(live=self.dp.health.live())
 
     @errors_mapped
     async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.dp.ready())
+        return pb.ServerReadyResponse(ready=self.dp.health.ready())
 
     @errors_mapped
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+        return pb.ModelReadyResponse(
+            ready=self.dp.health.model_ready(request.name, request.version)
+        )
 
     @errors_mapped
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(**self.dp.server_metadata())
+        return pb.ServerMetadataResponse(**self.dp.metadata.server_metadata())
 
     @errors_mapped
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
-        meta = self.dp.model_metadata(request.name, request.version)
+        meta = self.dp.metadata.model_metadata(request.name, request.version)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=meta["name"],
@@ -81,17 +83,19 @@ class InferenceServicer(
 
     @errors_mapped
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
-        return pb.ModelConfigResponse(config=self.dp.model_config(request.name, request.version))
+        return pb.ModelConfigResponse(
+            config=self.dp.metadata.model_config(request.name, request.version)
+        )
 
     @errors_mapped
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
-        rows = self.dp.repository_index(request.ready)
+        rows = self.dp.metadata.repository_index(request.ready)
         index = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(models=[index(**row) for row in rows])
 
     @errors_mapped
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
-        doc = await self.dp.server_statistics(request.name, request.version)
+        doc = await self.dp.statistics.server_statistics(request.name, request.version)
         # Fields inferd adds (a degraded model's `degradation`) have no place in Triton's
         # message: HTTP's JSON carries them.
         return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
@@ -104,14 +108,14 @@ class InferenceServicer(
         for key, value in request.parameters.items():
             which = value.WhichOneof("parameter_choice")
             parameters[key] = getattr(value, which) if which else None
-        await self.dp.load_model(request.model_name, parameters)
+        await self.dp.admin.load_model(request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
 
     @errors_mapped
     async def RepositoryModelUnload(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        await self.dp.unload_model(request.model_name)
+        await self.dp.admin.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     @errors_mapped
@@ -119,7 +123,7 @@ class InferenceServicer(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryStatusResponse:
         status = pb.SystemSharedMemoryStatusResponse.RegionStatus
-        regions = self.dp.shared_memory_status(request.name)
+        regions = self.dp.admin.shared_memory_status(request.name)
         return pb.SystemSharedMemoryStatusResponse(
             regions={r["name"]: status(**r) for r in regions}
         )
@@ -128,28 +132,30 @@ class InferenceServicer(
     async def SystemSharedMemoryRegister(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self.dp.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
+        self.dp.admin.register_shared_memory(
+            request.name, request.key, request.offset, request.byte_size
+        )
         return pb.SystemSharedMemoryRegisterResponse()
 
     @errors_mapped
     async def SystemSharedMemoryUnregister(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.dp.unregister_shared_memory(request.name)  # "" unregisters every region
+        self.dp.admin.unregister_shared_memory(request.name)  # "" unregisters every region
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @errors_mapped
     async def CudaSharedMemoryStatus(
         self, request: Any, context: Any
     ) -> pb.CudaSharedMemoryStatusResponse:
-        self.dp.cuda_shared_memory_status(request.name)  # empty, or NOT_FOUND for a name
+        self.dp.admin.cuda_shared_memory_status(request.name)  # empty, or NOT_FOUND for a name
         return pb.CudaSharedMemoryStatusResponse()
 
     @errors_mapped
     async def CudaSharedMemoryRegister(
         self, request: Any, context: Any
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        self.dp.register_cuda_shared_memory()
+        self.dp.admin.register_cuda_shared_memory()
         return pb.CudaSharedMemoryRegisterResponse()
 
     @errors_mapped

@@ -1,6 +1,6 @@
 """Triton's `ModelStreamInfer` over the DataPlane's streaming steps: the servicer's streaming
-method (a mixin of `InferenceServicer`, protocol/grpc/service.py), and the call context of a gRPC
-call."""
+method (a part of `InferenceServicer`, protocol/grpc/service.py), and the call context of a
+gRPC call."""
 
 from __future__ import annotations
 
@@ -31,13 +31,16 @@ log = logging.getLogger("inferd.grpc")
 
 
 class StreamInferMethod:
-    """`ModelStreamInfer`, for the servicer that holds these attributes."""
+    """`ModelStreamInfer`, over the DataPlane's streaming steps."""
 
-    dp: DataPlane
-    limits: Limits
-    offload: Offload
-    max_response_bytes: int
-    streams_held: int  # ModelStreamInfer streams not read for want of room
+    def __init__(
+        self, dataplane: DataPlane, limits: Limits, offload: Offload, max_response_bytes: int = 0
+    ) -> None:
+        self.dp = dataplane
+        self.limits = limits
+        self.offload = offload
+        self.max_response_bytes = max_response_bytes
+        self.streams_held = 0  # ModelStreamInfer streams not read for want of room
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: Any

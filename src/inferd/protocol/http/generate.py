@@ -89,7 +89,7 @@ class GenerateEndpoint:
                     # The body is in: the next message is the client hanging up, which
                     # cancels the request (a decoupled model sees is_cancelled()).
                     watcher = asyncio.create_task(_cancel_on_disconnect(receive, handler))
-                inputs = self.dp.model_metadata(model, version)["inputs"]
+                inputs = self.dp.metadata.model_metadata(model, version)["inputs"]
                 request = generate_request(body, model, version, inputs)
                 items = await self.dp.stream(call, request)
             async with contextlib.aclosing(items):

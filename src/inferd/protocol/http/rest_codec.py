@@ -17,15 +17,16 @@ from inferd.limits import check_response_size
 from inferd.protocol.http.json_values import from_json
 from inferd.protocol.strict_values import check_flags
 from inferd.tensors.wire_format import (
-    BYTES_LENGTH,
     MAX_BYTES_ELEMENTS,
     NO_DATA,
     REGION,
+    as_bytes,
     check_bytes_count,
     check_requested_once,
     declared_count,
     decode_bytes_elements,
     shared_memory_ref,
+    to_binary,
 )
 from inferd.types import (
     Array,
@@ -273,7 +274,7 @@ def _to_json(tensor: Tensor) -> Any:
     as binary."""
     if tensor.datatype == "BYTES":
         try:
-            return [_as_bytes(v).decode("utf-8") for v in tensor.data.reshape(-1)]
+            return [as_bytes(v).decode("utf-8") for v in tensor.data.reshape(-1)]
         except UnicodeDecodeError:
             return None  # not text: sent as binary, which every v2 client decodes
     # A flat, contiguous numpy array: orjson serialises it natively without a Python list.
@@ -287,25 +288,3 @@ def _to_json(tensor: Tensor) -> Any:
         for i in range(0, flat.size, JSON_CHUNK)
     ]
     return b"[" + b",".join(parts) + b"]"
-
-
-def _as_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    return str(value).encode("utf-8")
-
-
-def to_binary(tensor: Tensor) -> bytes | memoryview:
-    if tensor.datatype == "BYTES":
-        parts = []
-        for v in tensor.data.reshape(-1):
-            b = _as_bytes(v)
-            parts.append(BYTES_LENGTH.pack(len(b)))
-            parts.append(b)
-        return b"".join(parts)
-    array = np.ascontiguousarray(tensor.data, dtype=V2_TO_WIRE[tensor.datatype]).reshape(-1)
-    # A view as bytes, not a copy; through uint8 since the buffer protocol cannot describe
-    # bfloat16 elements.
-    return memoryview(array.view(np.uint8))  # type: ignore[arg-type]

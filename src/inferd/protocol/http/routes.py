@@ -145,39 +145,41 @@ class HttpAdapter:
         raise AssertionError("POST .../infer is served by InferEndpoint")
 
     async def live(self, request: Request) -> Response:
-        return Response(status_code=200 if self.dp.live() else 503)
+        return Response(status_code=200 if self.dp.health.live() else 503)
 
     async def ready(self, request: Request) -> Response:
-        return Response(status_code=200 if self.dp.ready() else 503)
+        return Response(status_code=200 if self.dp.health.ready() else 503)
 
     async def server_metadata(self, request: Request) -> Response:
-        return json_response(self.dp.server_metadata())
+        return json_response(self.dp.metadata.server_metadata())
 
     async def model_metadata(self, request: Request) -> Response:
         p = request.path_params
-        return json_response(self.dp.model_metadata(p["model"], p.get("version", "")))
+        return json_response(self.dp.metadata.model_metadata(p["model"], p.get("version", "")))
 
     async def model_ready(self, request: Request) -> Response:
         p = request.path_params
-        ready = self.dp.model_ready(p["model"], p.get("version", ""))
+        ready = self.dp.health.model_ready(p["model"], p.get("version", ""))
         return Response(status_code=200 if ready else 503)
 
     async def model_config(self, request: Request) -> Response:
         p = request.path_params
-        return json_response(to_json(self.dp.model_config(p["model"], p.get("version", ""))))
+        return json_response(
+            to_json(self.dp.metadata.model_config(p["model"], p.get("version", "")))
+        )
 
     async def statistics(self, request: Request) -> Response:
         p = request.path_params
-        doc = await self.dp.server_statistics(p.get("model", ""), p.get("version", ""))
+        doc = await self.dp.statistics.server_statistics(p.get("model", ""), p.get("version", ""))
         return json_response(doc)
 
     async def feedback(self, request: Request) -> Response:
         doc = await self._json_body(request)
-        return json_response(self.dp.feedback(request.path_params["model"], doc))
+        return json_response(self.dp.admin.feedback(request.path_params["model"], doc))
 
     async def repository_index(self, request: Request) -> Response:
         doc = await self._json_body(request)
-        return json_response(self.dp.repository_index(bool(doc.get("ready", False))))
+        return json_response(self.dp.metadata.repository_index(bool(doc.get("ready", False))))
 
     async def load_model(self, request: Request) -> Response:
         doc = await self._json_body(request)
@@ -194,39 +196,41 @@ class HttpAdapter:
                     raise invalid(f"parameter '{key}' must be base64") from None
             else:
                 parameters[key] = value
-        await self.dp.load_model(request.path_params["model"], parameters)
+        await self.dp.admin.load_model(request.path_params["model"], parameters)
         return Response(status_code=200)
 
     async def unload_model(self, request: Request) -> Response:
         await self._json_body(request)  # Triton's optional parameters: nothing to act on
-        await self.dp.unload_model(request.path_params["model"])
+        await self.dp.admin.unload_model(request.path_params["model"])
         return Response(status_code=200)
 
     async def routing(self, request: Request) -> Response:
         name = request.path_params["model"]
         if request.method == "GET":
-            return json_response(self.dp.routing(name))
+            return json_response(self.dp.admin.routing(name))
         doc = await self._json_body(request)
-        return json_response(self.dp.set_routing(name, doc.get("weights")))
+        return json_response(self.dp.admin.set_routing(name, doc.get("weights")))
 
     async def promote(self, request: Request) -> Response:
         doc = await self._json_body(request)
         return json_response(
-            self.dp.promote(request.path_params["model"], str(doc.get("version", "")))
+            self.dp.admin.promote(request.path_params["model"], str(doc.get("version", "")))
         )
 
     async def rollback(self, request: Request) -> Response:
         doc = await self._json_body(request)
         return json_response(
-            self.dp.rollback(request.path_params["model"], str(doc.get("version", "")))
+            self.dp.admin.rollback(request.path_params["model"], str(doc.get("version", "")))
         )
 
     async def shm_status(self, request: Request) -> Response:
-        return json_response(self.dp.shared_memory_status(request.path_params.get("region", "")))
+        return json_response(
+            self.dp.admin.shared_memory_status(request.path_params.get("region", ""))
+        )
 
     async def shm_register(self, request: Request) -> Response:
         doc = await self._json_body(request)
-        self.dp.register_shared_memory(
+        self.dp.admin.register_shared_memory(
             request.path_params["region"],
             doc.get("key"),
             doc.get("offset", 0),
@@ -236,16 +240,16 @@ class HttpAdapter:
 
     async def shm_unregister(self, request: Request) -> Response:
         await self._json_body(request)  # Triton's clients send an empty body
-        self.dp.unregister_shared_memory(request.path_params.get("region", ""))
+        self.dp.admin.unregister_shared_memory(request.path_params.get("region", ""))
         return Response(status_code=200)
 
     async def cuda_shm_status(self, request: Request) -> Response:
         region = request.path_params.get("region", "")
-        return json_response(self.dp.cuda_shared_memory_status(region))
+        return json_response(self.dp.admin.cuda_shared_memory_status(region))
 
     async def cuda_shm_register(self, request: Request) -> Response:
         await self._json_body(request)
-        self.dp.register_cuda_shared_memory()
+        self.dp.admin.register_cuda_shared_memory()
         return Response(status_code=200)
 
     async def cuda_shm_unregister(self, request: Request) -> Response:
@@ -263,7 +267,7 @@ class HttpAdapter:
 
     async def drift(self, request: Request) -> Response:
         p = request.path_params
-        return json_response(self.dp.drift(p["model"], p.get("version", "")))
+        return json_response(self.dp.admin.drift(p["model"], p.get("version", "")))
 
     async def drift_reference(self, request: Request) -> Response:
         """An .npz archive (any content type but JSON), or `{"tensors": ...}` as JSON."""
@@ -272,7 +276,7 @@ class HttpAdapter:
             body: bytes | dict[str, Any] = await self._json_body(request)
         else:
             body = await self._read_body(request)
-        doc = await self.dp.set_drift_reference(p["model"], p.get("version", ""), body)
+        doc = await self.dp.admin.set_drift_reference(p["model"], p.get("version", ""), body)
         return json_response(doc)
 
     async def _json_body(self, request: Request) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from inferd.telemetry.snapshots import items
 
 if TYPE_CHECKING:
-    from inferd.monitoring.capture import Capture
+    from inferd.dataplane.capture import Capture
 
 MV = ("model", "version")
 

@@ -46,7 +46,13 @@ routing_log = logging.getLogger("inferd.routing")  # rollbacks log where the gua
 
 
 class Capture:
-    def __init__(self, registry: ModelRegistry, settings: CaptureSettings | None = None) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        settings: CaptureSettings | None = None,
+        single_process: bool = True,
+    ) -> None:
+        """`single_process`: False in a worker of --workers N, where feedback is refused."""
         self.registry = registry
         self.settings = settings or CaptureSettings()
         self.drops = DropCounts()
@@ -60,7 +66,7 @@ class Capture:
             )
         self.feedback = FeedbackIndex()
         self.captured: dict[tuple[str, str], int] = {}  # (model, version): sampled requests
-        self.single_process = True  # False in a worker of --workers N: feedback is refused
+        self.single_process = single_process
         # Server-made request ids: random per process (unique across restarts and workers),
         # then a counter (cheaper than a uuid per sampled request).
         self._id_prefix = secrets.token_hex(8)
@@ -107,7 +113,9 @@ class Capture:
         response.id = record.request_id = request_id
         key = (mv.name, mv.version)
         self.captured[key] = self.captured.get(key, 0) + 1
-        self.feedback.remember(mv, request_id, response)
+        self.feedback.remember(
+            mv.name, mv.version, mv.spec.capture, mv.signature, request_id, response
+        )
         if not self.writers:
             return
         inputs = request.inputs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from inferd.config.model_config import ConfigError, read_config
 from inferd.pipelines.ensemble_config import is_ensemble
-from inferd.pipelines.ensemble_load import (
+from inferd.repository.ensemble_load import (
     UNKNOWN,
     WAITING,
     Composing,
