@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 engine_supervisor.run(settings)  # front ends and one engine
             elif settings.workers > 1:
-                supervisor.run(settings)  # it starts the workers, each a server.run_worker
+                supervisor.run(settings)  # it starts the workers, each a worker_role.run_worker
             else:
                 server.run(settings)
         except WorkersError as exc:

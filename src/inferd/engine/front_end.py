@@ -70,7 +70,7 @@ class FrontEnd:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         # Listening only once the engine answers: until then the kernel gives this front
-        # end no connection (the port is bound, not listening; server.run_worker).
+        # end no connection (the port is bound, not listening; workers/worker_role.py).
         await self.dataplane.connect()
         await _until_accepting(sockets.http(self.directory))
         if self.settings.grpc_port is not None:

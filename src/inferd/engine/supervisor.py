@@ -1,7 +1,7 @@
 """`inferd serve --workers N --engine`: N front ends and one engine, and their supervisor.
 
 The supervisor of `--workers N` (workers/supervisor.py) with other children: N front ends
-(engine/front_end.py) sharing the HTTP and gRPC ports, and one engine (server.run_engine)
+(engine/front_end.py) sharing the HTTP and gRPC ports, and one engine (engine_role.run_engine)
 that owns the repository, the batchers and the instances and serves /metrics itself. A
 child that dies is restarted the same way (the engine reloads the repository; meanwhile
 the front ends answer 503 and readiness is false). SIGTERM stops the front ends first (each
@@ -44,10 +44,10 @@ def _child_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> No
         return  # the supervisor died before the parent-death signal was armed
     os.setpgid(0, 0)  # as a worker: a terminal's Ctrl-C reaches the supervisor only
     if _is_engine(slot):
-        from inferd.server import build as server
+        from inferd.engine.engine_role import run_engine
 
         inferd_log.configure(settings.log_level, settings.log_format, worker="engine")
-        server.run_engine(settings, slot.directory)
+        run_engine(settings, slot.directory)
     else:
         from inferd.engine.front_end import run_front_end
 
@@ -67,8 +67,8 @@ class EngineSupervisor(Supervisor):
         # children (docs/benchmarks.md, "Memory: weights once"). Forking is safe here: in this
         # mode the supervisor serves no metrics, so it has no thread; nothing imported starts
         # one or touches an accelerator (the engine loads models after its fork).
+        import inferd.engine.engine_role  # noqa: F401
         import inferd.engine.front_end  # noqa: F401
-        import inferd.server.build  # noqa: F401
 
         self.context = multiprocessing.get_context("fork")
 

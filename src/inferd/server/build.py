@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import logging
+import socket
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 import uvicorn
@@ -22,10 +21,6 @@ from inferd.dataplane.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGro
 from inferd.dataplane.cache_step import build_cache
 from inferd.dataplane.capture import Capture
 from inferd.dataplane.plane import DataPlane, PlaneOptions
-from inferd.engine import sockets as engine_sockets
-from inferd.engine.engine_hop import EngineHop
-from inferd.engine.front_end_series import FrontEndCollector
-from inferd.engine.model_table import ModelTable
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
 from inferd.protocol import error_text, tls
@@ -40,6 +35,7 @@ from inferd.repository.registry import ModelRegistry
 from inferd.repository.uploads import UPLOAD_MODES
 from inferd.repository.watcher import RepositoryPoller
 from inferd.server.python_host import ServerHost
+from inferd.server.role import ServerRole
 from inferd.server.shutdown import ShutdownClock
 from inferd.settings import Settings
 from inferd.telemetry.metrics.cache_families import CacheCollector
@@ -48,12 +44,8 @@ from inferd.telemetry.metrics.degrade_families import DegradationCollector
 from inferd.telemetry.metrics.metrics_endpoint import MetricsServer
 from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.telemetry.request_log import RequestLogSink
-from inferd.telemetry.statistics import ProcessStatistics
 from inferd.telemetry.trace_settings import TraceSettings
 from inferd.telemetry.tracing import TraceSink
-from inferd.workers.peers import PeerServer, WorkerSlot
-from inferd.workers.reuse_port import shared_port_socket
-from inferd.workers.statistics import WorkersStatistics
 
 log = logging.getLogger("inferd.server")
 
@@ -62,15 +54,12 @@ class InferenceServer:
     def __init__(
         self,
         settings: Settings,
-        worker: WorkerSlot | None = None,
-        engine_directory: Path | None = None,
+        role: ServerRole | None = None,
     ) -> None:
-        """`worker`: this process is one of `--workers N` (inferd.workers); `engine_directory`:
-        it is the engine of `--workers N --engine`, its adapters and hop on unix sockets there."""
+        """`role`: what this process is besides a server (role.py): one of `--workers N`,
+        or the engine of `--workers N --engine`; None: a server of its own."""
         self.settings = settings
-        self.worker = worker
-        self.engine_directory = engine_directory
-        self.engine_hop: EngineHop | None = None
+        self.role = role = role or ServerRole()
         error_text.set_verbose(settings.verbose_errors)
         self.telemetry = Telemetry()
         self.telemetry.add(RequestLogSink(settings.log_sample_rate))
@@ -85,13 +74,11 @@ class InferenceServer:
         self.shutdown = ShutdownClock(settings.exit_timeout_s)
         admin = admin_api_enabled(settings)
         access = access_policy(settings)
-        processes = worker.count if worker is not None else 1
         # The response cache: one per process (each worker of --workers N its own local tier,
         # Redis shared; with --engine, the engine's), for models whose config enables it.
         self.response_cache = build_cache(settings.cache, self.registry)
-        self.capture = Capture(self.registry, settings.capture, single_process=worker is None)
-        # --engine: the engine's model table, whose front ends' checks a request may carry.
-        self.model_table = ModelTable(self.registry.models) if engine_directory else None
+        single = role.processes == 1
+        self.capture = Capture(self.registry, settings.capture, single_process=single)
         self.dataplane = DataPlane(
             self.registry,
             self.telemetry,
@@ -102,18 +89,14 @@ class InferenceServer:
                 max_response_bytes=settings.max_response_bytes,
                 max_copy_bytes=settings.max_request_bytes,
                 max_bytes_elements=settings.limits.max_bytes_elements,
-                processes=processes,
+                processes=role.processes,
             ),
             access=access,
             capture=self.capture,
             response_cache=self.response_cache,
-            checked_signatures=self.model_table,
+            checked_signatures=role.signature_checks(self.registry),
             trace=trace_settings,
-            statistics=(
-                ProcessStatistics
-                if worker is None
-                else functools.partial(WorkersStatistics, slot=worker)
-            ),
+            statistics=role.statistics(),
         )
         # pb_utils' model loading API and custom metrics, for Python models.
         self.custom_metrics = CustomMetrics()
@@ -127,7 +110,6 @@ class InferenceServer:
                 "--admin-token-file, --http-restricted-api, --grpc-restricted-protocol)",
                 " and ".join(open_to_all),
             )
-        self.peer_server: PeerServer | None = None
         self.telemetry.add(CanaryGuard(self.registry))
         self.telemetry.add(DegradationGuard(self.registry))
         self.poller: RepositoryPoller | None = None
@@ -138,7 +120,7 @@ class InferenceServer:
                 self.registry,
                 self.dataplane.statistics.sink,
                 settings.metrics_triton_names,
-                host_metrics=worker is None,  # with workers, the supervisor exports the host
+                host_metrics=role.exports_host,
             )
             self.telemetry.add(self.metrics)
             self.metrics.prometheus.register(self.custom_metrics)
@@ -193,44 +175,18 @@ class InferenceServer:
             self.poller.start()
         if self.settings.grpc_port is not None:
             await self._start_grpc(self.settings.grpc_port)
-        if self.engine_directory is not None:  # last: front ends connect once models loaded
-            assert self.model_table is not None
-            hop_path = engine_sockets.hop(self.engine_directory)
-            self.engine_hop = EngineHop(self.dataplane, self.model_table, hop_path)
-            if self.metrics is not None:
-                collector = FrontEndCollector(self.engine_hop, self.settings.workers)
-                self.metrics.prometheus.register(collector)
-            await self.engine_hop.start()
-        if self.worker is not None:
-            metrics = self.metrics
-            self.peer_server = PeerServer(
-                self.worker,
-                lambda name, version: self.dataplane.statistics.model_statistics(name, version)[
-                    "model_stats"
-                ],
-                None if metrics is None else metrics.prometheus.collect,
-            )
-            await self.peer_server.start()
-        elif self.metrics is not None and self.settings.metrics_port is not None:
-            # With workers the supervisor serves /metrics, from every worker's peer socket.
-            self.metrics_server = MetricsServer(
-                self.metrics.prometheus,
-                self.settings.host,
-                self.settings.metrics_port,
-                self.settings.limits,
-            )
+        # The role's own (an engine's hop to its front ends, a worker's peer socket): last,
+        # front ends connect once models are loaded.
+        await self.role.start(self.dataplane, self.metrics)
+        port = self.settings.metrics_port
+        if self.role.serves_metrics and self.metrics is not None and port is not None:
+            prometheus = self.metrics.prometheus
+            limits = self.settings.limits
+            self.metrics_server = MetricsServer(prometheus, self.settings.host, port, limits)
             log.info(
                 "metrics at http://%s:%d/metrics", self.settings.host, self.metrics_server.port
             )
-        if self.engine_directory is not None:
-            log.info("engine serving its front ends (ready: %s)", self.dataplane.health.ready())
-        else:
-            log.info(
-                "HTTP server listening on http://%s:%d (ready: %s)",
-                self.settings.host,
-                self.settings.http_port,
-                self.dataplane.health.ready(),
-            )
+        log.info("%s", self.role.listening(self.settings, self.dataplane.health.ready()))
         try:
             yield
         finally:
@@ -242,8 +198,7 @@ class InferenceServer:
             if self.poller is not None:
                 await self.poller.stop()
             log.info("shutting down: draining requests and unloading models")
-            if self.engine_hop is not None:
-                await self.engine_hop.close()  # the front ends stopped (and drained) first
+            await self.role.close_first()  # an engine's hop: its front ends drained first
             if self.grpc_server is not None:
                 await self.grpc_server.stop(grace=self.shutdown.remaining_s())
             drained = True
@@ -262,40 +217,33 @@ class InferenceServer:
                 await asyncio.to_thread(self.trace_sink.shutdown)
             if self.metrics_server is not None:
                 self.metrics_server.close()
-            if self.peer_server is not None:
-                await self.peer_server.close()
+            await self.role.close_last()  # a worker's peer socket
             if self.metrics is not None:
                 self.metrics.close()
             self.offload.close()
             self.shutdown.finished(drained)
 
     async def _start_grpc(self, port: int) -> None:
-        host = self.settings.host
-        if self.engine_directory is not None:  # gRPC's address form of a unix socket
-            host, port = f"unix:{engine_sockets.grpc(self.engine_directory)}", 0
+        address = self.role.grpc_address(self.settings, port)
         self.grpc_server, self.grpc_port, self.grpc_servicer = grpc_adapter.build_server(
             self.dataplane,
-            host,
-            port,
+            address.host,
+            address.port,
             self.settings.max_request_bytes,
             self.settings.max_response_bytes,
-            reuse_port=self.worker is not None,
-            tls=None if self.engine_directory is not None else self.settings.grpc_tls,
+            reuse_port=address.reuse_port,
+            tls=address.tls,
             limits=self.settings.limits,
             offload=self.offload,
         )
         if not self.grpc_port:
-            raise OSError(f"cannot listen for gRPC on {host}:{port}")
+            raise OSError(f"cannot listen for gRPC on {address.host}:{address.port}")
         await self.grpc_server.start()
-        if self.engine_directory is None:
+        if not address.host.startswith("unix:"):
             log.info("gRPC server listening on %s:%d", self.settings.host, self.grpc_port)
 
     def uvicorn_config(self) -> uvicorn.Config:
-        if self.engine_directory is not None:  # for the front ends only: no TLS inside
-            where: dict[str, Any] = {"uds": str(engine_sockets.http(self.engine_directory))}
-        else:
-            where = {"host": self.settings.host, "port": self.settings.http_port}
-            where.update(tls.uvicorn_options(self.settings.http_tls))
+        where = self.role.http_where(self.settings)
         return uvicorn.Config(
             self.app,
             **where,
@@ -392,30 +340,14 @@ class UvicornServer(uvicorn.Server):
             self._captured_signals.clear()
 
 
-def run(settings: Settings) -> None:
-    """One server process (`--workers 1`; cli.main runs the supervisor for more)."""
+def run(
+    settings: Settings, role: ServerRole | None = None, sock: socket.socket | None = None
+) -> None:
+    """One server process: of its own (`--workers 1`; cli.main runs the supervisor for
+    more), or in a `role` (workers/worker_role.py, engine/engine_role.py); `sock`: a bound
+    socket to serve HTTP on (the port the processes of `--workers N` share)."""
     ensure_file_descriptors(settings.limits)
     memory.configure_allocator()
-    server = InferenceServer(settings)
-    UvicornServer(server.uvicorn_config(), server).run()
-    server.shutdown.exit_if_incomplete()
-
-
-def run_engine(settings: Settings, directory: Path) -> None:
-    """The engine of `--workers N --engine`: the whole server, its adapters on unix sockets
-    in `directory` for the front ends, and the hop (inferd.engine)."""
-    ensure_file_descriptors(settings.limits)
-    memory.configure_allocator()
-    server = InferenceServer(settings, engine_directory=directory)
-    UvicornServer(server.uvicorn_config(), server).run()
-    server.shutdown.exit_if_incomplete()
-
-
-def run_worker(settings: Settings, worker: WorkerSlot) -> None:
-    """One of `--workers N`: the same server on a port it shares with its siblings."""
-    ensure_file_descriptors(settings.limits)
-    sock = shared_port_socket(settings)
-    memory.configure_allocator()
-    server = InferenceServer(settings, worker)
-    UvicornServer(server.uvicorn_config(), server).run(sockets=[sock])
+    server = InferenceServer(settings, role)
+    UvicornServer(server.uvicorn_config(), server).run(sockets=None if sock is None else [sock])
     server.shutdown.exit_if_incomplete()

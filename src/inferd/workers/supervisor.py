@@ -86,10 +86,10 @@ def _worker_main(settings: Settings, slot: WorkerSlot, supervisor_pid: int) -> N
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then
     # stops the workers once, gracefully (a second signal would make uvicorn force-quit).
     os.setpgid(0, 0)
-    from inferd.server import build as server
+    from inferd.workers.worker_role import run_worker
 
     inferd_log.configure(settings.log_level, settings.log_format, worker=slot.index)
-    server.run_worker(settings, slot)
+    run_worker(settings, slot)
 
 
 def _die_with_parent() -> None:
