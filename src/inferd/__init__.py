@@ -5,8 +5,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from inferd.backends.python.model_api import (  # noqa: E402
-    SEQUENCE_END,
-    SEQUENCE_START,
     ModelCallError,
     ModelContext,
     PythonModel,
@@ -14,6 +12,7 @@ from inferd.backends.python.model_api import (  # noqa: E402
     ResponseSender,
 )
 from inferd.backends.python.shared_arrays import SharedArrayError, shared_array  # noqa: E402
+from inferd.types import SEQUENCE_END, SEQUENCE_START  # noqa: E402
 
 __all__ = [
     "SEQUENCE_END",

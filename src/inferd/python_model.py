@@ -5,14 +5,13 @@ in `inferd.backends.python.model_api`; the usual import is `from inferd import P
 from __future__ import annotations
 
 from inferd.backends.python.model_api import (
-    SEQUENCE_END,
-    SEQUENCE_START,
     ModelCallError,
     ModelContext,
     PythonModel,
     RequestInfo,
     ResponseSender,
 )
+from inferd.types import SEQUENCE_END, SEQUENCE_START
 
 __all__ = [
     "SEQUENCE_END",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy.typing as npt
 
@@ -84,3 +85,22 @@ def min_wire_bytes(tensors: list[Tensor]) -> int:
     fixed-size datatypes, 4 per element for BYTES (the length prefix). Cheap: no element is
     looked at."""
     return sum(t.data.size * 4 if t.datatype == "BYTES" else t.data.nbytes for t in tensors)
+
+
+# Sequence flags of a request (Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END): bits
+# of `RequestInfo.flags()` for a Python model, set by the sequence batcher.
+SEQUENCE_START = 1
+SEQUENCE_END = 2
+
+
+class RequestFields(Protocol):
+    """What a backend may be told of each request of the batch it executes (a Python
+    model's `RequestInfo` is made from these): the scheduler's checked request has them."""
+
+    request_id: str
+    rows: int
+    correlation_id: int | str
+    flags: int
+
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...

@@ -1,7 +1,14 @@
-"""No import circle inside `src/inferd`: each module's imports, read with `ast` (module-level,
-function-level and `if TYPE_CHECKING:` ones alike, `from . import x` resolved to the submodule),
-form a graph that must have no cycle. A circle is ownership gone wrong even where a lazy import
-keeps it from failing at start-up, so the test names the modules going round it."""
+"""The package's layers, held: each module's imports, read with `ast` (module-level,
+function-level and `if TYPE_CHECKING:` ones alike, `from . import x` resolved to the
+submodule), form a graph in which
+
+- no module imports a module of a higher layer (LAYERS, bottom-up, as docs/architecture.md
+  draws them), and every module belongs to a layer;
+- no two packages import each other, directly or round a longer circle;
+- no module circle exists at all.
+
+A circle is ownership gone wrong even where a lazy import keeps it from failing at start-up,
+so each failure names the imports that make it."""
 
 from __future__ import annotations
 
@@ -111,6 +118,115 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
                     following.append(target)
         frontier = following
     raise AssertionError(f"no cycle through {start}")  # unreachable for a real component
+
+
+# Bottom-up. A unit is a package (or a top-level module); a module belongs to the longest
+# unit its name starts with. Units of one layer may import each other one way only.
+LAYERS: list[tuple[str, ...]] = [
+    # the vocabulary every layer speaks
+    (
+        "inferd.errors",
+        "inferd.types",
+        "inferd.events",
+        "inferd.limits",
+        "inferd.log",
+        "inferd.log_safety",
+        "inferd.datatypes",
+        "inferd.streams",
+    ),
+    ("inferd.config",),
+    ("inferd.tensors",),
+    (
+        "inferd.scheduling",
+        "inferd.backends",
+        "inferd.cache",
+        "inferd.reliability",
+        "inferd.monitoring",
+        "inferd.pipelines",
+        "inferd.telemetry",
+    ),
+    ("inferd.repository",),
+    # settings.py holds the cache's and the capture's settings: above them, below protocol
+    ("inferd.dataplane", "inferd.telemetry.metrics", "inferd.settings"),
+    ("inferd.protocol",),
+    ("inferd.server",),
+    ("inferd.workers",),
+    ("inferd.engine",),
+    ("inferd.cli",),
+    # the surfaces users import
+    ("inferd", "inferd.public", "inferd.__main__", "inferd.python_model"),
+]
+
+
+def unit_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> str | None:
+    """The longest unit `module` belongs to, or None."""
+    units = [u for layer in layers for u in layer if module == u or module.startswith(u + ".")]
+    return max(units, key=len, default=None)
+
+
+def layer_breaks(
+    graph: dict[str, set[str]], layers: list[tuple[str, ...]] = LAYERS
+) -> tuple[list[str], list[str], list[list[str]]]:
+    """(modules in no layer, imports going up, circles between units). Importing the root
+    package itself (`from inferd import __version__`) is no edge: every import runs it."""
+    level = {u: i for i, layer in enumerate(layers) for u in layer}
+    root = layers[-1][0]
+    unplaced = sorted(m for m in graph if unit_of(m, layers) is None)
+    upward: list[str] = []
+    units: dict[str, set[str]] = {u: set() for u in level}
+    for module, targets in sorted(graph.items()):
+        source = unit_of(module, layers)
+        for target in sorted(targets):
+            dest = unit_of(target, layers)
+            if source is None or dest is None or dest == source or target == root:
+                continue
+            units[source].add(dest)
+            if level[dest] > level[source]:
+                upward.append(f"{module} -> {target} ({source} is below {dest})")
+    return unplaced, upward, find_cycles(units)
+
+
+def test_the_layer_check_finds_what_breaks_the_order() -> None:
+    layers = [("pkg.low",), ("pkg.mid_a", "pkg.mid_b"), ("pkg.high",), ("pkg",)]
+    graph = {
+        "pkg": {"pkg.high"},
+        "pkg.low.x": {"pkg.high.y"},  # up the order
+        "pkg.mid_a.m": {"pkg.mid_b.n", "pkg.low.x", "pkg"},  # peers one way, down, the root
+        "pkg.mid_b.n": {"pkg.mid_a.k"},  # ... and back: a circle of peers
+        "pkg.mid_a.k": set(),
+        "pkg.high.y": set(),
+        "pkg.stray": set(),
+    }
+    unplaced, upward, circles = layer_breaks(graph, layers)
+    assert unplaced == []  # "pkg.stray" is the root package's
+    assert upward == ["pkg.low.x -> pkg.high.y (pkg.low is below pkg.high)"]
+    assert circles == [["pkg.mid_a", "pkg.mid_b", "pkg.mid_a"]]
+    assert unit_of("pkg.mid_ab", [("pkg.mid_a",)]) is None  # a prefix of a name is no unit
+
+
+def test_no_import_goes_up_the_layers_and_no_packages_import_each_other() -> None:
+    unplaced, upward, circles = layer_breaks(import_graph())
+    assert not unplaced, "modules in no layer (add them to LAYERS and docs/architecture.md):\n" + (
+        "\n".join(unplaced)
+    )
+    assert not upward, "imports going up the layers:\n" + "\n".join(upward)
+    assert not circles, "packages importing each other:\n" + "\n".join(
+        " -> ".join(c) for c in circles
+    )
+
+
+def test_the_scheduler_knows_backends_only_by_their_contract() -> None:
+    """Scheduling hands batches to any backend's instances: it may read the contract
+    (backends/base.py, backends/executing.py), never a backend of its own."""
+    contract = {"inferd.backends.base", "inferd.backends.executing"}
+    found = sorted(
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module.startswith("inferd.scheduling")
+        for target in targets
+        if target.startswith("inferd.backends") and target not in contract
+    )
+    assert not found, "the scheduler imports a backend:\n" + "\n".join(found)
 
 
 def test_the_walk_sees_every_import_form(tmp_path: Path) -> None:

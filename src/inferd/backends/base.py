@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -11,10 +12,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.python.shared_array_store import ArrayScope
 from inferd.config.backend_parameters import BackendSettings, read_backend_settings
 from inferd.errors import InferdError
-from inferd.types import Array
+from inferd.types import Array, RequestFields
 
 if TYPE_CHECKING:
-    from inferd.backends.python.model_api import RequestInfo
     from inferd.backends.python.pb_utils.host import HostProvider
     from inferd.tensors.signature import BoundRequest
 
@@ -92,10 +92,10 @@ class RequestInfoInstance(Protocol):
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]: ...
 
-    def execute_with_info(
-        self, inputs: dict[str, Array], requests: list[RequestInfo]
+    def execute_with_requests(
+        self, inputs: dict[str, Array], requests: Sequence[RequestFields]
     ) -> dict[str, Array]:
-        """`execute`, with one `RequestInfo` per request of the batch, in row order."""
+        """`execute`, told who sent each request of the batch, in row order."""
         ...
 
     def close(self) -> None: ...

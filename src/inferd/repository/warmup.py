@@ -19,7 +19,6 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import AnyInstance, RequestInfoInstance, RequestListInstance
-from inferd.backends.python.model_api import SEQUENCE_END, SEQUENCE_START, RequestInfo
 from inferd.config.model_config import ConfigError
 from inferd.config.model_paths import confined
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
@@ -30,7 +29,7 @@ from inferd.streams import CollectingSink
 from inferd.tensors.conformance import OutputMismatchError, conform_output
 from inferd.tensors.signature import BoundRequest, ModelSignature
 from inferd.tensors.wire_format import decode_bytes_elements
-from inferd.types import Array
+from inferd.types import SEQUENCE_END, SEQUENCE_START, Array
 
 Sample = tuple[str, dict[str, Array], int]  # (name, inputs, count)
 
@@ -242,8 +241,7 @@ def run_warmup(
                             _check_responses(signature, sink, rows)
                             continue
                     elif isinstance(instance, RequestInfoInstance) and instance.wants_request_info:
-                        infos = [RequestInfo.of(r) for r in merged]
-                        result = instance.execute_with_info(model_inputs, infos)
+                        result = instance.execute_with_requests(model_inputs, merged)
                     else:
                         result = instance.execute(model_inputs)
                     for spec in outputs:

@@ -8,8 +8,7 @@ import time
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from inferd.backends.base import AnyInstance, Instance, RequestInfoInstance, RequestListInstance
-from inferd.backends.python.bls_request import EXECUTING
-from inferd.backends.python.model_api import RequestInfo
+from inferd.backends.executing import EXECUTING
 from inferd.config.ragged import NO_RAGGED, RaggedPlan
 from inferd.errors import ErrorKind, InferdError
 from inferd.scheduling.merge import merged_inputs
@@ -80,8 +79,8 @@ def _run_batch(
     inputs = merged_inputs([p.request for p in batch], ragged)
     t1 = clock()
     if with_info:
-        infos = [RequestInfo.of(p.request) for p in batch]
-        outputs = cast(RequestInfoInstance, instance).execute_with_info(inputs, infos)
+        requests = [p.request for p in batch]
+        outputs = cast(RequestInfoInstance, instance).execute_with_requests(inputs, requests)
     else:
         outputs = cast(Instance, instance).execute(inputs)
     t2 = clock()

@@ -18,7 +18,6 @@ from tests.unit.scheduling.test_batcher import Instance, options, outputs, req, 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import ReplaceableInstance
-from inferd.backends.python.model_api import SEQUENCE_START
 from inferd.errors import ErrorKind, InferdError
 from inferd.events import BatchRecord, RequestRecord, Telemetry
 from inferd.scheduling.batcher import DynamicBatcher
@@ -26,7 +25,7 @@ from inferd.scheduling.instance_runs import running_executions
 from inferd.scheduling.sequence.sequence_batcher import SequenceBatcher
 from inferd.scheduling.sequence.sequence_config import read_sequence_options
 from inferd.tensors.signature import BoundRequest
-from inferd.types import Array
+from inferd.types import SEQUENCE_START, Array
 
 # Long enough that an instant fake execution never reaches it on a loaded machine.
 TIMEOUT_S = 0.5

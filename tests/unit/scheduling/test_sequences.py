@@ -16,7 +16,6 @@ from tests.sequence_models import accumulator_onnx
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.onnx import OnnxBackend
-from inferd.backends.python.model_api import SEQUENCE_END, SEQUENCE_START
 from inferd.config.model_config import ConfigError
 from inferd.errors import ErrorKind, InferdError
 from inferd.scheduling.pending import BatchClose, Pending
@@ -24,7 +23,7 @@ from inferd.scheduling.sequence.sequence_batches import attach_controls, form_ba
 from inferd.scheduling.sequence.sequence_config import SequenceOptions, read_sequence_options
 from inferd.scheduling.sequence.sequence_table import END, IDLE, SequenceTable
 from inferd.tensors.signature import BoundRequest
-from inferd.types import Array
+from inferd.types import SEQUENCE_END, SEQUENCE_START, Array
 
 START, STOP = SEQUENCE_START, SEQUENCE_END
 

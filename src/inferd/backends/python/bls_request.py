@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
+from inferd.backends.executing import EXECUTING
 from inferd.events import CallContext
 from inferd.types import Array
 
@@ -83,22 +83,15 @@ class Executing(Protocol):
     def future(self) -> asyncio.Future[Any]: ...
 
 
-# The batch this thread executes, as the scheduler holds it (run_batch sets it: read only
-# when a call is made, so an execution that makes none pays one set and one reset), or the
-# callers a thread relaying a worker process's calls acts for.
-EXECUTING: contextvars.ContextVar[Sequence[Executing | Caller]] = contextvars.ContextVar(
-    "inferd_bls_executing", default=()
-)
-
-
 def current_callers() -> tuple[Caller, ...]:
     """The callers of the batch this thread executes; () outside an execution."""
     return tuple(
-        c
-        if isinstance(c, Caller)
-        else Caller(c.request.ctx, c.future if c.request.responses is None else None)
-        for c in EXECUTING.get()
+        c if isinstance(c, Caller) else _caller(cast(Executing, c)) for c in EXECUTING.get()
     )
+
+
+def _caller(c: Executing) -> Caller:
+    return Caller(c.request.ctx, c.future if c.request.responses is None else None)
 
 
 @contextlib.contextmanager

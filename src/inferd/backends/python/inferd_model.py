@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -29,7 +29,7 @@ from inferd.errors import ErrorKind, InferdError
 from inferd.streams import CollectingSink, guard_release
 from inferd.tensors.conformance import OutputMismatchError
 from inferd.tensors.signature import BoundRequest
-from inferd.types import Array
+from inferd.types import Array, RequestFields
 
 log = logging.getLogger("inferd.backends.python")
 
@@ -86,6 +86,11 @@ class PythonInstance:
         with self._marks():
             outputs = self._loop.resolve(self._model.predict(inputs))
         return _checked(outputs)
+
+    def execute_with_requests(
+        self, inputs: dict[str, Array], requests: Sequence[RequestFields]
+    ) -> dict[str, Array]:
+        return self.execute_with_info(inputs, [RequestInfo.of(r) for r in requests])
 
     def execute_with_info(
         self, inputs: dict[str, Array], requests: list[RequestInfo]

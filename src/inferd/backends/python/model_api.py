@@ -27,14 +27,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from inferd.backends.python.bls_request import BlsCall, BlsResult
 from inferd.errors import ErrorKind, InferdError
 from inferd.streams import ResponseSink
-from inferd.types import Array
+from inferd.types import Array, RequestFields
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,21 +165,6 @@ def _outputs(result: BlsResult) -> dict[str, Array]:
     return dict(result.outputs or {})
 
 
-# Bits of `RequestInfo.flags()`: Triton's TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END.
-SEQUENCE_START = 1
-SEQUENCE_END = 2
-
-
-class _RequestFields(Protocol):
-    request_id: str
-    rows: int
-    correlation_id: int | str
-    flags: int
-
-    @property
-    def parameters(self) -> Mapping[str, Any]: ...
-
-
 _NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -209,7 +194,7 @@ class RequestInfo:
         self._flags = flags
 
     @classmethod
-    def of(cls, request: _RequestFields) -> RequestInfo:
+    def of(cls, request: RequestFields) -> RequestInfo:
         return cls(
             request.request_id,
             request.rows,

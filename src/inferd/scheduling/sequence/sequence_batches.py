@@ -20,14 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferd.backends.python.model_api import SEQUENCE_START
 from inferd.datatypes import V2_TO_NUMPY
 from inferd.errors import ErrorKind, InferdError
 from inferd.scheduling.pending import BatchClose, Pending, Result
 from inferd.scheduling.sequence.sequence_config import SequenceOptions, StateSpec
 from inferd.scheduling.sequence.sequence_table import SequenceEntry
 from inferd.tensors.signature import BoundRequest
-from inferd.types import Array
+from inferd.types import SEQUENCE_START, Array
 
 Key = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
 

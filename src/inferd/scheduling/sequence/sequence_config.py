@@ -19,10 +19,9 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends.python.model_api import SEQUENCE_END, SEQUENCE_START
 from inferd.config.model_config import CONFIG_FILE, ConfigError
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
-from inferd.types import Array
+from inferd.types import SEQUENCE_END, SEQUENCE_START, Array
 
 Control = mc.ModelSequenceBatching.Control
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds (0 = default)

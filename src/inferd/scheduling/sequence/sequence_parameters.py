@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from inferd.backends.python.model_api import SEQUENCE_END, SEQUENCE_START
 from inferd.errors import invalid
-from inferd.types import InferRequest
+from inferd.types import SEQUENCE_END, SEQUENCE_START, InferRequest
 
 _SEQUENCE_FLAGS = (("sequence_start", SEQUENCE_START), ("sequence_end", SEQUENCE_END))
 _UINT64_MAX = 2**64 - 1

@@ -16,11 +16,10 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inferd.backends.python.model_api import SEQUENCE_END, SEQUENCE_START
 from inferd.errors import invalid
 from inferd.scheduling.pending import Pending
 from inferd.tensors.signature import BoundRequest
-from inferd.types import Array
+from inferd.types import SEQUENCE_END, SEQUENCE_START, Array
 
 log = logging.getLogger("inferd.scheduling")
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from inferd.config.model_config import ConfigError
 from inferd.errors import ErrorKind, InferdError
 from inferd.tensors.conformance import OutputMismatchError
 from inferd.tensors.signature import BoundRequest
-from inferd.types import Array
+from inferd.types import Array, RequestFields
 
 log = logging.getLogger("inferd.backends.python")
 
@@ -138,6 +138,11 @@ class ProcessInstance:
 
     def execute(self, inputs: dict[str, Array]) -> dict[str, Array]:
         return self.execute_with_info(inputs, None)
+
+    def execute_with_requests(
+        self, inputs: dict[str, Array], requests: Sequence[RequestFields]
+    ) -> dict[str, Array]:
+        return self.execute_with_info(inputs, [RequestInfo.of(r) for r in requests])
 
     def execute_with_info(
         self, inputs: dict[str, Array], requests: list[RequestInfo] | None
