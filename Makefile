@@ -38,7 +38,7 @@ models: $(VENV)/.serve-deps
 serve: models
 	$(BIN)/inferd serve --model-repository examples/models $(ARGS)
 
-# promtool and prometheus, for tests/integration/test_deploy.py, and nginx, for
+# promtool and prometheus, for tests/integration/deploy/test_deploy.py, and nginx, for
 # test_replicas.py: Debian's `prometheus` and `nginx` packages through apt-get, with sudo
 # when not root; and perf_analyzer (its own venv under benchmarks/,
 # about a minute the first time) for test_perf_analyzer.py. A no-op once installed. If they

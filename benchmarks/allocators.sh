@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 C="${1:-16}"; SECONDS_EACH="${2:-20}"; ROUNDS="${3:-2}"
-SERVER_CHECK=(.venv/bin/python tests/server_process.py)
+SERVER_CHECK=(.venv/bin/python tests/support/server_process.py)
 LIBDIR=/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
 declare -A PRELOAD=(
   [glibc]=""

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server_process import free_port, wait_until_serving  # noqa: E402
+from tests.support.server_process import free_port, wait_until_serving  # noqa: E402
 
 METADATA = json.dumps(
     {

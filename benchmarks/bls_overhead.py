@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server_process import check_still_serving, free_port, wait_until_serving  # noqa: E402
+from tests.support.server_process import check_still_serving, free_port, wait_until_serving  # noqa: E402
 
 CODE = """
 import numpy as np

@@ -46,8 +46,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-from tests.models import builders  # noqa: E402  (examples/build_models.py)
-from tests.server_process import free_port, wait_until_serving  # noqa: E402
+from tests.support.models import builders  # noqa: E402  (examples/build_models.py)
+from tests.support.server_process import free_port, wait_until_serving  # noqa: E402
 
 SAME = HERE / "wrk" / "mlp_json.lua"
 UNIQUE = HERE / "wrk" / "mlp_json_unique.lua"

@@ -4,7 +4,7 @@
 
 1. `Capture.observe` per call (what `DataPlane.respond` adds; CPU time of the calling
    thread, which other processes' load does not inflate), on a real loaded version of a
-   tiny ONNX model (tests/monitoring_models.py, [8, 4] FP32 in, [8, 4] + [8, 1] out): with
+   tiny ONNX model (tests/support/monitoring_models.py, [8, 4] FP32 in, [8, 4] + [8, 1] out): with
    `capture_sample_rate` 0, 1 with no `--capture-dir` (id + predicted classes kept for
    feedback), and 1 with `--capture-dir` (also offered to the writer's queue; the writer
    thread runs meanwhile, on the same cores).
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.monitoring_models import parameters, write_signed_model  # noqa: E402
+from tests.support.monitoring_models import parameters, write_signed_model  # noqa: E402
 
 from inferd.dataplane.capture import Capture  # noqa: E402
 from inferd.events import CallContext, RequestRecord, Telemetry  # noqa: E402

@@ -1,7 +1,7 @@
 """The p99 a client sees through a 3x latency regression of a model, with and without
 degradation tiers (docs/reliability.md#degradation-tiers, docs/benchmarks.md).
 
-One `inferd serve` process serves three Python models (tests/degrade_models.py: each
+One `inferd serve` process serves three Python models (tests/support/degrade_models.py: each
 execution sleeps for the milliseconds a file holds, read at every execution, and the
 benchmark rewrites that file, in one rename, while the server runs):
 
@@ -34,7 +34,7 @@ Then the medians over the rounds, and the regression part's p99 ratio tiered / p
     .venv/bin/python benchmarks/degradation_p99.py [SECONDS per phase] [ROUNDS] [--p99-ms 70]
 
 The server gets a free port at run time; the run stops with an error, and prints no figures,
-if that server exits or another process answers on its port (tests/server_process.py).
+if that server exits or another process answers on its port (tests/support/server_process.py).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.degrade_models import Delays, degrade, param, write_timed_model  # noqa: E402
-from tests.server_process import (  # noqa: E402
+from tests.support.degrade_models import Delays, degrade, param, write_timed_model  # noqa: E402
+from tests.support.server_process import (  # noqa: E402
     ServerCheckError,
     check_still_serving,
     free_port,

@@ -33,8 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.models import builders  # noqa: E402  (the example models' builder)
-from tests.server_process import free_port, wait_until_serving  # noqa: E402
+from tests.support.models import builders  # noqa: E402  (the example models' builder)
+from tests.support.server_process import free_port, wait_until_serving  # noqa: E402
 
 from inferd.monitoring.reference import npz_bytes  # noqa: E402
 

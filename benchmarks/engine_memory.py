@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.models import builders as build_models  # noqa: E402  (examples/build_models.py)
+from tests.support.models import builders as build_models  # noqa: E402  (examples/build_models.py)
 
 
 def _load(name: str) -> ModuleType:

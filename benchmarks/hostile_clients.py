@@ -12,7 +12,7 @@ is how every request was decoded before offloading existed. Then the connection 
 --max-connections (how many were refused, whether health probes were still answered).
 
 The server gets a free port; the run stops with an error, and prints no figures, if that
-server exits or another process answers on its port (tests/server_process.py). Needs what
+server exits or another process answers on its port (tests/support/server_process.py). Needs what
 `make serve` installs (the client is the standard library's http.client).
 """
 
@@ -34,8 +34,8 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.models import builders  # noqa: E402
-from tests.server_process import (  # noqa: E402
+from tests.support.models import builders  # noqa: E402
+from tests.support.server_process import (  # noqa: E402
     check_port_free,
     check_still_serving,
     free_port,

@@ -31,8 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.models import builders  # noqa: E402
-from tests.server_process import free_port, wait_until_serving  # noqa: E402
+from tests.support.models import builders  # noqa: E402
+from tests.support.server_process import free_port, wait_until_serving  # noqa: E402
 
 BIG_ROW = 1 << 18  # FP32 values: 1 MiB
 

@@ -10,8 +10,8 @@ PROTOCOL="${1:-http}"; shift || true
 LEVELS=("${@:-1 8 64}"); LEVELS=(${LEVELS[@]})
 MODEL="${MODEL:-mlp}"
 # Its own server on ports free at run time, checked to be the one answering there (and
-# still alive at the end): tests/server_process.py.
-SERVER_CHECK=(.venv/bin/python tests/server_process.py)
+# still alive at the end): tests/support/server_process.py.
+SERVER_CHECK=(.venv/bin/python tests/support/server_process.py)
 PORT_HTTP="$("${SERVER_CHECK[@]}" free-port)"; PORT_GRPC="$("${SERVER_CHECK[@]}" free-port)"
 mkdir -p benchmarks/results
 

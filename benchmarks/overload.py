@@ -11,7 +11,7 @@ RSS before and after.
 
 The server gets a free port at run time (or --port, which must be free); the run stops with
 an error, and prints no figures, if that server exits or another process answers on its
-port (tests/server_process.py). Needs what `make serve` installs.
+port (tests/support/server_process.py). Needs what `make serve` installs.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.fault_models import RECORDING_PY, param, write_model  # noqa: E402
-from tests.server_process import (  # noqa: E402
+from tests.support.fault_models import RECORDING_PY, param, write_model  # noqa: E402
+from tests.support.server_process import (  # noqa: E402
     ServerCheckError,
     check_port_free,
     check_still_serving,

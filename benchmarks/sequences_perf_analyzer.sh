@@ -3,7 +3,7 @@
 # sends whole sequences (sequence_id / start / end) when the model has sequence_batching.
 #   usage: [MODEL=acc_onnx] [SEQUENCE_LENGTH=10] benchmarks/sequences_perf_analyzer.sh \
 #            [http|grpc] [concurrency ...]      (default: grpc, concurrency 1 8 32)
-# MODEL is one of the test repository's sequence models (tests/sequence_models.py):
+# MODEL is one of the test repository's sequence models (tests/support/sequence_models.py):
 # acc_onnx (direct, 2 instances x 4 slots), acc (Python, oldest), acc_triton (Triton Python).
 # A concurrency of N runs N sequences at once; above the model's slots the rest wait in the
 # backlog. Results are printed and written to benchmarks/results/seq-<model>-<protocol>-c<N>.csv.
@@ -15,8 +15,8 @@ LEVELS=("${@:-1 8 32}"); LEVELS=(${LEVELS[@]})
 MODEL="${MODEL:-acc_onnx}"
 LENGTH="${SEQUENCE_LENGTH:-10}"
 # Its own server on ports free at run time, checked to be the one answering there (and
-# still alive at the end): tests/server_process.py.
-SERVER_CHECK=(.venv/bin/python tests/server_process.py)
+# still alive at the end): tests/support/server_process.py.
+SERVER_CHECK=(.venv/bin/python tests/support/server_process.py)
 PORT_HTTP="$("${SERVER_CHECK[@]}" free-port)"; PORT_GRPC="$("${SERVER_CHECK[@]}" free-port)"
 mkdir -p benchmarks/results
 REPO="$(mktemp -d)"
@@ -24,7 +24,7 @@ REPO="$(mktemp -d)"
 .venv/bin/python -c "
 import sys; sys.path.insert(0, '.')
 from pathlib import Path
-from tests.sequence_models import build_sequence_repository
+from tests.support.sequence_models import build_sequence_repository
 build_sequence_repository(Path(sys.argv[1]))
 " "$REPO"
 .venv/bin/inferd serve --model-repository "$REPO" --http-port "$PORT_HTTP" \

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/stream_throughput.py [--responses 2000] [--streams 1,4]
 
-Starts `inferd serve` (its own process) on tests/stream_models.py's `repeat_triton` and
+Starts `inferd serve` (its own process) on tests/support/stream_models.py's `repeat_triton` and
 `repeat_inferd` (one small INT32 response after another, as fast as the model can send),
 then, for each model, protocol and number of concurrent streams, asks each stream for
 `--responses` responses and reports responses/s on the client's clock (first request sent
@@ -26,12 +26,12 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server_process import (  # noqa: E402
+from tests.support.server_process import (  # noqa: E402
     check_still_serving,
     free_port,
     wait_until_serving,
 )
-from tests.stream_models import write_stream_models  # noqa: E402
+from tests.support.stream_models import write_stream_models  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/swap_memory.py [--swaps 20] [--variants before,trim,after]
         [--workers 2] [--isolation process] [--runs 1]
 
-Serves tests/swap_memory.py's two models (a 64 MiB ONNX model, a 64 MiB Python model) in
+Serves tests/support/swap_memory.py's two models (a 64 MiB ONNX model, a 64 MiB Python model) in
 poll mode under one HTTP and one gRPC client per worker, swaps both to a new version
 `--swaps` times, and reads the server's memory after each swap has been released
 (`process_resident_memory_bytes`, summed over --workers, plus the model worker processes'
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.swap_memory import (  # noqa: E402
+from tests.support.swap_memory import (  # noqa: E402
     MODELS,
     Load,
     serve,

@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 C="${1:-64}"; ROUNDS="${2:-2}"
 # Each server on ports free at run time, checked to be the one answering there (and still
-# alive after its measurement): tests/server_process.py.
-SERVER_CHECK=(.venv/bin/python tests/server_process.py)
+# alive after its measurement): tests/support/server_process.py.
+SERVER_CHECK=(.venv/bin/python tests/support/server_process.py)
 make --no-print-directory models >/dev/null
 
 run() {  # $1: label, rest: extra inferd flags

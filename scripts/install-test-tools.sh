@@ -1,8 +1,8 @@
 #!/bin/sh
 # Installs the tools the deployment tests need:
 # - Prometheus' `promtool` (checks deploy/prometheus/*.yaml) and `prometheus` itself (scrapes
-#   a live test server end to end): tests/integration/test_deploy.py;
-# - nginx, the balancer in front of three replicas: tests/integration/test_replicas.py
+#   a live test server end to end): tests/integration/deploy/test_deploy.py;
+# - nginx, the balancer in front of three replicas: tests/integration/workers/test_replicas.py
 #   (the test writes its own config from deploy/nginx/ and runs it on loopback ports).
 #
 # Idempotent: does nothing when all three are already installed. Otherwise installs

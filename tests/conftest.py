@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.models import build_broken_models, build_good_repository
-from tests.servers import RunningServer, run_server
+from tests.support.models import build_broken_models, build_good_repository
+from tests.support.servers import RunningServer, run_server
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 # Start and stop inferd or a peer for the compare scripts (sourced, not run).
 # Needs HERE, ROOT and PORT set; inferd serves HTTP on PORT and gRPC on PORT+1, as the peers.
 
-# inferd is checked to be the one answering on PORT (tests/server_process.py): the port is
+# inferd is checked to be the one answering on PORT (tests/support/server_process.py): the port is
 # free before it starts, and when it is stopped every socket listening there is still its own
 # (so the figures measured meanwhile are of it).
 SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/server_process.py")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_models import write_gated_counter
-from tests.servers import RunningServer, run_server
+from tests.support.fault_models import write_gated_counter
+from tests.support.servers import RunningServer, run_server
 
 
 @pytest.fixture(scope="session")

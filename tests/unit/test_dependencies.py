@@ -140,7 +140,7 @@ def test_the_benchmarks_need_only_what_make_serve_installs() -> None:
     """benchmarks/*.py run with the venv `make serve` makes (peers/ have venvs of their own)."""
     installs = base() + [r for name in serve_extras() for r in extra(name)]
     files = with_local_imports((ROOT / "benchmarks").glob("*.py"))
-    assert ROOT / "tests" / "fault_models.py" in files  # overload.py's models
+    assert ROOT / "tests" / "support" / "fault_models.py" in files  # overload.py's models
     assert not missing(files, closure(installs))
 
 

@@ -1,4 +1,4 @@
-"""The Dockerfile keeps its rules (tests/dockerfile_lint.py), and the lint catches each
+"""The Dockerfile keeps its rules (tests/support/dockerfile_lint.py), and the lint catches each
 rule broken: a rule that cannot fail would prove nothing."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.dockerfile_lint import stages, violations
+
+from tests.support.dockerfile_lint import stages, violations
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text(encoding="utf-8")

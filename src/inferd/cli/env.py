@@ -3,7 +3,7 @@
 `--http-port` is `INFERD_HTTP_PORT`, `--exit-timeout-secs` is `INFERD_EXIT_TIMEOUT_SECS`:
 the option's long name, upper-cased, dashes as underscores, after `INFERD_`. The mapping is
 derived from the parser, so an option added later gets its variable with no change here
-(tests/unit/test_cli_env.py walks the parser to keep it so). A flag on the command line wins
+(tests/unit/cli/test_cli_env.py walks the parser to keep it so). A flag on the command line wins
 over its variable; a variable wins over the built-in default. A value a variable holds goes
 through the option's own type and choices, and a bad one is an error naming the variable.
 

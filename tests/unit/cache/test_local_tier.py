@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.unit.cache.cache_helpers import Model, key, outputs
 
 from inferd.cache import CacheKey, CacheSettings, LocalSettings, ResponseCache
 from inferd.cache.entry import make_entry, owned_copy
 from inferd.cache.local_tier import LocalTier
+from tests.support.cache_helpers import Model, key, outputs
 
 
 class Clock:

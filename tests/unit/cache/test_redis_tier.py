@@ -11,8 +11,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import redis
-from tests.unit.cache.cache_helpers import Model, key, outputs, wait_for
-from tests.unit.cache.redis_servers import MAIN_REDIS, OwnRedis, silent_listener
 
 from inferd.cache import (
     CacheConfigError,
@@ -24,6 +22,8 @@ from inferd.cache import (
 from inferd.cache.breaker import FAILURES, Breaker
 from inferd.cache.entry import make_entry, owned_copy
 from inferd.cache.redis_tier import RedisTier
+from tests.support.cache_helpers import Model, key, outputs, wait_for
+from tests.support.redis_servers import MAIN_REDIS, OwnRedis, silent_listener
 
 MAIN = RedisSettings(*MAIN_REDIS, timeout_ms=2000)  # a loaded CI box: no spurious timeouts
 
@@ -351,7 +351,7 @@ def test_a_bounded_pool_makes_callers_wait_for_a_connection_not_fail(prefix):
 LEFT_OPEN = """
 import asyncio
 from inferd.cache import CacheSettings, RedisSettings, ResponseCache
-from tests.unit.cache.cache_helpers import Model, key
+from tests.support.cache_helpers import Model, key
 
 async def left_open(n):
     settings = RedisSettings("127.0.0.1", 6379, timeout_ms=2000)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.unit.cache.cache_helpers import Model, key, outputs, wait_for
 
 from inferd.cache import CacheSettings, LocalSettings, ResponseCache
+from tests.support.cache_helpers import Model, key, outputs, wait_for
 
 CALLERS = 64
 

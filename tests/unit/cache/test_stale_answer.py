@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.cache_models import write_exec_model
 
 from inferd.cache import CacheSettings, LocalSettings, ResponseCache
 from inferd.dataplane.cache_step import CACHE_HIT, request_key, run_cached, stale_answer
@@ -18,6 +17,7 @@ from inferd.events import CallContext, RequestRecord
 from inferd.repository.model_state import ModelVersion
 from inferd.repository.registry import ModelRegistry
 from inferd.types import InferRequest, Tensor
+from tests.support.cache_models import write_exec_model
 
 
 class Clock:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.unit.cache.cache_helpers import Model, key, outputs
-
 from inferd.cache import CacheSettings, LocalSettings, ResponseCache
 from inferd.cache.entry import make_entry, owned_copy
 from inferd.cache.local_tier import LocalTier
 from inferd.telemetry.metrics.cache_families import CacheCollector
+from tests.support.cache_helpers import Model, key, outputs
 
 
 class Clock:

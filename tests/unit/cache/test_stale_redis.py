@@ -11,13 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from tests.unit.cache.cache_helpers import Model, key
-from tests.unit.cache.redis_servers import MAIN_REDIS, silent_listener
 
 from inferd.cache import CacheSettings, LocalSettings, RedisSettings, ResponseCache
 from inferd.cache import redis_encoding as codec
 from inferd.cache.breaker import FAILURES
 from inferd.cache.redis_tier import KEY_PREFIX
+from tests.support.cache_helpers import Model, key
+from tests.support.redis_servers import MAIN_REDIS, silent_listener
 
 DB = 14
 SETTINGS = RedisSettings(*MAIN_REDIS, db=DB, timeout_ms=2000)  # a loaded box: no timeouts

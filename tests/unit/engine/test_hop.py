@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto
-from tests.models import builders
 
 from inferd.dataplane.access import AccessPolicy
 from inferd.dataplane.plane import DataPlane
@@ -25,6 +24,7 @@ from inferd.errors import ErrorKind, InferdError
 from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
 from inferd.types import InferRequest, SharedMemoryRef, Tensor
+from tests.support.models import builders
 
 
 def test_the_allocator_hands_out_aligned_regions_and_reuses_freed_ones() -> None:

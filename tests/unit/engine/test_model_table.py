@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from onnx import TensorProto
-from tests.models import builders
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.config.input_limits import InputLimits
@@ -29,6 +28,7 @@ from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
 from inferd.tensors.signature import ModelSignature
 from inferd.types import InferRequest, RequestedOutput, Tensor
+from tests.support.models import builders
 
 CONFIG = """
     name: "m"

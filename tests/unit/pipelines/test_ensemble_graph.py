@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 from google.protobuf import text_format
-from tests.ensemble_models import ensemble_config, step
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.pipelines.ensemble_config import GraphError, check_composing, parse_graph
+from tests.support.ensemble_models import ensemble_config, step
 
 
 def _config(text: str) -> mc.ModelConfig:

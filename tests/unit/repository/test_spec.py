@@ -6,53 +6,23 @@ from __future__ import annotations
 
 import ast
 import os
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf import text_format
-from tests.unit.repository.test_config import LINEAR_CONFIG, make_model
-from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.config.input_limits import DEFAULT_MAX_BYTES_ELEMENT_SIZE, DEFAULT_MAX_INPUT_ELEMENTS
 from inferd.config.model_config import ConfigError
 from inferd.config.parameters import BACKEND_PARAMETERS, INFERD_PARAMETERS
 from inferd.monitoring.capture_settings import CaptureOptions
 from inferd.repository.loader import prepare
-from inferd.repository.spec import ModelSpec, parse_spec
+from inferd.repository.spec import ModelSpec
 from inferd.scheduling.queues import QueuePolicy
+from tests.support.config_models import LINEAR_CONFIG, make_model
+from tests.support.model_specs import spec_of
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "inferd"
-
-PLATFORMS = {
-    "onnxruntime": 'platform: "onnxruntime_onnx"',
-    "pytorch": 'platform: "pytorch_libtorch"',
-    "python": 'backend: "python"',
-}
-
-
-def config(
-    parameters: dict[str, str] | None = None, backend: str = "onnxruntime", extra: str = ""
-) -> mc.ModelConfig:
-    text = f"""
-        name: "m"
-        {PLATFORMS[backend]}
-        max_batch_size: 8
-        input [ {{ name: "x", data_type: TYPE_FP32, dims: [ 4 ] }} ]
-        output [ {{ name: "y", data_type: TYPE_FP32, dims: [ 2 ] }} ]
-        {extra}
-    """
-    for key, value in (parameters or {}).items():
-        text += f"parameters {{ key: {key!r} value: {{ string_value: {value!r} }} }}\n"
-    return text_format.Parse(textwrap.dedent(text), mc.ModelConfig())
-
-
-def spec_of(
-    parameters: dict[str, str] | None = None, backend: str = "onnxruntime", extra: str = ""
-) -> ModelSpec:
-    return parse_spec(config(parameters, backend, extra), Path("m"))
 
 
 def test_defaults() -> None:

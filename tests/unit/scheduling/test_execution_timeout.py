@@ -1,7 +1,8 @@
 """The execution timeout (`BatchRunner`): a stuck execution's requests fail at the timeout,
 its instance leaves the pool until the call returns (or its worker process is replaced), and
 nothing waits behind an instance that may never come back. Fake instances held by gates
-(`threading.Event`); the end-to-end cases are in tests/integration/test_execution_timeout.py.
+(`threading.Event`); the end-to-end cases are in
+tests/integration/scheduling/test_execution_timeout.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from tests.unit.scheduling.test_batcher import Instance, options, outputs, req, run, until
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import ReplaceableInstance
@@ -26,6 +26,7 @@ from inferd.scheduling.sequence.sequence_batcher import SequenceBatcher
 from inferd.scheduling.sequence.sequence_config import read_sequence_options
 from inferd.tensors.signature import BoundRequest
 from inferd.types import SEQUENCE_START, Array
+from tests.support.batcher_harness import Instance, options, outputs, req, run, until
 
 # Long enough that an instant fake execution never reaches it on a loaded machine.
 TIMEOUT_S = 0.5

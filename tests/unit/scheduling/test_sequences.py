@@ -1,6 +1,6 @@
 """The sequence table (slots, backlog, release, idle expiry) and batch formation (direct and
 oldest, control inputs, implicit state), driven directly: no threads, no model, a fake
-clock. The end-to-end behaviour is in tests/integration/test_sequences.py."""
+clock. The end-to-end behaviour is in tests/integration/scheduling/test_sequences.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from tests.models import builders
-from tests.sequence_models import accumulator_onnx
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.onnx import OnnxBackend
@@ -24,6 +22,8 @@ from inferd.scheduling.sequence.sequence_config import SequenceOptions, read_seq
 from inferd.scheduling.sequence.sequence_table import END, IDLE, SequenceTable
 from inferd.tensors.signature import BoundRequest
 from inferd.types import SEQUENCE_END, SEQUENCE_START, Array
+from tests.support.models import builders
+from tests.support.sequence_models import accumulator_onnx
 
 START, STOP = SEQUENCE_START, SEQUENCE_END
 

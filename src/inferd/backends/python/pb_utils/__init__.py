@@ -4,7 +4,7 @@ A `model.py` written for Triton does `import triton_python_backend_utils as pb_u
 Python backend registers this package under that name before importing the model. Names and
 behaviour follow Triton's python_backend. What inferd does not offer (request rescheduling)
 raises `TritonModelException` naming the API; the list of every name and its status is
-docs/python-models.md, walked by tests/integration/test_pb_utils_api.py. Decoupled models
+docs/python-models.md, walked by tests/integration/backends/test_pb_utils_api.py. Decoupled models
 send their responses through `request.get_response_sender()` (an
 `InferenceResponseSender`); a model calls another one with `InferenceRequest(...).exec()` or
 `await .async_exec()` (BLS: inferd.dataplane.bls_runner).

@@ -1,0 +1,88 @@
+"""Models for the `inferd optimize` tests: an MLP that INT8 keeps, a classifier whose weights
+INT8 cannot hold, and the TorchScript MLP."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.support.models import builders
+
+CLASSIFIER_CONFIG = """
+name: "{name}"
+platform: "{platform}"
+max_batch_size: 8
+input [ {{ name: "input", data_type: TYPE_FP32, dims: [ {n_in} ] }} ]
+output [
+  {{ name: "probabilities", data_type: TYPE_FP32, dims: [ {n_out} ] }},
+  {{ name: "label", data_type: TYPE_INT64, dims: [ 1 ] }}
+]
+dynamic_batching {{ }}
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+parameters {{ key: "intra_op_thread_count" value: {{ string_value: "1" }} }}
+{extra}
+"""
+
+# Wide enough that INT8 is faster on a CPU (measured: docs/benchmarks.md), small enough to
+# build and time in a test. The tests never depend on the speed (--min-speedup 0).
+MLP_SIZES = [64, 1024, 1024, 16]  # the example MLP's
+
+
+def write_config(model_dir: Path, platform: str, n_in: int, n_out: int, extra: str = "") -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    text = CLASSIFIER_CONFIG.format(
+        name=model_dir.name, platform=platform, n_in=n_in, n_out=n_out, extra=extra
+    )
+    (model_dir / "config.pbtxt").write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+
+
+def write_mlp(repo: Path, name: str = "mlp", extra: str = "", seed: int = 0) -> Path:
+    model_dir = repo / name
+    builders._save(builders.mlp(MLP_SIZES, seed=seed), model_dir / "1" / "model.onnx")
+    write_config(model_dir, "onnxruntime_onnx", MLP_SIZES[0], MLP_SIZES[-1], extra)
+    return model_dir
+
+
+def write_torch_mlp(repo: Path, name: str = "mlp_torch") -> Path:
+    model_dir = repo / name
+    builders.torch_mlp(MLP_SIZES, seed=0, path=model_dir / "1" / "model.pt")
+    write_config(model_dir, "pytorch_libtorch", MLP_SIZES[0], MLP_SIZES[-1])
+    return model_dir
+
+
+def outlier_classifier(n_in: int = 64, n_out: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """logits = x @ W with W's first row 1000 in every class and the rest ~0.01: the common
+    term cancels in softmax and argmax, so the class lives in the small weights. INT8 (per
+    tensor or per channel: every column holds a 1000) rounds them all to zero."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.01, (n_in, n_out)).astype(np.float32)
+    w[0, :] = 1000.0
+    b = np.zeros(n_out, np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gemm", ["input", "w", "b"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+            helper.make_node("ArgMax", ["probabilities"], ["label"], axis=1, keepdims=1),
+        ],
+        "outlier_classifier",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", n_in])],
+        [
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", n_out]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch", 1]),
+        ],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", builders.OPSET)])
+    model.ir_version = 8
+    return model
+
+
+def write_outlier_classifier(repo: Path, name: str = "outlier") -> Path:
+    model_dir = repo / name
+    builders._save(outlier_classifier(), model_dir / "1" / "model.onnx")
+    write_config(model_dir, "onnxruntime_onnx", 64, 16)
+    return model_dir
