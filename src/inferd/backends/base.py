@@ -123,7 +123,7 @@ class ReplaceableInstance(Protocol):
     # waits for a worker to start (that wait is not execution time).
     execution_started: float | None
 
-    def kill_worker(self, reason: str) -> None:
+    def kill_process(self, reason: str) -> None:
         """Kill the worker process now (logging `reason`); a new one loads the model."""
         ...
 

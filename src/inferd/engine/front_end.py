@@ -39,7 +39,7 @@ from inferd.protocol.offload import Offload
 from inferd.server import build as server
 from inferd.server.shutdown import ShutdownClock
 from inferd.settings import Settings
-from inferd.workers.reuse_port import shared_port_socket
+from inferd.workers.reuse_port import reuse_port_socket
 
 log = logging.getLogger("inferd.engine")
 
@@ -152,7 +152,7 @@ async def _until_accepting(path: Path) -> None:
 
 
 def run_front_end(settings: Settings, directory: Path, index: int) -> None:
-    sock = shared_port_socket(settings)
+    sock = reuse_port_socket(settings)
     front = FrontEnd(settings, directory, server.access_policy(settings), index)
     server.UvicornServer(front.uvicorn_config(), front).run(sockets=[sock])
     front.shutdown.exit_if_incomplete()

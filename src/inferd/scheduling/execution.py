@@ -304,7 +304,7 @@ class BatchRunner:
         self._fail(batch, deadline_exceeded(message))
         call.on_return = lambda: self._returned(instance, stuck)
         if isinstance(instance, ReplaceableInstance):
-            instance.kill_worker(f"an execution passed the timeout of {timeout_ms} ms")
+            instance.kill_process(f"an execution passed the timeout of {timeout_ms} ms")
         if self.serving == 0 and self._on_all_stuck is not None:
             self._on_all_stuck()
 

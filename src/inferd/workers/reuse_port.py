@@ -7,7 +7,7 @@ import socket
 from inferd.settings import Settings
 
 
-def shared_port_socket(settings: Settings) -> socket.socket:
+def reuse_port_socket(settings: Settings) -> socket.socket:
     """The HTTP port, shared with sibling processes (SO_REUSEPORT). Bound, not listening:
     the kernel hands this process connections only once uvicorn listens, after its lifespan
     started (models loaded, or the engine reached); until then its siblings take them all."""

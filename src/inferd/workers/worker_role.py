@@ -14,7 +14,7 @@ from inferd.server.role import GrpcAddress, ServerRole
 from inferd.settings import Settings
 from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.workers.peers import PeerServer, WorkerSlot
-from inferd.workers.reuse_port import shared_port_socket
+from inferd.workers.reuse_port import reuse_port_socket
 from inferd.workers.statistics import WorkersStatistics
 
 
@@ -49,5 +49,5 @@ class WorkerRole(ServerRole):
 
 def run_worker(settings: Settings, slot: WorkerSlot) -> None:
     """One of `--workers N`: the same server on a port it shares with its siblings."""
-    sock = shared_port_socket(settings)
+    sock = reuse_port_socket(settings)
     build.run(settings, WorkerRole(slot), sock)

@@ -113,7 +113,7 @@ def test_with_two_instances_the_healthy_one_keeps_serving() -> None:
 
 
 class WorkerInstance(Instance):
-    """A fake process-isolated instance: `kill_worker` ends the stuck call, as killing the
+    """A fake process-isolated instance: `kill_process` ends the stuck call, as killing the
     worker process does; `restarted` (when given) holds an execution before it reaches a
     worker, as a restart in progress does."""
 
@@ -140,7 +140,7 @@ class WorkerInstance(Instance):
         finally:
             self._started = None
 
-    def kill_worker(self, reason: str) -> None:
+    def kill_process(self, reason: str) -> None:
         self.kills.append(reason)
         assert self.gate is not None
         self.gate.set()

@@ -17,11 +17,11 @@ from inferd.backends.python.instantiate import instantiate
 from inferd.backends.python.isolated.isolated_instance import (
     ProcessInstance,
     TritonProcessInstance,
-    auto_complete_in_worker,
+    auto_complete_in_process,
 )
 from inferd.backends.python.isolated.parent_stream import StreamingProcessInstance
-from inferd.backends.python.isolated.pipe import start_worker
-from inferd.backends.python.isolated.process_spec import WorkerSpec
+from inferd.backends.python.isolated.pipe import start_model_process
+from inferd.backends.python.isolated.process_spec import ProcessSpec
 from inferd.backends.python.model_import import (
     MODEL_FILE,
     import_model_module,
@@ -53,7 +53,7 @@ class PythonBackend:
         isolation = isolation_of(config)
         if may_define_triton_model(version_dir):
             if isolation == "process":
-                completed = auto_complete_in_worker(config, version_dir)
+                completed = auto_complete_in_process(config, version_dir)
             else:
                 completed = completed_config(config.name, version_dir, config)
             if completed is not None:
@@ -97,9 +97,9 @@ def start_process_instance(ctx: LoadContext) -> ProcessInstance:
     host = (
         ctx.host.for_instance(ctx.model_name, ctx.array_scope()) if ctx.host is not None else None
     )
-    spec = WorkerSpec.from_context(ctx)
+    spec = ProcessSpec.from_context(ctx)
     try:
-        worker, info = start_worker(spec, lambda w: None, host)
+        worker, info = start_model_process(spec, lambda w: None, host)
     except BaseException:
         if host is not None:
             host.close()

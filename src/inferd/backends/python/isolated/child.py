@@ -31,7 +31,7 @@ from inferd.backends.python.inferd_model import PythonInstance, StreamingPythonI
 from inferd.backends.python.instantiate import instantiate
 from inferd.backends.python.isolated.child_bls import BlsClient
 from inferd.backends.python.isolated.child_stream import PipeSender, serve_stream
-from inferd.backends.python.isolated.process_spec import WorkerSpec
+from inferd.backends.python.isolated.process_spec import ProcessSpec
 from inferd.backends.python.model_import import import_model_module
 from inferd.backends.python.pb_utils.errors import TritonModelException
 from inferd.backends.python.pb_utils.host import MetricKind
@@ -174,12 +174,12 @@ def _as_result(result: Any) -> tuple[Any, ...]:
     return ("outputs", result)
 
 
-def worker_main(
+def child_main(
     conn: Connection,
     log_conn: Connection,
     ready_conn: Connection,
     cancelled: Any,
-    spec: WorkerSpec,
+    spec: ProcessSpec,
     bls_conn: Connection | None = None,
 ) -> None:
     """The child process: load the model, then answer batches until told to stop."""

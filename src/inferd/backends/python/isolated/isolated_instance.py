@@ -12,8 +12,8 @@ with a `MODEL_ERROR` naming the crash, and a new child is started in the backgro
 model again; the next batch waits for it. If that restart fails, every later batch fails with
 `UNAVAILABLE` and the reason, and `is_alive()` stays False. A child that dies while loading
 (rather than raising) is started again with backoff, a few times, before the load fails
-(worker_pipe.start_worker). An execution that hangs past the model's execution timeout is
-ended by `kill_worker`: the child is killed and replaced like one that crashed.
+(worker_pipe.start_model_process). An execution that hangs past the model's execution timeout is
+ended by `kill_process`: the child is killed and replaced like one that crashed.
 
 Whatever the child logs or prints (prints become records of `inferd.model.<name>`, as in the
 server) is sent over a second pipe and re-emitted by the parent's logging, tagged with the model.
@@ -26,7 +26,7 @@ reason)` once, then `("ok", outputs | results)` or `("error", message)` per batc
 `("stopped", unload_error | None)` at the end; in between, the child's pb_utils calls
 (pipe.py). A decoupled `Model` streams instead (parent_stream.py): `("stream", ...)`
 per request, answered by its `("response", ...)` messages and `("done", error | None)`; the
-parent raises a shared flag when the request's client has gone. `auto_complete_in_worker`
+parent raises a shared flag when the request's client has gone. `auto_complete_in_process`
 runs a child whose only answer is `("completed", config JSON | None)` or `("load_failed",
 reason)`.
 """
@@ -46,11 +46,11 @@ from inferd.backends.base import LoadContext
 from inferd.backends.python.bls_request import current_callers
 from inferd.backends.python.isolated.pipe import (
     STOP_TIMEOUT_S,
-    Worker,
-    WorkerDiedError,
-    start_worker,
+    ModelProcess,
+    ModelProcessDiedError,
+    start_model_process,
 )
-from inferd.backends.python.isolated.process_spec import WorkerSpec
+from inferd.backends.python.isolated.process_spec import ProcessSpec
 from inferd.backends.python.model_api import RequestInfo
 from inferd.backends.python.model_code import READY_TIMEOUT_S, ReadinessCheck
 from inferd.backends.python.pb_utils.host import InstanceModelHost
@@ -63,14 +63,14 @@ from inferd.types import Array, RequestFields
 log = logging.getLogger("inferd.backends.python")
 
 
-def auto_complete_in_worker(config: mc.ModelConfig, version_dir: Path) -> str | None:
+def auto_complete_in_process(config: mc.ModelConfig, version_dir: Path) -> str | None:
     """TritonPythonModel.auto_complete_config's config, run in a short-lived worker process
     (importing model.py could crash the server too); None when model.py defines none."""
     ctx = LoadContext(config.name, version_dir.name, version_dir, config, 0, 1)
-    worker = Worker(WorkerSpec.from_context(ctx, "auto_complete"), lambda _: None)
+    worker = ModelProcess(ProcessSpec.from_context(ctx, "auto_complete"), lambda _: None)
     try:
         message = worker.receive()
-    except WorkerDiedError as exc:
+    except ModelProcessDiedError as exc:
         raise ConfigError(
             f"{config.name}/{version_dir.name}/model.py: the worker process running "
             f"auto_complete_config died ({exc})"
@@ -94,9 +94,9 @@ class ProcessInstance:
     def __init__(
         self,
         ctx: LoadContext,
-        spec: WorkerSpec,
+        spec: ProcessSpec,
         host: InstanceModelHost | None,
-        worker: Worker,
+        worker: ModelProcess,
         info: dict[str, Any],
     ) -> None:
         self._spec = spec
@@ -112,11 +112,11 @@ class ProcessInstance:
         self.execution_started: float | None = None  # see ReplaceableInstance
         # The first worker started before this object existed: its exit comes here from now
         # on (a death before this line is found by the next batch, as a death while idle).
-        worker.on_exit = self._on_worker_exit
-        self._worker: Worker | None = worker
+        worker.on_exit = self._on_process_exit
+        self._worker: ModelProcess | None = worker
 
-    def _start(self) -> Worker:
-        worker, info = start_worker(self._spec, self._on_worker_exit, self._host)
+    def _start(self) -> ModelProcess:
+        worker, info = start_model_process(self._spec, self._on_process_exit, self._host)
         if info["api"] != self._api:
             worker.stop()
             raise RuntimeError(
@@ -154,19 +154,19 @@ class ProcessInstance:
     def _exchange(
         self,
         request: tuple[Any, ...],
-        on_poll: Callable[[Worker], None] | None = None,
-        before: Callable[[Worker], None] | None = None,
+        on_poll: Callable[[ModelProcess], None] | None = None,
+        before: Callable[[ModelProcess], None] | None = None,
     ) -> tuple[Any, ...]:
         """Send one batch and wait for its answer; a dead worker fails it and restarts.
         `before(worker)` runs before the send, `on_poll(worker)` while it waits."""
-        worker = self._ready_worker()
+        worker = self._ready_process()
         if before is not None:
             before(worker)
         worker.bls.callers = current_callers()  # the model's BLS calls are made for them
         try:
             worker.send(request)
             message = worker.receive(on_poll=None if on_poll is None else lambda: on_poll(worker))
-        except WorkerDiedError as exc:
+        except ModelProcessDiedError as exc:
             self._begin_restart(worker)
             raise InferdError(
                 ErrorKind.MODEL_ERROR,
@@ -179,7 +179,7 @@ class ProcessInstance:
             raise InferdError(ErrorKind.MODEL_ERROR, str(message[1]))
         return message
 
-    def _ready_worker(self) -> Worker:
+    def _ready_process(self) -> ModelProcess:
         """The live worker; waits for a restart in progress, starts one if the worker died
         while idle, raises UNAVAILABLE when the instance cannot serve."""
         while True:
@@ -204,10 +204,10 @@ class ProcessInstance:
             self.execution_started = time.monotonic()
             return worker
 
-    def _on_worker_exit(self, worker: Worker) -> None:
+    def _on_process_exit(self, worker: ModelProcess) -> None:
         self._begin_restart(worker)
 
-    def kill_worker(self, reason: str) -> None:
+    def kill_process(self, reason: str) -> None:
         """End a hung execution: kill the worker process; the executing thread then fails
         and a new worker is started (as after a crash)."""
         worker = self._worker
@@ -222,7 +222,7 @@ class ProcessInstance:
         )
         worker.process.kill()
 
-    def _begin_restart(self, dead: Worker) -> None:
+    def _begin_restart(self, dead: ModelProcess) -> None:
         """Replace `dead` by a new worker, in the background; once per dead worker."""
         with self._lock:
             if self._closed or self._worker is not dead:
@@ -246,7 +246,7 @@ class ProcessInstance:
             daemon=True,
         ).start()
 
-    def _restart(self, dead: Worker, done: threading.Event) -> None:
+    def _restart(self, dead: ModelProcess, done: threading.Event) -> None:
         try:
             dead.reap()
             worker = self._start()
@@ -300,9 +300,9 @@ class TritonProcessInstance(ProcessInstance):
     def __init__(
         self,
         ctx: LoadContext,
-        spec: WorkerSpec,
+        spec: ProcessSpec,
         host: InstanceModelHost | None,
-        worker: Worker,
+        worker: ModelProcess,
         info: dict[str, Any],
     ) -> None:
         super().__init__(ctx, spec, host, worker, info)
@@ -322,10 +322,10 @@ class TritonProcessInstance(ProcessInstance):
     def execute_requests(
         self, requests: list[BoundRequest]
     ) -> list[dict[str, Array] | InferdError]:
-        def clear_flags(worker: Worker) -> None:
+        def clear_flags(worker: ModelProcess) -> None:
             worker.cancelled[:] = [0] * len(worker.cancelled)
 
-        def mark_cancelled(worker: Worker) -> None:
+        def mark_cancelled(worker: ModelProcess) -> None:
             for i, request in enumerate(requests[: len(worker.cancelled)]):
                 if request.is_cancelled is not None and request.is_cancelled():
                     worker.cancelled[i] = 1

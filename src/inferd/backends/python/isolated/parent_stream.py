@@ -25,7 +25,7 @@ import contextlib
 
 from inferd.backends.python.bls_request import current_callers
 from inferd.backends.python.isolated.isolated_instance import ProcessInstance
-from inferd.backends.python.isolated.pipe import WorkerDiedError
+from inferd.backends.python.isolated.pipe import ModelProcessDiedError
 from inferd.backends.python.isolated.process_spec import from_wire
 from inferd.errors import ErrorKind, InferdError
 from inferd.streams import CollectingSink, StreamClosedError
@@ -45,7 +45,7 @@ class StreamingProcessInstance(ProcessInstance):
 
     def _stream(self, request: BoundRequest) -> dict[str, Array] | InferdError:
         sink = request.responses if request.responses is not None else CollectingSink()
-        worker = self._ready_worker()
+        worker = self._ready_process()
         worker.bls.callers = current_callers()
         worker.cancelled[0] = 0
         sink.started()
@@ -77,7 +77,7 @@ class StreamingProcessInstance(ProcessInstance):
                 elif reply[0] == "done":
                     done = True
                     error = from_wire(reply[1])
-        except WorkerDiedError as exc:
+        except ModelProcessDiedError as exc:
             self._begin_restart(worker)
             died = InferdError(
                 ErrorKind.MODEL_ERROR,

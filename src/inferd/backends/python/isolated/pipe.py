@@ -1,6 +1,6 @@
 """The parent's end of one Python-model worker process: start it, talk to it, reap it.
 
-A `Worker` owns the child process (multiprocessing's "spawn" context: the server has
+A `ModelProcess` owns the child process (multiprocessing's "spawn" context: the server has
 threads, so it never forks) and its pipes:
 
 - the main pipe, both ways: the parent's requests, the child's answers, and in between the
@@ -38,9 +38,9 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.backends.python.isolated.child import worker_main  # the child's side
+from inferd.backends.python.isolated.child import child_main  # the child's side
 from inferd.backends.python.isolated.parent_bls import BlsServer
-from inferd.backends.python.isolated.process_spec import WorkerSpec
+from inferd.backends.python.isolated.process_spec import ProcessSpec
 from inferd.backends.python.pb_utils.errors import TritonModelException
 from inferd.backends.python.pb_utils.host import InstanceModelHost, MetricKind
 from inferd.backends.python.shared_array_store import SharedArrayError
@@ -78,7 +78,7 @@ def describe_exit(exitcode: int | None) -> str:
     return f"killed by signal {name}"
 
 
-class WorkerDiedError(Exception):
+class ModelProcessDiedError(Exception):
     """The child died; `str()` describes how (`exit code 1`, `killed by signal SIGSEGV`)."""
 
 
@@ -86,13 +86,13 @@ class DiedLoadingError(RuntimeError):
     """The child died while loading the model (it did not report a load error)."""
 
 
-class Worker:
+class ModelProcess:
     """One child process, its pipes and the thread relaying its log records."""
 
     def __init__(
         self,
-        spec: WorkerSpec,
-        on_exit: Callable[[Worker], None],
+        spec: ProcessSpec,
+        on_exit: Callable[[ModelProcess], None],
         host: InstanceModelHost | None = None,
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -111,7 +111,7 @@ class Worker:
         # Daemonic: if the server exits without closing the instance, multiprocessing
         # terminates the child instead of waiting for it.
         self.process: BaseProcess = ctx.Process(
-            target=worker_main,
+            target=child_main,
             args=(child_conn, log_write, ready_child, self.cancelled, spec, bls_child),
             name=f"inferd-model-{spec.model_name}-{spec.instance_index}",
             daemon=True,
@@ -181,30 +181,30 @@ class Worker:
                 log.exception("model %s: handling its worker process's exit failed", model)
 
     def send(self, message: tuple[Any, ...]) -> None:
-        """Pickle, then send; raises WorkerDiedError when the child is gone."""
+        """Pickle, then send; raises ModelProcessDiedError when the child is gone."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             self._conn.send_bytes(data)
         except OSError:
-            raise WorkerDiedError(self.exit_description()) from None
+            raise ModelProcessDiedError(self.exit_description()) from None
 
     def receive(
         self, timeout: float | None = None, on_poll: Callable[[], None] | None = None
     ) -> tuple[Any, ...]:
         """The child's next answer (its pb_utils calls answered meanwhile); raises
-        WorkerDiedError when it dies first, TimeoutError after `timeout` seconds (None: wait
+        ModelProcessDiedError when it dies first, TimeoutError after `timeout` seconds (None: wait
         as long as the child lives). `on_poll` runs every _POLL_S while waiting."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
                 ready = self._conn.poll(_POLL_S)
             except (EOFError, OSError):
-                raise WorkerDiedError(self.exit_description()) from None
+                raise ModelProcessDiedError(self.exit_description()) from None
             if ready:
                 try:
                     message: tuple[Any, ...] = self._conn.recv()
                 except (EOFError, OSError):
-                    raise WorkerDiedError(self.exit_description()) from None
+                    raise ModelProcessDiedError(self.exit_description()) from None
                 if message[0] == "call":
                     if message[1].startswith("shared_array_"):
                         self._answer_array_call(message[1], message[2])
@@ -222,7 +222,7 @@ class Worker:
                         continue
                 except (EOFError, OSError):
                     pass
-                raise WorkerDiedError(self.exit_description())
+                raise ModelProcessDiedError(self.exit_description())
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
 
@@ -258,7 +258,7 @@ class Worker:
             self.send(("reply", role))
             send_handle(self._conn, fd, self.process.pid)
         except OSError:
-            raise WorkerDiedError(self.exit_description()) from None
+            raise ModelProcessDiedError(self.exit_description()) from None
         finally:
             os.close(fd)
 
@@ -282,7 +282,7 @@ class Worker:
         with the reason when the load fails."""
         try:
             message = self.receive()
-        except WorkerDiedError as exc:
+        except ModelProcessDiedError as exc:
             self.stop()
             raise DiedLoadingError(
                 f"the model's worker process died ({exc}) while loading the model"
@@ -307,7 +307,7 @@ class Worker:
                     if message[0] == "stopped":
                         unload_error = message[1]
                         break
-            except (WorkerDiedError, TimeoutError):
+            except (ModelProcessDiedError, TimeoutError):
                 pass
         self.reap()
         self._conn.close()
@@ -333,18 +333,18 @@ class Worker:
             self._relay.join(_REAP_TIMEOUT_S)
 
 
-def start_worker(
-    spec: WorkerSpec,
-    on_exit: Callable[[Worker], None],
+def start_model_process(
+    spec: ProcessSpec,
+    on_exit: Callable[[ModelProcess], None],
     host: InstanceModelHost | None = None,
-) -> tuple[Worker, dict[str, Any]]:
+) -> tuple[ModelProcess, dict[str, Any]]:
     """Start a worker and wait for its load: the worker and its report. One that dies while
     loading is started again, with backoff, up to _LOAD_ATTEMPTS times (then
     DiedLoadingError says how it died and how often); one whose load raises is not (it would
     raise again)."""
     attempt, delay = 1, _LOAD_BACKOFF_S
     while True:
-        worker = Worker(spec, on_exit, host)
+        worker = ModelProcess(spec, on_exit, host)
         try:
             return worker, worker.wait_ready()
         except DiedLoadingError as exc:

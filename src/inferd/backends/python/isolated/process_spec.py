@@ -16,7 +16,7 @@ from inferd.errors import ErrorKind, InferdError
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerSpec:
+class ProcessSpec:
     """Everything the child needs to load the model; picklable."""
 
     model_name: str
@@ -29,7 +29,7 @@ class WorkerSpec:
     task: str = "serve"  # or "auto_complete": run auto_complete_config, answer, exit
 
     @classmethod
-    def from_context(cls, ctx: LoadContext, task: str = "serve") -> WorkerSpec:
+    def from_context(cls, ctx: LoadContext, task: str = "serve") -> ProcessSpec:
         return cls(
             ctx.model_name,
             ctx.version,
