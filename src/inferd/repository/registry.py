@@ -28,6 +28,7 @@ from inferd.errors import InferdError, invalid, not_found, unavailable
 from inferd.events import Telemetry
 from inferd.pipelines.ensemble_config import is_ensemble
 from inferd.reliability.circuit import CircuitBreaker
+from inferd.reliability.routing import parse_weights
 from inferd.repository import ensemble_state as ensembles
 from inferd.repository.checksum import checksum, file_checksum, fingerprint
 from inferd.repository.degrade_reload import configure_degradation
@@ -40,8 +41,8 @@ from inferd.repository.model_state import (
     State,
     first_reason,
     latest_reason,
+    ready_versions,
 )
-from inferd.repository.registry_routing import RoutingCalls
 from inferd.repository.spec import ModelSpec
 from inferd.repository.uploads import check_model_name, checked_paths, write_files
 from inferd.repository.version_load import load_version
@@ -51,7 +52,7 @@ from inferd.tensors.signature import ModelSignature
 log = logging.getLogger("inferd.repository")
 
 
-class ModelRegistry(RoutingCalls):
+class ModelRegistry:
     def __init__(
         self,
         repository: Path,
@@ -380,6 +381,37 @@ class ModelRegistry(RoutingCalls):
         """At shutdown: every version drains and closes (no trim: the process exits)."""
         versions = [v for m in self.models.values() for v in m.versions.values()]
         await self._retire([v for v in versions if v.batcher is not None], release=False)
+
+    # -- routing between loaded versions (the repository API's routing, promote, rollback) --
+
+    def set_weights(self, name: str, raw: object) -> dict[str, int]:
+        model = self._model(name)
+        weights = parse_weights(raw, f"model '{name}' routing")
+        model.router.set_weights(weights, ready_versions(model), name)
+        self.changed()
+        log.info("model %s routing weights set to %s", name, weights)
+        return weights
+
+    def promote(self, name: str, version: str) -> dict[str, int]:
+        model = self._model(name)
+        model.router.promote(version, ready_versions(model), name)
+        self.changed()
+        log.info("model %s routing weights set to %s", name, model.router.weights)
+        return dict(model.router.weights)
+
+    def rollback(self, name: str, version: str = "") -> dict[str, int]:
+        """Undo the last step forward (`Router.rollback`)."""
+        model = self._model(name)
+        model.router.rollback(version, name)
+        self.changed()
+        log.info("model %s rolled back; routing weights now %s", name, model.router.weights)
+        return dict(model.router.weights)
+
+    def _model(self, name: str) -> Model:
+        model = self.models.get(name)
+        if model is None:
+            raise not_found(f"unknown model '{name}'")
+        return model
 
 
 def _config_weights(model: Model, spec: ModelSpec) -> dict[str, int] | None:
