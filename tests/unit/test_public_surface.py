@@ -8,8 +8,10 @@ Imports are read from the source (every `import`, also inside functions and unde
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,3 +128,36 @@ def test_building_the_command_line_leaves_config_reading_unloaded() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_import_paths_users_write_keep_working() -> None:
+    """What models, docs and examples import: the model API at `inferd` and at
+    `inferd.python_model` (one set of objects), the response stream's names, the capture
+    readers, the settings, and the command's entry point."""
+    import inferd.python_model
+    from inferd.monitoring.capture_files import load_capture, read_index
+    from inferd.monitoring.capture_redis import load_redis_capture
+    from inferd.settings import Settings
+    from inferd.streams import STREAM_QUEUE_LIMIT, StreamClosedError
+
+    for name in inferd.python_model.__all__:
+        assert getattr(inferd.python_model, name) is getattr(inferd, name), name
+    assert set(inferd.python_model.__all__) < set(inferd.__all__)
+    assert issubclass(StreamClosedError, Exception) and STREAM_QUEUE_LIMIT > 0
+    assert callable(load_capture) and callable(read_index) and callable(load_redis_capture)
+    assert Settings().http_port == 8000
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["inferd"].partition(":")
+    assert callable(getattr(importlib.import_module(module), function))
+
+
+def test_a_triton_model_imports_its_utils_by_tritons_name(tmp_path: Path) -> None:
+    """`import triton_python_backend_utils as pb_utils`, as Triton's model.py files do."""
+    from inferd.backends.python import pb_utils
+    from inferd.backends.python.model_import import import_model_module
+
+    (tmp_path / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\nTENSOR = pb_utils.Tensor\n"
+    )
+    module = import_model_module("user_paths_check", tmp_path)
+    assert module.TENSOR is pb_utils.Tensor
