@@ -77,7 +77,7 @@ class RsgiInfer:
 
         async def read() -> bytes:
             body: bytes = await proto()
-            if len(body) > endpoint.max_request_bytes:  # as fast_http refuses it (413)
+            if len(body) > endpoint.max_request_bytes:  # as fast_path.py refuses it (413)
                 raise InferdError(ErrorKind.PAYLOAD_TOO_LARGE, "request body exceeds the limit")
             return body
 

@@ -1,4 +1,4 @@
-"""The backend's own `parameters` (config_parameters.BACKEND_PARAMETERS), parsed once at load
+"""The backend's own `parameters` (parameters.BACKEND_PARAMETERS), parsed once at load
 into `BackendSettings`, part of the model spec.
 
 Only the keys of the model's own backend are read: a Python model's other keys are its own

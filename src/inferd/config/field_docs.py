@@ -1,4 +1,4 @@
-"""The tables of docs/model-config.md, written from `config_fields` and `config_parameters`.
+"""The tables of docs/model-config.md, written from `fields` and `parameters`.
 
     python -m inferd.config.field_docs docs/model-config.md   # rewrite the tables
 

@@ -1,4 +1,4 @@
-"""The vocabulary of `config_fields.FIELDS`: a field's status, its rule, the checks of single
+"""The vocabulary of `fields.FIELDS`: a field's status, its rule, the checks of single
 values, and the reasons several fields share."""
 
 from __future__ import annotations

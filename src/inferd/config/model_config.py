@@ -133,7 +133,7 @@ def validate(config: mc.ModelConfig, model_dir: Path) -> None:
 
 
 def check_honoured(config: mc.ModelConfig, where: str) -> None:
-    """Nothing set in the config may be silently ignored (config_fields, config_parameters):
+    """Nothing set in the config may be silently ignored (fields.py, parameters.py):
     raises `ConfigError("<where>: <field path>: <why>")` for the first refused field."""
     backend = backend_name(config)
     problems = refused_fields(config, backend)

@@ -1,10 +1,9 @@
-"""The server's side of a model's calls to other models (BLS): each `BlsCall` runs on the
-server's event loop through `internal_call` (the called model's routing, admission,
-batching, statistics and metrics apply as to a client's request), on behalf of the
-requests the calling instance executes (bls_call.Caller): their deadline and trace carry
-over, the call's own `timeout_us` tightens the deadline, and the call is cancelled once
-every one of them was given up on (a client that left: its BLS calls not yet run never
-run).
+"""The server's side of a model's calls to other models (BLS): each `BlsCall` runs on the server's
+event loop through the DataPlane's internal calls (internal_requests.py: the called model's
+routing, admission, batching, statistics and metrics apply as to a client's request), on behalf
+of the requests the calling instance executes (bls_request.Caller): their deadline and trace
+carry over, the call's own `timeout_us` tightens the deadline, and the call is cancelled once
+every one of them was given up on (a client that left: its BLS calls not yet run never run).
 
 A failure is an answer, not an exception (Triton returns the error in the response): a
 missing or unready model, a bad input, a passed deadline come back as a `BlsResult` whose

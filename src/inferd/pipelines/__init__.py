@@ -1,2 +1,2 @@
 """Pipelines: models made of other models (Triton ensembles: `ensemble_config.py` reads and
-checks the graph at load, `ensemble.py` runs it)."""
+checks the graph, `ensemble.py` runs it; their lifecycle is repository/'s)."""

@@ -4,8 +4,9 @@
 fails the load with an error naming the file, the field or parameter and the value; the
 server's consumers (scheduler, router, circuit, warm-up, readiness, metrics, backends) then
 read fields of the spec, never the config's strings, and nothing re-parses per request,
-readiness check or scrape. `parse_spec` (with spec_limits, spec_backend, spec_drift,
-spec_cache and spec_degrade) is the only reader of `parameters`: a test holds it to that.
+readiness check or scrape. `parse_spec` (with config/input_limits.py, config/backend_parameters.py,
+monitoring/drift_spec.py, cache/model_cache_spec.py and reliability/degrade/tier_spec.py) is the
+only reader of `parameters`: a test holds it to that.
 """
 
 from __future__ import annotations

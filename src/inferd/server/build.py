@@ -15,7 +15,7 @@ import grpc
 import uvicorn
 from starlette.applications import Starlette
 
-from inferd.backends.python import model_prints as model_output
+from inferd.backends.python import model_prints
 from inferd.backends.python.custom_metrics import CustomMetrics
 from inferd.dataplane.access import TOKEN_ENV, AccessError, AccessPolicy, ApiGroup
 from inferd.dataplane.cache_step import build_cache
@@ -144,7 +144,7 @@ class InferenceServer:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        model_output.install()
+        model_prints.install()
         self.model_host.bind_loop(asyncio.get_running_loop())
         self.capture.start()
         if self.response_cache is not None:

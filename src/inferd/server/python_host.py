@@ -117,7 +117,7 @@ class InstanceHost:
         return self._server.on_loop("pb_utils.is_model_ready", ready)
 
     def infer(self, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
-        """A BLS call, for the requests this thread executes (bls_call.executing)."""
+        """A BLS call, for the requests this thread executes (bls_request.executing)."""
         try:
             return self._server.bls.submit(call, current_callers())
         except BlsError as exc:

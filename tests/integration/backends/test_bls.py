@@ -80,7 +80,7 @@ def test_decoupled_exec_iterates_the_responses(client: Client, iso: str) -> None
     # repeat sends 1, 2, 3, then the final flag alone: Triton's empty last response.
     assert ask(client, f"streamsum_{iso}", 3) == (6.0, "4 responses, last empty: True")
     assert ask(client, f"streamsum_{iso}", 0) == (0.0, "1 responses, last empty: True")
-    # More responses than the call lets wait for the model (bls_call.STREAM_AHEAD).
+    # More responses than the call lets wait for the model (bls_request.STREAM_AHEAD).
     assert ask(client, f"streamsum_{iso}", 40) == (820.0, "41 responses, last empty: True")
 
 

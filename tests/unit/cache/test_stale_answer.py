@@ -1,4 +1,4 @@
-"""cached_call.stale_answer, what a degraded model's request path asks before routing: the
+"""cache_step.stale_answer, what a degraded model's request path asks before routing: the
 cached answer (fresh or kept past its TTL), its response parameters restored, keyed exactly
 as run_cached keys it, for a model the registry really loaded. Clocks injected: no sleeps."""
 

@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from onnx import TensorProto
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.config import field_docs as config_docs
+from inferd.config import field_docs
 from inferd.config.fields import FIELDS
 from inferd.config.model_config import ConfigError, to_json
 from inferd.config.parameters import (
@@ -30,7 +30,7 @@ SRC = ROOT / "src" / "inferd"
 
 
 def _descriptor_paths(descriptor: Any, prefix: str = "") -> list[str]:
-    """Walked here, not with config_docs' walk, so the test checks the code independently."""
+    """Walked here, not with field_docs' walk, so the test checks the code independently."""
     paths = []
     for field in descriptor.fields:
         path = prefix + field.name
@@ -49,9 +49,9 @@ def _descriptor_paths(descriptor: Any, prefix: str = "") -> list[str]:
 def test_every_model_config_field_is_classified() -> None:
     paths = _descriptor_paths(mc.ModelConfig.DESCRIPTOR)
     unclassified = [p for p in paths if p not in FIELDS]
-    assert not unclassified, f"ModelConfig fields missing from config_fields.FIELDS: {unclassified}"
+    assert not unclassified, f"ModelConfig fields missing from fields.FIELDS: {unclassified}"
     stale = [p for p in FIELDS if p not in paths]
-    assert not stale, f"config_fields.FIELDS names fields ModelConfig lacks: {stale}"
+    assert not stale, f"fields.FIELDS names fields ModelConfig lacks: {stale}"
 
 
 def test_refused_fields_say_why() -> None:
@@ -61,7 +61,7 @@ def test_refused_fields_say_why() -> None:
 
 def test_the_docs_tables_are_the_codes() -> None:
     page = (ROOT / "docs" / "model-config.md").read_text(encoding="utf-8")
-    assert config_docs.rewrite(page) == page, (
+    assert field_docs.rewrite(page) == page, (
         "docs/model-config.md is out of date: run "
         "`python -m inferd.config.field_docs docs/model-config.md`"
     )
@@ -128,8 +128,8 @@ def _keys_read_in(path: Path) -> set[str]:
 def test_every_parameter_key_the_source_reads_is_listed() -> None:
     read = set().union(*(_keys_read_in(p) for p in SRC.rglob("*.py")))
     listed = {*INFERD_PARAMETERS, *(k for keys in BACKEND_PARAMETERS.values() for k in keys)}
-    assert read - listed == set(), "keys read in src/ but not in config_parameters"
-    assert listed - read == set(), "keys in config_parameters that nothing reads"
+    assert read - listed == set(), "keys read in src/ but not in config/parameters.py"
+    assert listed - read == set(), "keys in config/parameters.py that nothing reads"
     assert {"batching_policy", "max_input_shape", "isolation", "torch_compile"} <= read
 
 

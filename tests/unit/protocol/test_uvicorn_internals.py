@@ -27,7 +27,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from inferd.protocol.http import fast_path as fast_http
+from inferd.protocol.http import fast_path
 
 # The methods the subclasses override or call, with the parameters they pass.
 PROTOCOL_METHODS = {
@@ -67,7 +67,7 @@ PROTOCOL_ATTRIBUTES = (
     "flow",
     "client",
 )
-# uvicorn's methods that may find fast_http's `_InferCall` where their cycle is.
+# uvicorn's methods that may find fast_path's `_InferCall` where their cycle is.
 READ_THE_CYCLE = (
     "on_headers_complete",
     "on_response_complete",
@@ -93,7 +93,7 @@ def test_the_protocol_methods_keep_their_signatures(name: str, parameters: list[
 
 def test_a_connection_has_the_state_the_subclasses_read() -> None:
     """A real protocol on a real socket pair, fed one real request; its state seen from the
-    head's callback, where fast_http routes the request."""
+    head's callback, where fast_path routes the request."""
     seen: dict[str, Any] = {}
 
     class Probe(HttpToolsProtocol):
@@ -157,9 +157,9 @@ def test_flow_control_has_what_the_infer_path_waits_on() -> None:
 
 
 def test_uvicorn_reads_no_cycle_attribute_our_infer_call_lacks() -> None:
-    """fast_http's `_InferCall` stands where uvicorn keeps its `RequestResponseCycle`:
+    """fast_path's `_InferCall` stands where uvicorn keeps its `RequestResponseCycle`:
     whatever uvicorn reads of the cycle in the methods that can meet one, it must have."""
-    ours = set(fast_http._InferCall.__slots__) | {"response_started"}
+    ours = set(fast_path._InferCall.__slots__) | {"response_started"}
     read: dict[str, set[str]] = {}
     for name in READ_THE_CYCLE:
         method = getattr(HttpToolsProtocol, name, None)

@@ -1,5 +1,5 @@
 """The instance for the class a Python model's `model.py` defines, in whichever process
-imported it: the server's (`python.PythonBackend.load`) or a worker's (`worker_child`)."""
+imported it: the server's (`PythonBackend.load`) or the model's own (`isolated/child.py`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Python backend: `<version>/model.py` defining class `Model` (inferd's API, see
-`inferd.backends.python.model_api` and `inferd_python`), or class `TritonPythonModel` (Triton's
-Python-backend contract, see `triton_python`); in a worker thread of the server, or with
-`isolation: "process"` in a worker process of its own (`worker_process`)."""
+model_api.py and inferd_model.py), or class `TritonPythonModel` (Triton's Python-backend
+contract, see triton_model.py); in a thread of the server, or with `isolation: "process"` in
+a process of its own (isolated/isolated_instance.py)."""
 
 from __future__ import annotations
 

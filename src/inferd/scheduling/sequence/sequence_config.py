@@ -8,7 +8,7 @@ sequence it belongs to (CORRID); implicit state is a tensor the server keeps per
 fed to the model as `input_name` and replaced after each step by its `output_name` output.
 Fields inferd refuses outright (preserve_ordering, iterative_sequence, the state's GPU
 memory settings, controls and state on other backends) are refused by
-`repository.config_fields` before this runs; here the values are checked for consistency.
+`config.fields` before this runs; here the values are checked for consistency.
 """
 
 from __future__ import annotations

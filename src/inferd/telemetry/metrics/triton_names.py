@@ -1,7 +1,7 @@
 """Triton's per-model metric names (`--metrics-triton-names`), so its dashboards keep working.
 
 Named, typed and labelled as Triton's own /metrics: counters without a `_total` suffix (the
-exposition in metrics_http keeps them typed as counters), durations in microseconds,
+exposition in metrics_endpoint.py keeps them typed as counters), durations in microseconds,
 labels `model` and `version`, and `nv_inference_request_failure` split by Triton's
 `reason`. They are read at scrape time from the numbers the statistics API serves
 (`GET /v2/models/{m}/stats`), so the two always agree. docs/metrics.md lists them.

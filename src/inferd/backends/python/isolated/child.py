@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import Any
 
-from inferd.backends.python import model_prints as model_output
+from inferd.backends.python import model_prints
 from inferd.backends.python.autocomplete import completed_config
 from inferd.backends.python.bls_request import BlsCall, BlsResult
 from inferd.backends.python.inferd_model import PythonInstance, StreamingPythonInstance
@@ -191,7 +191,7 @@ def child_main(
     root.setLevel(spec.log_level)
     # Prints are always sent: the parent's logger levels decide whether they are kept.
     logging.getLogger("inferd.model").setLevel(logging.DEBUG)
-    model_output.install()
+    model_prints.install()
 
     host = PipeHost(conn, PipeSender(conn), None if bls_conn is None else BlsClient(bls_conn))
     ctx = dataclasses.replace(spec.load_context(), host=host)

@@ -12,7 +12,7 @@ with a `MODEL_ERROR` naming the crash, and a new child is started in the backgro
 model again; the next batch waits for it. If that restart fails, every later batch fails with
 `UNAVAILABLE` and the reason, and `is_alive()` stays False. A child that dies while loading
 (rather than raising) is started again with backoff, a few times, before the load fails
-(worker_pipe.start_model_process). An execution that hangs past the model's execution timeout is
+(pipe.start_model_process). An execution that hangs past the model's execution timeout is
 ended by `kill_process`: the child is killed and replaced like one that crashed.
 
 Whatever the child logs or prints (prints become records of `inferd.model.<name>`, as in the

@@ -1,7 +1,7 @@
 """What both ends of a Python model's worker pipe share: the spec the child loads the model
 from, and an `InferdError`'s form on the wire. Neither end imports the other's module for
-these, so the parent's side (worker_pipe, worker_process, worker_stream) and the child's
-(worker_child, worker_child_stream) stay one-directional."""
+these, so the parent's side (pipe, isolated_instance, parent_stream) and the child's
+(child, child_stream) stay one-directional."""
 
 from __future__ import annotations
 
