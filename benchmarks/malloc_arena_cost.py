@@ -4,12 +4,11 @@
         [--duration-s 10]
 
 inferd runs with one glibc malloc arena (inferd.repository.memory_release.configure_allocator) so
-that swapped
-out versions give their memory back; glibc's default is 8 arenas per core. This serves two
-models from two servers at once, one with inferd's setting and one with MALLOC_ARENA_MAX set
-to glibc's default, and loads them in turn (A, B, A, B, ...) with `inferd bench` over HTTP
-(binary tensors) and gRPC. Besides throughput and p99 it reports the server's CPU time per
-request (from /proc), which other load on a shared machine disturbs far less:
+that swapped out versions give their memory back; glibc's default is 8 arenas per core. This serves
+two models from two servers at once, one with inferd's setting and one with MALLOC_ARENA_MAX set to
+glibc's default, and loads them in turn (A, B, A, B, ...) with `inferd bench` over HTTP (binary
+tensors) and gRPC. Besides throughput and p99 it reports the server's CPU time per request (from
+/proc), which other load on a shared machine disturbs far less:
 
 - `mlp`: the example MLP (64 FP32 in, small tensors: malloc's per-thread cache serves them);
 - `big`: an identity model on one 1 MiB FP32 row per request (blocks that take the arena lock).

@@ -14,7 +14,7 @@ import timeit
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.config.ragged import NO_RAGGED, BatchInputSpec, RaggedPlan
+from inferd.config.ragged_config import NO_RAGGED, BatchInputSpec, RaggedPlan
 from inferd.scheduling.merge import merged_inputs
 from inferd.tensors.signature import BoundRequest
 

@@ -14,8 +14,8 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.config.fields import refused_fields
-from inferd.config.parameters import refused_parameters
+from inferd.config.config_fields import refused_fields
+from inferd.config.config_parameters import refused_parameters
 from inferd.datatypes import CONFIG_TO_V2
 
 CONFIG_FILE = "config.pbtxt"
@@ -133,7 +133,7 @@ def validate(config: mc.ModelConfig, model_dir: Path) -> None:
 
 
 def check_honoured(config: mc.ModelConfig, where: str) -> None:
-    """Nothing set in the config may be silently ignored (fields.py, parameters.py):
+    """Nothing set in the config may be silently ignored (config_fields.py, config_parameters.py):
     raises `ConfigError("<where>: <field path>: <why>")` for the first refused field."""
     backend = backend_name(config)
     problems = refused_fields(config, backend)

@@ -17,7 +17,7 @@ from inferd.telemetry.statistics import (
 )
 
 # The whole server's statistics from this process's: its own alone (one process), or every
-# worker's of `--workers N` (workers/statistics.py), chosen by the server.
+# worker's of `--workers N` (workers/worker_statistics.py), chosen by the server.
 ProviderFactory = Callable[[LocalStatistics], StatisticsProvider]
 
 

@@ -1,7 +1,7 @@
 """What the unary infer adapters (protocol/http/infer_route.py, protocol/grpc/model_infer.py) use
 of the
 core: the steps of unary.py and the access policy. The DataPlane has it; so has the
-front end's `EngineClient` (engine/client.py), which runs the steps in the engine process."""
+front end's `EngineClient` (engine/engine_client.py), which runs the steps in the engine process."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from starlette.routing import Mount
 
 from inferd.dataplane.access import AccessPolicy
 from inferd.engine import sockets
-from inferd.engine.client import EngineClient
+from inferd.engine.engine_client import EngineClient
 from inferd.engine.grpc_proxy import GrpcProxy, engine_channel
 from inferd.engine.http_proxy import HttpProxy
 from inferd.engine.slab import shm_directory

@@ -4,7 +4,7 @@ app (the single server's routes, on a unix socket), the answer streamed back.
 Health, metadata, configuration, the repository API, routing, statistics, shared-memory
 registration, trace and log settings, generate and generate_stream: the engine answers
 each exactly as one process does, because it is the one process's code. None of them is
-on the hot path; the infer route never comes here (it takes the hop, engine/client.py).
+on the hot path; the infer route never comes here (it takes the hop, engine/engine_client.py).
 While the engine is away every route answers 503 at once, readiness included; liveness is
 the front end's own (it is alive, and restarting it would not bring the engine back).
 """

@@ -1,7 +1,6 @@
-"""Recent request outcomes over a time window: one estimator of request count, error rate
-and p99 latency, for the health score (health.py), the canary guard (repository/canary_guard.py)
-and the
-circuit breaker (circuit.py).
+"""Recent request outcomes over a time window: one estimator of request count, error rate and p99
+latency, for the health score (health_score.py), the canary guard (repository/canary_guard.py) and
+the circuit breaker (circuit.py).
 
 Recording is an append under a lock (the event loop records; the metrics endpoint reads
 from threads of its own). A summary copies the samples in one C-level call, drops those

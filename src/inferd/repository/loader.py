@@ -26,7 +26,7 @@ from inferd.config.model_config import (
     validate,
 )
 from inferd.config.model_paths import check_config_paths
-from inferd.config.ragged import read_ragged_plan
+from inferd.config.ragged_config import read_ragged_plan
 from inferd.errors import InferdError
 from inferd.pipelines.ensemble_config import is_ensemble
 from inferd.repository.ensemble_load import prepare_ensemble

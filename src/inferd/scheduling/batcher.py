@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferd.backends.base import AnyInstance
-from inferd.config.ragged import NO_RAGGED, RaggedPlan
+from inferd.config.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.errors import deadline_exceeded, unavailable
 from inferd.events import ExecutionTimes, Telemetry
 from inferd.scheduling.admission import admit, full, refuse_unmeetable_deadline

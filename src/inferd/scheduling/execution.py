@@ -25,10 +25,10 @@ from inferd.backends.base import (
     RequestListInstance,
     SupervisedInstance,
 )
-from inferd.config.ragged import NO_RAGGED, RaggedPlan
+from inferd.config.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.errors import ErrorKind, InferdError, deadline_exceeded
 from inferd.events import BatchRecord, ExecutionTimes, Telemetry
-from inferd.scheduling.instance_runs import Call, wake
+from inferd.scheduling.instance_runs import InstanceRun, wake
 from inferd.scheduling.isolate import RequestFailedAloneError, can_isolate, run_isolating
 from inferd.scheduling.load_signal import LoadWindow
 from inferd.scheduling.pending import BatchClose, Finish, Pending, Result
@@ -171,7 +171,7 @@ class BatchRunner:
         timings = (0, 0, 0)
         failed, timed_out = True, False
         extra = 0  # executions more than one: a failed batch bisected (isolate.py)
-        call: Call[tuple[list[Result], Timings, int]] = Call(
+        call: InstanceRun[tuple[list[Result], Timings, int]] = InstanceRun(
             loop, (self.name, self.version, self._index[id(instance)])
         )
         try:
@@ -237,7 +237,7 @@ class BatchRunner:
             )
         return not failed
 
-    async def _returns_in_time(self, instance: AnyInstance, call: Call[Any]) -> bool:
+    async def _returns_in_time(self, instance: AnyInstance, call: InstanceRun[Any]) -> bool:
         """Wait for `call`, up to the execution timeout; False if it is still running then.
 
         The thread cannot be stopped, and the instance must stay out of the pool until it
@@ -269,7 +269,9 @@ class BatchRunner:
             # else: still waiting for its worker process; the clock has not started
             call.woken = loop.create_future()
 
-    def _time_out(self, instance: AnyInstance, call: Call[Any], batch: list[Pending]) -> None:
+    def _time_out(
+        self, instance: AnyInstance, call: InstanceRun[Any], batch: list[Pending]
+    ) -> None:
         """The execution outlived the timeout: answer its requests now, take the instance
         out of the pool until the call returns, and replace its worker process if it has
         one (a thread cannot be killed; a process can)."""

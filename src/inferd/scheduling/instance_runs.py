@@ -41,7 +41,7 @@ def wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class Call(Generic[T]):
+class InstanceRun(Generic[T]):
     """`run` executes in a thread; the loop awaits `woken`, then reads `returned`."""
 
     __slots__ = ("_error", "_loop", "_outcome", "on_return", "returned", "started", "woken")

@@ -28,7 +28,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from inferd.backends.base import AnyInstance
-from inferd.config.ragged import RaggedPlan
+from inferd.config.ragged_config import RaggedPlan
 from inferd.errors import ErrorKind, InferdError
 from inferd.scheduling.run_batch import ContractError, Timings, run_batch
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from inferd.config.ragged import (
+from inferd.config.ragged_config import (
     ACCUMULATED_ELEMENT_COUNT_WITH_ZERO,
     ELEMENT_COUNT,
     ITEM_SHAPE,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NoReturn, cast
 
 from inferd.backends.base import AnyInstance, Instance, RequestInfoInstance, RequestListInstance
 from inferd.backends.executing import EXECUTING
-from inferd.config.ragged import NO_RAGGED, RaggedPlan
+from inferd.config.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.errors import ErrorKind, InferdError
 from inferd.scheduling.merge import merged_inputs
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from inferd.backends.python.bls_request import BlsCall, BlsResult, current_callers
 from inferd.backends.python.custom_metrics import CustomMetrics, MetricError
-from inferd.backends.python.pb_utils.errors import TritonModelException
 from inferd.backends.python.pb_utils.host import MetricKind
+from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 from inferd.backends.python.shared_array_store import ArrayScope, SharedArrayStore
 from inferd.dataplane.bls_runner import BlsError, BlsRunner
 from inferd.errors import ErrorKind, InferdError

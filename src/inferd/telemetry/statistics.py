@@ -189,7 +189,7 @@ LocalStatistics = Callable[[str, str], dict[str, Any]]  # this process's, by (mo
 
 class StatisticsProvider(Protocol):
     """Where Triton's statistics of the whole server come from: this process's own, or with
-    `--workers N` every worker's summed (workers/statistics.py)."""
+    `--workers N` every worker's summed (workers/worker_statistics.py)."""
 
     async def model_statistics(self, name: str, version: str) -> dict[str, Any]: ...
 

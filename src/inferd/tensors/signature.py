@@ -15,7 +15,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.config.input_limits import InputLimits, read_limits
-from inferd.config.ragged import read_ragged_plan
+from inferd.config.ragged_config import read_ragged_plan
 from inferd.datatypes import CONFIG_TO_V2
 from inferd.errors import invalid
 from inferd.tensors.request_parameters import model_parameters

@@ -1,7 +1,7 @@
 """What the two tensor codecs share (JSON and binary: protocol/http/rest_codec.py; protobuf:
-protocol/grpc/protobuf_codec.py):
-declared shapes checked before anything is built from them, Triton's shared-memory tensor
-parameters, and BYTES elements (Triton's length-prefixed serialisation), bounded."""
+protocol/grpc/protobuf_codec.py): declared shapes checked before anything is built from them,
+Triton's shared-memory tensor parameters, and BYTES elements (Triton's length-prefixed
+serialisation), bounded."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from inferd.settings import Settings
 from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.workers.peers import PeerServer, WorkerSlot
 from inferd.workers.reuse_port import reuse_port_socket
-from inferd.workers.statistics import WorkersStatistics
+from inferd.workers.worker_statistics import WorkersStatistics
 
 
 class WorkerRole(ServerRole):

@@ -14,13 +14,13 @@ from google.protobuf import json_format
 from onnx import TensorProto
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.config import field_docs
-from inferd.config.fields import FIELDS
-from inferd.config.model_config import ConfigError, to_json
-from inferd.config.parameters import (
+from inferd.config import config_docs as field_docs
+from inferd.config.config_fields import FIELDS
+from inferd.config.config_parameters import (
     BACKEND_PARAMETERS,
     INFERD_PARAMETERS,
 )
+from inferd.config.model_config import ConfigError, to_json
 from inferd.repository.loader import parse_config_override, prepare
 from tests.support.config_models import LINEAR_CONFIG, make_model, prepare_error
 from tests.support.models import builders
@@ -63,7 +63,7 @@ def test_the_docs_tables_are_the_codes() -> None:
     page = (ROOT / "docs" / "model-config.md").read_text(encoding="utf-8")
     assert field_docs.rewrite(page) == page, (
         "docs/model-config.md is out of date: run "
-        "`python -m inferd.config.field_docs docs/model-config.md`"
+        "`python -m inferd.config.config_docs docs/model-config.md`"
     )
     assert "**unclassified**" not in page
 
@@ -128,8 +128,8 @@ def _keys_read_in(path: Path) -> set[str]:
 def test_every_parameter_key_the_source_reads_is_listed() -> None:
     read = set().union(*(_keys_read_in(p) for p in SRC.rglob("*.py")))
     listed = {*INFERD_PARAMETERS, *(k for keys in BACKEND_PARAMETERS.values() for k in keys)}
-    assert read - listed == set(), "keys read in src/ but not in config/parameters.py"
-    assert listed - read == set(), "keys in config/parameters.py that nothing reads"
+    assert read - listed == set(), "keys read in src/ but not in config/config_parameters.py"
+    assert listed - read == set(), "keys in config/config_parameters.py that nothing reads"
     assert {"batching_policy", "max_input_shape", "isolation", "torch_compile"} <= read
 
 

@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.base import LoadContext
 from inferd.backends.python.python_backend import PythonBackend
 from inferd.config.model_config import ConfigError
-from inferd.config.ragged import BatchInputSpec, RaggedPlan, read_ragged_plan
+from inferd.config.ragged_config import BatchInputSpec, RaggedPlan, read_ragged_plan
 from inferd.repository.loader import prepare
 from inferd.scheduling.merge import batch_input, merged_inputs
 from inferd.tensors.signature import BoundRequest, ModelSignature

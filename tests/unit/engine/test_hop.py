@@ -16,7 +16,7 @@ from onnx import TensorProto
 from inferd.dataplane.access import AccessPolicy
 from inferd.dataplane.plane import DataPlane
 from inferd.engine import hop
-from inferd.engine.client import EngineClient
+from inferd.engine.engine_client import EngineClient
 from inferd.engine.engine_hop import EngineHop
 from inferd.engine.model_table import ModelTable
 from inferd.engine.slab import ALIGN, MIN_CLASS, Slab, SlabAllocator

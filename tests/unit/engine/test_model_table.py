@@ -20,7 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.config.input_limits import InputLimits
 from inferd.dataplane.access import AccessPolicy
 from inferd.dataplane.plane import DataPlane
-from inferd.engine.client import EngineClient
+from inferd.engine.engine_client import EngineClient
 from inferd.engine.engine_hop import EngineHop
 from inferd.engine.model_table import ModelTable, describe, rebuild
 from inferd.errors import InferdError

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from inferd.reliability.health import IDLE_SCORE, HealthWindow
+from inferd.reliability.health_score import IDLE_SCORE, HealthWindow
 
 
 def test_idle_window_scores_the_idle_score() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from inferd.config.config_parameters import BACKEND_PARAMETERS, INFERD_PARAMETERS
 from inferd.config.input_limits import DEFAULT_MAX_BYTES_ELEMENT_SIZE, DEFAULT_MAX_INPUT_ELEMENTS
 from inferd.config.model_config import ConfigError
-from inferd.config.parameters import BACKEND_PARAMETERS, INFERD_PARAMETERS
 from inferd.monitoring.capture_settings import CaptureOptions
 from inferd.repository.loader import prepare
 from inferd.repository.spec import ModelSpec

@@ -23,7 +23,7 @@ from inferd.workers.peers import (
     merge_families,
     merge_model_stats,
 )
-from inferd.workers.statistics import WorkersStatistics
+from inferd.workers.worker_statistics import WorkersStatistics
 
 
 def _stats(success: int, batches: dict[int, int], last: int) -> list[dict[str, object]]:

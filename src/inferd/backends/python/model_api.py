@@ -121,8 +121,8 @@ class ModelCallError(Exception):
 def _host(method: str) -> Any:
     """The server's side of the calls; imported here: `import inferd` stays light (the
     command line loads no backend)."""
-    from inferd.backends.python.pb_utils.errors import TritonModelException
     from inferd.backends.python.pb_utils.host import current_host
+    from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 
     try:
         return current_host(f"ModelContext.{method}")
@@ -131,7 +131,7 @@ def _host(method: str) -> Any:
 
 
 def _submit(method: str, call: BlsCall) -> concurrent.futures.Future[BlsResult]:
-    from inferd.backends.python.pb_utils.errors import TritonModelException
+    from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 
     try:
         return _host(method).infer(call)  # type: ignore[no-any-return]

@@ -1,8 +1,7 @@
 """The HTTP adapter's routes: every KServe v2 REST route but infer, over the DataPlane.
 
 Each route only translates; its failures answer through `errors_mapped`
-(protocol/http/error_responses.py).
-"""
+(protocol/http/error_responses.py)."""
 
 from __future__ import annotations
 

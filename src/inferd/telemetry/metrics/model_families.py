@@ -4,7 +4,7 @@ nothing on the request path pays for gauges. docs/metrics.md defines each metric
 
 Scrapes run on the metrics server's threads while the event loop records, so collectors
 read the dicts it adds keys to through snapshots.items() and the health windows through
-their lock (reliability/health.py), never by iterating a live container (issue #13).
+their lock (reliability/health_score.py), never by iterating a live container (issue #13).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from prometheus_client import (
 )
 
 from inferd.events import BatchRecord, RequestRecord
-from inferd.reliability.health import IDLE_SCORE, HealthWindow
+from inferd.reliability.health_score import IDLE_SCORE, HealthWindow
 from inferd.repository.registry import ModelRegistry
 from inferd.telemetry.metrics.drift_families import DriftCollector
 from inferd.telemetry.metrics.host_families import GpuCollector, register_host_metrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from inferd.events import CallContext, RequestRecord
-from inferd.reliability.health import IDLE_SCORE
+from inferd.reliability.health_score import IDLE_SCORE
 from inferd.repository.registry import ModelRegistry
 from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.telemetry.statistics import StatisticsSink

@@ -33,8 +33,8 @@ from inferd.backends.python.isolated.child_bls import BlsClient
 from inferd.backends.python.isolated.child_stream import PipeSender, serve_stream
 from inferd.backends.python.isolated.process_spec import ProcessSpec
 from inferd.backends.python.model_import import import_model_module
-from inferd.backends.python.pb_utils.errors import TritonModelException
 from inferd.backends.python.pb_utils.host import MetricKind
+from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 from inferd.backends.python.shared_array_store import ArrayScope, SharedArrayError
 from inferd.backends.python.triton_model import TritonPythonInstance
 from inferd.errors import InferdError

@@ -1,11 +1,10 @@
-"""Crash isolation: a Python model running in a worker process of its own.
+"""Crash isolation: a Python model running in a process of its own.
 
 Config `parameters { key: "isolation" value: { string_value: "process" } }` makes
-`PythonBackend.load` return a `ProcessInstance` (inferd's `Model`) or a
-`TritonProcessInstance` (a `TritonPythonModel`, which takes the batch's requests one by one,
-as in the server process). Each starts a child process (pipe.py) that imports
-`model.py`, builds the model, calls its `load(context)` / `initialize(args)`, then answers
-batches (child.py).
+`PythonBackend.load` return a `ProcessInstance` (inferd's `Model`) or a `TritonProcessInstance` (a
+`TritonPythonModel`, which takes the batch's requests one by one, as in the server process). Each
+starts a child process (pipe.py) that imports `model.py`, builds the model, calls its
+`load(context)` / `initialize(args)`, then answers batches (child.py).
 
 When the child dies (segfault, `os._exit`, OOM kill, SIGKILL), the batch it was executing fails
 with a `MODEL_ERROR` naming the crash, and a new child is started in the background, loading the

@@ -27,8 +27,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from inferd.backends.python.bls_request import STREAM_AHEAD, BlsCall, BlsResult, Caller, executing
-from inferd.backends.python.pb_utils.errors import TritonModelException
 from inferd.backends.python.pb_utils.host import InstanceModelHost
+from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 
 log = logging.getLogger("inferd.backends.python")
 

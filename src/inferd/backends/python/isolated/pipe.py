@@ -41,8 +41,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd.backends.python.isolated.child import child_main  # the child's side
 from inferd.backends.python.isolated.parent_bls import BlsServer
 from inferd.backends.python.isolated.process_spec import ProcessSpec
-from inferd.backends.python.pb_utils.errors import TritonModelException
 from inferd.backends.python.pb_utils.host import InstanceModelHost, MetricKind
+from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 from inferd.backends.python.shared_array_store import SharedArrayError
 
 # multiprocessing imports `sharedctypes` at the first RawArray. Versions load in threads,

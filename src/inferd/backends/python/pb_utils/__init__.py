@@ -12,7 +12,6 @@ send their responses through `request.get_response_sender()` (an
 
 from __future__ import annotations
 
-from inferd.backends.python.pb_utils.errors import TritonError, TritonModelException
 from inferd.backends.python.pb_utils.host import (
     MetricKind,
     get_model_dir,
@@ -50,6 +49,7 @@ from inferd.backends.python.pb_utils.tensor import (
     triton_string_to_numpy,
     triton_to_numpy_type,
 )
+from inferd.backends.python.pb_utils.triton_errors import TritonError, TritonModelException
 
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",

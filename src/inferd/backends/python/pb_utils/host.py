@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from inferd.backends.python.bls_request import BlsCall, BlsResult
-from inferd.backends.python.pb_utils.errors import TritonModelException
+from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 from inferd.backends.python.shared_array_store import ArrayScope
 
 _current = threading.local()

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from inferd.backends.python.bls_request import BlsCall
-from inferd.backends.python.pb_utils.errors import TritonModelException, not_supported
 from inferd.backends.python.pb_utils.host import current_host
 from inferd.backends.python.pb_utils.responses import (
     InferenceResponse,
@@ -24,6 +23,7 @@ from inferd.backends.python.pb_utils.responses import (
     parameters_json,
 )
 from inferd.backends.python.pb_utils.tensor import Tensor
+from inferd.backends.python.pb_utils.triton_errors import TritonModelException, not_supported
 from inferd.errors import InferdError
 from inferd.streams import ResponseSink, StreamClosedError
 from inferd.types import Array

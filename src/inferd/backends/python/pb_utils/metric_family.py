@@ -1,16 +1,14 @@
 """Triton's custom metrics API: `MetricFamily(name, description, kind).Metric(labels)`.
 
 The metrics live in the server (inferd.backends.python.custom_metrics) and are exported on its
-/metrics
-endpoint beside inferd's own; a model only holds handles to them.
-"""
+/metrics endpoint beside inferd's own; a model only holds handles to them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from inferd.backends.python.pb_utils.errors import TritonModelException
 from inferd.backends.python.pb_utils.host import MetricKind, ModelHost, current_host
+from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 
 
 class Metric:

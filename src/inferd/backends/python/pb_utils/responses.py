@@ -8,8 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from inferd.backends.python.bls_request import BlsResult
-from inferd.backends.python.pb_utils.errors import TritonError, TritonModelException
 from inferd.backends.python.pb_utils.tensor import Tensor
+from inferd.backends.python.pb_utils.triton_errors import TritonError, TritonModelException
 
 
 def parameters_json(parameters: Mapping[str, Any] | None, where: str) -> str:

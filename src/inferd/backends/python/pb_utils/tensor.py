@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.backends.python.pb_utils.errors import TritonModelException
+from inferd.backends.python.pb_utils.triton_errors import TritonModelException
 from inferd.types import Array
 
 # Config `data_type` strings, as in the model_config JSON that `initialize` receives.

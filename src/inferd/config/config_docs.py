@@ -1,6 +1,6 @@
 """The tables of docs/model-config.md, written from `fields` and `parameters`.
 
-    python -m inferd.config.field_docs docs/model-config.md   # rewrite the tables
+    python -m inferd.config.config_docs docs/model-config.md   # rewrite the tables
 
 Each table sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers in the page; a
 test fails when the page and the code disagree, so the page stays true.
@@ -15,9 +15,9 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.config.field_rules import Status
-from inferd.config.fields import FIELDS
-from inferd.config.parameters import (
+from inferd.config.config_field_rules import Status
+from inferd.config.config_fields import FIELDS
+from inferd.config.config_parameters import (
     BACKEND_PARAMETERS,
     INFERD_PARAMETERS,
     PASS_THROUGH_BACKENDS,

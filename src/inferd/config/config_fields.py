@@ -24,7 +24,7 @@ from typing import Any
 from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.config.field_rules import (
+from inferd.config.config_field_rules import (
     CUDA_TUNING,
     ENSEMBLE,
     GROUP,
