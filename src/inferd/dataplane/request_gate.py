@@ -3,13 +3,13 @@ flight, the server-wide bound on them (`--max-inflight-requests`), and draining.
 
 from __future__ import annotations
 
-from inferd.errors import shed, unavailable
 from inferd.events import Telemetry
 
 
 class RequestGate:
     """Owned by the DataPlane; each `InferCall` counts itself here while in flight and tells
-    `telemetry` how it went at its end (unary_request.py)."""
+    `telemetry` how it went at its end (unary_request.py); `UnarySteps.admit_version` refuses
+    what the server cannot take now (draining: 503; too many in flight: 429)."""
 
     __slots__ = ("inflight", "is_shutting_down", "max_inflight", "telemetry")
 
@@ -18,13 +18,3 @@ class RequestGate:
         self.max_inflight = max_inflight  # server-wide limit of requests in flight (0: none)
         self.inflight = 0
         self.is_shutting_down = False  # set once a shutdown begins: not ready, nothing admitted
-
-    def check(self) -> None:
-        """Refuse a request the server cannot take now: draining (503), too many (429)."""
-        if self.is_shutting_down:
-            raise unavailable("the server is shutting down; retry on another replica")
-        if self.max_inflight and self.inflight > self.max_inflight:
-            raise shed(
-                f"the server has {self.max_inflight} requests in flight "
-                "(--max-inflight-requests); retry later"
-            )

@@ -240,7 +240,14 @@ class UnarySteps:
         self, model_name: str, version: str, ctx: CallContext, record: RequestRecord
     ) -> ModelVersion:
         """The checks before a request's body is read; the version it would go to."""
-        self.gate.check()
+        gate = self.gate  # the server's own refusals first (inline: the hot path)
+        if gate.is_shutting_down:
+            raise unavailable("the server is shutting down; retry on another replica")
+        if gate.max_inflight and gate.inflight > gate.max_inflight:
+            raise shed(
+                f"the server has {gate.max_inflight} requests in flight "
+                "(--max-inflight-requests); retry later"
+            )
         if model_name in self.registry.models:
             record.model = model_name
         early = self.registry.get(model_name, version, ctx.routing_key)
