@@ -11,7 +11,7 @@ ROUNDS="${1:-2}"; shift || true
 LEVELS=("${@:-1 8}"); LEVELS=(${LEVELS[@]})
 # Its own server on a port free at run time, checked to be the one answering there (and
 # still alive at the end): tests/support/server_process.py.
-SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/server_process.py")
+SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/support/server_process.py")
 PORT="$("${SERVER_CHECK[@]}" free-port)"
 OUT="$ROOT/benchmarks/results/bench_vs_pa"; mkdir -p "$OUT"
 SERVER_CPU=0; CLIENT_CPU=1

@@ -1,5 +1,5 @@
 """How a batch's thread hop can be awaited with a timeout, each way's cost per call: plain
-`run_in_executor` (no timeout), `asyncio.wait` with a timeout, and inferd's `Call` (filled by
+`run_in_executor` (no timeout), `asyncio.wait` with a timeout, and inferd's `InstanceRun` (filled by
 the thread, scheduling/instance_runs.py) without and with its `call_later` timer.
 
     .venv/bin/python benchmarks/execution_wait_cost.py --calls 5000 --rounds 15
@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from inferd.scheduling.instance_runs import Call, wake
+from inferd.scheduling.instance_runs import InstanceRun, wake
 
 EXECUTOR = ThreadPoolExecutor(1)
 TIMEOUT_S = 120.0
@@ -37,14 +37,14 @@ async def with_wait(loop: asyncio.AbstractEventLoop) -> int:
 
 
 async def call(loop: asyncio.AbstractEventLoop) -> int:
-    c: Call[int] = Call(loop, ("bench", "1", 0))
+    c: InstanceRun[int] = InstanceRun(loop, ("bench", "1", 0))
     EXECUTOR.submit(c.run, nothing)
     await c.woken
     return c.result()
 
 
 async def call_with_timer(loop: asyncio.AbstractEventLoop) -> int:
-    c: Call[int] = Call(loop, ("bench", "1", 0))
+    c: InstanceRun[int] = InstanceRun(loop, ("bench", "1", 0))
     EXECUTOR.submit(c.run, nothing)
     timer = loop.call_later(TIMEOUT_S, wake, c.woken)
     try:
@@ -57,8 +57,8 @@ async def call_with_timer(loop: asyncio.AbstractEventLoop) -> int:
 WAYS: dict[str, Callable[[asyncio.AbstractEventLoop], Awaitable[int]]] = {
     "run_in_executor": plain,
     "run_in_executor + asyncio.wait": with_wait,
-    "Call": call,
-    "Call + call_later (inferd)": call_with_timer,
+    "InstanceRun": call,
+    "InstanceRun + call_later (inferd)": call_with_timer,
 }
 
 

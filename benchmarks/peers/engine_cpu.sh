@@ -16,7 +16,7 @@ shift 5 || shift $#
 SRCS=("${@:-$ROOT/src}")
 PORT=18900
 "$ROOT/.venv/bin/python" "$HERE/inferd_repo.py" "$HERE/results/inferd_repo" >/dev/null
-SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/server_process.py")
+SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/support/server_process.py")
 ticks() {  # $1 pid -> utime + stime (fields 14 and 15, counted after the command's ")")
   local stat; stat=$(<"/proc/$1/stat"); stat=${stat##*) }
   read -r -a f <<<"$stat"; echo $(( f[11] + f[12] ))

@@ -60,7 +60,7 @@ esac
 
 # The peer must be the one answering on PORT: the port free before it starts, and at the
 # end every socket listening there its own (tests/support/server_process.py, standard library only).
-SERVER_CHECK=(python3 "$HERE/../../tests/server_process.py")
+SERVER_CHECK=(python3 "$HERE/../../tests/support/server_process.py")
 "${SERVER_CHECK[@]}" check-free "$PORT" || exit 1
 
 setsid "${CMD[@]}" >"$LOG" 2>&1 < /dev/null &

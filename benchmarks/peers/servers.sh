@@ -4,7 +4,7 @@
 # inferd is checked to be the one answering on PORT (tests/support/server_process.py): the port is
 # free before it starts, and when it is stopped every socket listening there is still its own
 # (so the figures measured meanwhile are of it).
-SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/server_process.py")
+SERVER_CHECK=("$ROOT/.venv/bin/python" "$ROOT/tests/support/server_process.py")
 
 start_server() {  # $1 server (inferd, inferd-wN: N workers, inferd-eN: N front ends and one
   # engine, a peer, mosec-wN), $2 model -> a PID

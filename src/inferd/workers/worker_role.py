@@ -9,6 +9,7 @@ import functools
 
 from inferd.dataplane.plane import DataPlane
 from inferd.dataplane.statistics_api import ProviderFactory
+from inferd.limits import ensure_file_descriptors
 from inferd.server import build
 from inferd.server.role import GrpcAddress, ServerRole
 from inferd.settings import Settings
@@ -49,5 +50,6 @@ class WorkerRole(ServerRole):
 
 def run_worker(settings: Settings, slot: WorkerSlot) -> None:
     """One of `--workers N`: the same server on a port it shares with its siblings."""
+    ensure_file_descriptors(settings.limits)  # before the port is bound, as a server does
     sock = reuse_port_socket(settings)
     build.run(settings, WorkerRole(slot), sock)
