@@ -2,10 +2,11 @@
 (workers/worker_role.py) or the engine of `--workers N --engine` (engine/engine_role.py).
 
 The server asks its role where to listen and where its statistics come from, and calls it
-at two points of its life: once the models are loaded and the adapters listen (`start`),
-and at shutdown (`close`, in the order its docstring gives). A server of its own has the
-base role, whose answers are a lone server's and whose hooks do nothing. The roles live
-with what they are (workers/, engine/), above this package: the server knows neither.
+at three points of its life: once the models are loaded and the adapters listen (`start`),
+and at shutdown, first (`close_first`, before the adapters stop) and last (`close_last`,
+once the metrics endpoint is down). A server of its own has the base role, whose answers
+are a lone server's and whose hooks do nothing. The roles live with what they are
+(workers/, engine/), above this package: the server knows neither.
 """
 
 from __future__ import annotations
