@@ -4,8 +4,8 @@ admit, infer, respond), counted with cProfile after a warm-up. Counts, unlike se
 on a busy machine: compare two commits by pointing `--tree` at a worktree of the other.
 
     .venv/bin/python benchmarks/calls_per_request.py [--requests 500] [--top 15]
-    git worktree add /tmp/before <commit>
-    .venv/bin/python benchmarks/calls_per_request.py --tree /tmp/before
+    git worktree add ../before <commit>
+    .venv/bin/python benchmarks/calls_per_request.py --tree ../before
 
 `--tree` runs the same measurement on that checkout's `src/` (this venv's packages): the
 script itself knows the layouts before and after the packages of docs/architecture.md.
