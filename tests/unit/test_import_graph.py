@@ -166,14 +166,16 @@ def unit_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> str | None:
 
 def layer_breaks(
     graph: dict[str, set[str]], layers: list[tuple[str, ...]] = LAYERS
-) -> tuple[list[str], list[str], list[list[str]]]:
-    """(modules in no layer, imports going up, circles between units). Importing the root
-    package itself (`from inferd import __version__`) is no edge: every import runs it."""
+) -> tuple[list[str], list[str], list[str]]:
+    """(modules in no layer, imports going up, circles between units, each with the imports
+    that close it). Importing the root package itself (`from inferd import __version__`) is
+    no edge: every import runs it."""
     level = {u: i for i, layer in enumerate(layers) for u in layer}
     root = layers[-1][0]
     unplaced = sorted(m for m in graph if unit_of(m, layers) is None)
     upward: list[str] = []
     units: dict[str, set[str]] = {u: set() for u in level}
+    imports: dict[tuple[str, str], list[str]] = {}  # (unit, unit) -> the module imports
     for module, targets in sorted(graph.items()):
         source = unit_of(module, layers)
         for target in sorted(targets):
@@ -181,9 +183,15 @@ def layer_breaks(
             if source is None or dest is None or dest == source or target == root:
                 continue
             units[source].add(dest)
+            imports.setdefault((source, dest), []).append(f"{module} -> {target}")
             if level[dest] > level[source]:
                 upward.append(f"{module} -> {target} ({source} is below {dest})")
-    return unplaced, upward, find_cycles(units)
+    circles = [
+        " -> ".join(cycle)
+        + "".join(f"; {imports[a, b][0]}" for a, b in zip(cycle, cycle[1:], strict=False))
+        for cycle in find_cycles(units)
+    ]
+    return unplaced, upward, circles
 
 
 def test_the_layer_check_finds_what_breaks_the_order() -> None:
@@ -200,7 +208,10 @@ def test_the_layer_check_finds_what_breaks_the_order() -> None:
     unplaced, upward, circles = layer_breaks(graph, layers)
     assert unplaced == []  # "pkg.stray" is the root package's
     assert upward == ["pkg.low.x -> pkg.high.y (pkg.low is below pkg.high)"]
-    assert circles == [["pkg.mid_a", "pkg.mid_b", "pkg.mid_a"]]
+    assert circles == [
+        "pkg.mid_a -> pkg.mid_b -> pkg.mid_a; "
+        "pkg.mid_a.m -> pkg.mid_b.n; pkg.mid_b.n -> pkg.mid_a.k"
+    ]
     assert unit_of("pkg.mid_ab", [("pkg.mid_a",)]) is None  # a prefix of a name is no unit
 
 
@@ -210,9 +221,7 @@ def test_no_import_goes_up_the_layers_and_no_packages_import_each_other() -> Non
         "\n".join(unplaced)
     )
     assert not upward, "imports going up the layers:\n" + "\n".join(upward)
-    assert not circles, "packages importing each other:\n" + "\n".join(
-        " -> ".join(c) for c in circles
-    )
+    assert not circles, "packages importing each other:\n" + "\n".join(circles)
 
 
 def test_the_scheduler_knows_backends_only_by_their_contract() -> None:
