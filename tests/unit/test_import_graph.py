@@ -120,7 +120,7 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
     raise AssertionError(f"no cycle through {start}")  # unreachable for a real component
 
 
-# Bottom-up. A unit is a package (or a top-level module); a module belongs to the longest
+# Bottom-up. A unit is a top-level package (or module) of inferd; a module belongs to the
 # unit its name starts with. Units of one layer may import each other one way only.
 LAYERS: list[tuple[str, ...]] = [
     # the vocabulary every layer speaks
@@ -146,8 +146,9 @@ LAYERS: list[tuple[str, ...]] = [
         "inferd.telemetry",
     ),
     ("inferd.repository",),
-    # settings.py holds the cache's and the capture's settings: above them, below protocol
-    ("inferd.dataplane", "inferd.telemetry.metrics", "inferd.settings"),
+    # settings.py holds the cache's and the capture's settings: above them, below protocol;
+    # metrics/ reads the registry, the schedulers, the capture and the cache at scrape time
+    ("inferd.dataplane", "inferd.metrics", "inferd.settings"),
     ("inferd.protocol",),
     ("inferd.server",),
     ("inferd.workers",),
@@ -213,6 +214,16 @@ def test_the_layer_check_finds_what_breaks_the_order() -> None:
         "pkg.mid_a.m -> pkg.mid_b.n; pkg.mid_b.n -> pkg.mid_a.k"
     ]
     assert unit_of("pkg.mid_ab", [("pkg.mid_a",)]) is None  # a prefix of a name is no unit
+
+
+def test_the_layers_name_whole_packages() -> None:
+    """A sub-package of its own in the order could sit above its parent, and the two
+    packages would import each other unseen: units are inferd's top-level names only."""
+    nested = [u for layer in LAYERS for u in layer if u.count(".") > 1]
+    assert not nested, f"units below a package: {nested}"
+    top = {name.split(".")[1] for name in module_names() if name.count(".") >= 1}
+    listed = {u.split(".")[1] for layer in LAYERS for u in layer if "." in u}
+    assert top <= listed, f"top-level names in no layer: {sorted(top - listed)}"
 
 
 def test_no_import_goes_up_the_layers_and_no_packages_import_each_other() -> None:

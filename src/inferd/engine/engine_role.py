@@ -12,11 +12,11 @@ from inferd.engine import sockets
 from inferd.engine.engine_hop import EngineHop
 from inferd.engine.front_end_series import FrontEndCollector
 from inferd.engine.model_table import ModelTable
+from inferd.metrics.prometheus import MetricsSink
 from inferd.repository.registry import ModelRegistry
 from inferd.server import build
 from inferd.server.role import GrpcAddress, ServerRole
 from inferd.settings import Settings
-from inferd.telemetry.metrics.prometheus import MetricsSink
 
 
 class EngineRole(ServerRole):

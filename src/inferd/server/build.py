@@ -23,6 +23,11 @@ from inferd.dataplane.capture import Capture
 from inferd.dataplane.plane import DataPlane, PlaneOptions
 from inferd.events import Telemetry
 from inferd.limits import ensure_file_descriptors
+from inferd.metrics.cache_families import CacheCollector
+from inferd.metrics.capture_families import CaptureCollector
+from inferd.metrics.degrade_families import DegradationCollector
+from inferd.metrics.metrics_endpoint import MetricsServer
+from inferd.metrics.prometheus import MetricsSink
 from inferd.protocol import error_text, tls
 from inferd.protocol.grpc import service as grpc_adapter
 from inferd.protocol.http.app import InferdApp, build_app
@@ -38,11 +43,6 @@ from inferd.server.python_host import ServerHost
 from inferd.server.role import ServerRole
 from inferd.server.shutdown import ShutdownClock
 from inferd.settings import Settings
-from inferd.telemetry.metrics.cache_families import CacheCollector
-from inferd.telemetry.metrics.capture_families import CaptureCollector
-from inferd.telemetry.metrics.degrade_families import DegradationCollector
-from inferd.telemetry.metrics.metrics_endpoint import MetricsServer
-from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.telemetry.request_log import RequestLogSink
 from inferd.telemetry.trace_settings import TraceSettings
 from inferd.telemetry.tracing import TraceSink

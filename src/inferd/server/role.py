@@ -17,10 +17,10 @@ from typing import Any
 from inferd.dataplane.plane import DataPlane
 from inferd.dataplane.statistics_api import ProviderFactory
 from inferd.dataplane.unary import SignatureChecks
+from inferd.metrics.prometheus import MetricsSink
 from inferd.protocol import tls
 from inferd.repository.registry import ModelRegistry
 from inferd.settings import Settings, TlsFiles
-from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.telemetry.statistics import ProcessStatistics
 
 

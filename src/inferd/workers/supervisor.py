@@ -38,10 +38,10 @@ from prometheus_client.registry import Collector
 
 from inferd import log as inferd_log
 from inferd.limits import ensure_file_descriptors
+from inferd.metrics.host_families import GpuCollector, register_host_metrics
+from inferd.metrics.metrics_endpoint import MetricsServer
 from inferd.server.shutdown import EXIT_MARGIN_S
 from inferd.settings import Settings
-from inferd.telemetry.metrics.host_families import GpuCollector, register_host_metrics
-from inferd.telemetry.metrics.metrics_endpoint import MetricsServer
 from inferd.workers import peers
 from inferd.workers.peers import WorkerSlot
 

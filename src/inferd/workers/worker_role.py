@@ -10,10 +10,10 @@ import functools
 from inferd.dataplane.plane import DataPlane
 from inferd.dataplane.statistics_api import ProviderFactory
 from inferd.limits import ensure_file_descriptors
+from inferd.metrics.prometheus import MetricsSink
 from inferd.server import build
 from inferd.server.role import GrpcAddress, ServerRole
 from inferd.settings import Settings
-from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.workers.peers import PeerServer, WorkerSlot
 from inferd.workers.reuse_port import reuse_port_socket
 from inferd.workers.worker_statistics import WorkersStatistics

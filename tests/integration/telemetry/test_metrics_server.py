@@ -1,4 +1,4 @@
-"""The metrics port (telemetry/metrics/metrics_endpoint.py): no thread per connection, idle
+"""The metrics port (metrics/metrics_endpoint.py): no thread per connection, idle
 connections closed,
 open connections capped, keep-alive scrapes."""
 
@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from inferd.limits import Limits
-from inferd.telemetry.metrics.metrics_endpoint import MAX_CONNECTIONS
+from inferd.metrics.metrics_endpoint import MAX_CONNECTIONS
 from tests.support.servers import STATE_DEADLINE_S, RunningServer, run_server
 
 

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from inferd.backends.python.custom_metrics import CustomMetrics, MetricError
 from inferd.backends.python.pb_utils.host import MetricKind
-from inferd.telemetry.metrics.metrics_endpoint import exposition
+from inferd.metrics.metrics_endpoint import exposition
 
 
 @pytest.fixture

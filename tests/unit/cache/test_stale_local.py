@@ -10,7 +10,7 @@ import asyncio
 from inferd.cache import CacheSettings, LocalSettings, ResponseCache
 from inferd.cache.entry import make_entry, owned_copy
 from inferd.cache.local_tier import LocalTier
-from inferd.telemetry.metrics.cache_families import CacheCollector
+from inferd.metrics.cache_families import CacheCollector
 from tests.support.cache_helpers import Model, key, outputs
 
 

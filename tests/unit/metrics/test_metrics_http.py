@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from inferd.telemetry.metrics.metrics_endpoint import MetricsServer, exposition
+from inferd.metrics.metrics_endpoint import MetricsServer, exposition
 
 
 class _Families(Collector):

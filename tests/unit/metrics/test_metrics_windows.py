@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from inferd.events import CallContext, RequestRecord
+from inferd.metrics.prometheus import MetricsSink
 from inferd.reliability.health_score import IDLE_SCORE
 from inferd.repository.registry import ModelRegistry
-from inferd.telemetry.metrics.prometheus import MetricsSink
 from inferd.telemetry.statistics import StatisticsSink
 
 

@@ -25,14 +25,14 @@ from prometheus_client import (
 )
 
 from inferd.events import BatchRecord, RequestRecord
+from inferd.metrics.drift_families import DriftCollector
+from inferd.metrics.host_families import GpuCollector, register_host_metrics
+from inferd.metrics.load_families import LoadCollector
+from inferd.metrics.model_families import CountsCollector, StateCollector
+from inferd.metrics.model_series import GC_BUCKETS_S, Series
+from inferd.metrics.triton_names import TritonCollector
 from inferd.reliability.health_score import IDLE_SCORE, HealthWindow
 from inferd.repository.registry import ModelRegistry
-from inferd.telemetry.metrics.drift_families import DriftCollector
-from inferd.telemetry.metrics.host_families import GpuCollector, register_host_metrics
-from inferd.telemetry.metrics.load_families import LoadCollector
-from inferd.telemetry.metrics.model_families import CountsCollector, StateCollector
-from inferd.telemetry.metrics.model_series import GC_BUCKETS_S, Series
-from inferd.telemetry.metrics.triton_names import TritonCollector
 from inferd.telemetry.statistics import StatisticsSink
 
 log = logging.getLogger("inferd.metrics")

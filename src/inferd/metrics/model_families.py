@@ -21,10 +21,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from inferd.config.model_config import backend_name
+from inferd.metrics.model_series import HISTOGRAMS, Series
 from inferd.repository.model_state import State
 from inferd.repository.registry import ModelRegistry
 from inferd.scheduling.sequence.sequence_batcher import SequenceBatcher
-from inferd.telemetry.metrics.model_series import HISTOGRAMS, Series
 from inferd.telemetry.snapshots import items
 
 MV = ("model", "version")

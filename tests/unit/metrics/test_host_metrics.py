@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inferd.telemetry.metrics.host_families import CpuCollector, GpuCollector
+from inferd.metrics.host_families import CpuCollector, GpuCollector
 
 
 def _write_proc(proc: Path, busy: tuple[int, ...], idle: int, iowait: int) -> None:
