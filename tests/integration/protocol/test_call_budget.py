@@ -176,20 +176,10 @@ def test_a_request_stays_within_its_call_budget(
 def test_an_in_process_request_stays_within_its_call_budget(repo: Path, model: str) -> None:
     """The DataPlane's steps as an adapter takes them, no wire: the core's own share."""
     counter = CallCounter()
-    with profiled_threads(counter):
-        loop = asyncio.new_event_loop()
-        try:
-            measured = loop.run_until_complete(_in_process(counter, repo, model))
-        finally:
-            loop.close()
-    _hold(f"in-process {model}", measured)
-
-
-async def _in_process(counter: CallCounter, repo: Path, model: str) -> dict[str, float]:
+    loop = asyncio.new_event_loop()
     telemetry = Telemetry()
     registry = ModelRegistry(repo, telemetry)
     plane = DataPlane(registry, telemetry)
-    await registry.load_all([model])
     x = _rows(model)
     name = MODELS[model][1]
 
@@ -201,14 +191,10 @@ async def _in_process(counter: CallCounter, repo: Path, model: str) -> dict[str,
             plane.respond(call, await plane.infer(call, request))
 
     try:
-        for _ in range(50):
-            await one()
-        counter.calls.clear()
-        counter.counting = True
-        for _ in range(REQUESTS):
-            await one()
-        counter.counting = False
-        return {name: count / REQUESTS for name, count in counter.calls.items()}
+        with profiled_threads(counter):
+            loop.run_until_complete(registry.load_all([model]))
+            measured = calls_per_request(counter, lambda: loop.run_until_complete(one()), REQUESTS)
     finally:
-        counter.counting = False
-        await registry.unload_all()
+        loop.run_until_complete(registry.unload_all())
+        loop.close()
+    _hold(f"in-process {model}", measured)
