@@ -50,7 +50,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         max_batch_size=4,
     )
     write_drift_model(repo, "bad_reference", {}, npz_bytes({"label": np.zeros((20, 1))}))
-    write_drift_model(repo, "first_rows", {"drift_reference": "first:200", "drift_window": "100"})
+    # Never resting either: a sample that arrives while the thread rests is dropped, and on
+    # a busy host the rest after building the reference outlasts the next ten requests.
+    write_drift_model(
+        repo,
+        "first_rows",
+        {"drift_reference": "first:200", "drift_window": "100", "drift_cpu_budget": "1"},
+    )
     (repo / "first_rows" / "1" / "reference.npz").unlink()
     write_drift_model(repo, "plain", {})
     (repo / "plain" / "1" / "reference.npz").unlink()
@@ -168,7 +174,9 @@ def test_the_first_rows_served_become_the_reference(server: RunningServer) -> No
     assert entry["reference_rows"] == 200
     for _ in range(10):  # shifted: the next windows see it
         infer(server, "http", "first_rows", live_rows(rng, 20, shift=1.0))
-    assert checks_of(drift_of(server, "first_rows"))["ks"]["alerting"]
+    shifted = drift_of(server, "first_rows")
+    assert shifted["samples_dropped"] == 0, shifted
+    assert checks_of(shifted)["ks"]["alerting"]
 
 
 def test_a_model_without_a_reference_is_not_monitored(server: RunningServer) -> None:
