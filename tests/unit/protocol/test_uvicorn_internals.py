@@ -27,7 +27,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from inferd.protocol.http import fast_path
+from inferd.protocol.http import fast_path, parser_guard
 
 # The methods the subclasses override or call, with the parameters they pass.
 PROTOCOL_METHODS = {
@@ -138,6 +138,57 @@ def test_a_connection_has_the_state_the_subclasses_read() -> None:
         assert callable(getattr(seen["parser"], method, None)), f"parser.{method}"
     for flag in ("response_complete", "keep_alive", "response_started", "disconnected"):
         assert hasattr(seen["new_cycle"], flag), f"RequestResponseCycle.{flag}"
+
+
+def _head_state(protocol: type[HttpToolsProtocol], hook: str, head: bytes) -> dict[str, Any]:
+    """A real connection of `protocol` fed `head`: its request state, seen from `hook` (the
+    callback where the head is complete), and the ASGI scope the request was given."""
+    seen: dict[str, Any] = {}
+
+    class Probe(protocol):  # type: ignore[valid-type, misc]
+        pass
+
+    def capture(self: Any) -> None:
+        seen.update(url=self.url, headers=list(self.headers), expect=self.expect_100_continue)
+        getattr(protocol, hook)(self)
+        seen["scope"] = {k: v for k, v in self.scope.items() if k in SCOPE_AT_BEGIN}
+
+    setattr(Probe, hook, capture)
+
+    async def exchange() -> None:
+        config = Config(_app, lifespan="off", log_config=None)
+        config.load()
+        ours, theirs = socket.socketpair()
+        loop = asyncio.get_running_loop()
+        await loop.connect_accepted_socket(lambda: Probe(config, ServerState(), {}), ours)
+        reader, writer = await asyncio.open_connection(sock=theirs)
+        writer.write(head)
+        await writer.drain()
+        await reader.readuntil(b"ok")
+        writer.close()
+
+    asyncio.run(asyncio.wait_for(exchange(), 30))
+    return seen
+
+
+# What uvicorn's on_message_begin puts in the scope (on_headers_complete adds the rest).
+SCOPE_AT_BEGIN = ("type", "asgi", "http_version", "server", "client", "scheme", "root_path",
+                  "headers", "state")  # fmt: skip
+
+
+def test_the_callbacks_the_guard_took_over_leave_uvicorns_state() -> None:
+    """parser_guard.py does what uvicorn's on_message_begin, on_url and on_header do without
+    calling them, and builds the ASGI scope only for the ASGI path: the same request gives
+    the same url, headers (lower-case names, values without trailing whitespace), 100-continue
+    flag and scope in both."""
+    head = b"POST /v2/x?q=1 HTTP/1.1\r\nHost: a\r\nX-Upper: Value \t\r\n"
+    head += b"Expect: 100-Continue\r\n\r\n"
+    theirs = _head_state(HttpToolsProtocol, "on_headers_complete", head)
+    ours = _head_state(parser_guard.GuardedHttpProtocol, "on_request_head", head)
+    pairs = [(b"host", b"a"), (b"x-upper", b"Value"), (b"expect", b"100-Continue")]
+    assert theirs["headers"] == pairs
+    assert theirs["expect"] is True and theirs["url"] == b"/v2/x?q=1"
+    assert ours == theirs
 
 
 def test_flow_control_has_what_the_infer_path_waits_on() -> None:
