@@ -115,6 +115,9 @@ class RequestRecord:
     # Refused because the model would not answer within the request's deadline: how long
     # it would have taken (0.0 otherwise); degradation tiers count the request that slow.
     refused_estimate_s: float = 0.0
+    # The capture_sample_rate of the version that answered (docs/capture.md): 0, the
+    # default, and the answer is not offered to the capture at all.
+    capture_rate: float = 0.0
 
     @property
     def is_success(self) -> bool:

@@ -1,8 +1,8 @@
 """Sampled capture of answered requests (docs/capture.md).
 
-`DataPlane.respond` hands every answered unary request here, whatever the protocol. A model
-version whose `capture_sample_rate` is 0 (the default) costs two dict lookups and nothing
-else. A sampled request:
+`DataPlane.respond` hands an answered unary request here, whatever the protocol, when the
+version that answered samples (its `capture_sample_rate`, copied into the request's record
+as `capture_rate`): a version at 0, the default, costs nothing here. A sampled request:
 
 - gets an id if its client sent none (16 random hex digits per process, then a counter in
   hex; the response carries it, so a client can send feedback), and keeps its own otherwise;

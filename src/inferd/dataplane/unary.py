@@ -218,6 +218,7 @@ class UnarySteps:
             return None
         tensors, parameters, is_stale = found
         record.model, record.version = mv.name, mv.version
+        record.capture_rate = mv.spec.capture.sample_rate
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
         )
@@ -233,7 +234,8 @@ class UnarySteps:
         if self.max_response_bytes:
             size = min_wire_bytes(response.outputs)
             check_response_size(size, self.max_response_bytes, at_least=True)
-        self.capture.observe(call.record, response)  # sampled: by the model's rate
+        if call.record.capture_rate:  # sampled: by the answering version's rate
+            self.capture.observe(call.record, response)
         return response
 
     def admit_version(
@@ -284,6 +286,7 @@ class UnarySteps:
         # sticky canary routing.
         mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
         record.model, record.version = mv.name, mv.version
+        record.capture_rate = mv.spec.capture.sample_rate
         if mv.decoupled:  # a canary version (or the fallback) may be one
             raise unary_to_decoupled(mv.name, ctx)
         # Inputs in shared memory become views of their regions before anything reads them;

@@ -63,7 +63,7 @@ class ModelInferMethod:
     async def ModelInfer(self, request: bytes, context: Any) -> bytes:
         ctx = call_context(context)
         # Trailing metadata: sent with the response and with an error status alike.
-        if traceparent := tracing.echo(ctx):  # "" unless a valid traceparent came in
+        if ctx.traceparent and (traceparent := tracing.echo(ctx)):  # a valid one came in
             context.set_trailing_metadata((("traceparent", traceparent),))
         msg = await self.offload.run(len(request), parse_infer_request, request)
         return await self._infer(msg, len(request), ctx)

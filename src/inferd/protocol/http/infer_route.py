@@ -121,8 +121,11 @@ class InferEndpoint:
             start_ns,
             headers.get("routing_key", ""),
         )
-        traceparent = tracing.echo(ctx)  # "" unless the request carried a valid traceparent
-        extra = [(b"traceparent", traceparent.encode())] if traceparent else []
+        extra: list[tuple[bytes, bytes]] = []
+        if ctx.traceparent:  # echoed when valid; a request without one pays nothing here
+            traceparent = tracing.echo(ctx)
+            if traceparent:
+                extra.append((b"traceparent", traceparent.encode()))
 
         try:
             if self.guarded:
