@@ -165,10 +165,10 @@ class DynamicBatcher:
         """
         if self._stopping:
             raise unavailable(f"model '{self.name}' is unloading")
-        self._runner.load.arrived(request.rows)  # demand, whether it is served or shed
+        now = time.perf_counter_ns()  # the load window's clock too
+        self._runner.load.arrived(request.rows, now)  # demand, whether it is served or shed
         if not self._runner.serving:
             raise unavailable(self._all_stuck_message())
-        now = time.perf_counter_ns()
         opts = self._opts
         admitted = admit(
             self.name,

@@ -78,8 +78,10 @@ class LoadWindow:
             self._second[i] = second
         return i
 
-    def arrived(self, rows: int) -> None:
-        now = self._clock()
+    def arrived(self, rows: int, now: int | None = None) -> None:
+        """`rows` submitted; `now` (the window's clock) when the caller has just read it."""
+        if now is None:
+            now = self._clock()
         if not self._active:
             self._active = now
         self._arrived[self._slot(now // _NS)] += rows

@@ -116,7 +116,13 @@ def typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], where
     # its absolute value, for -2**63) wraps, and 4294967296 passed an int64 sum of squares.
     limit = _OVERFLOW.get(datatype)
     if limit is not None and inferred.dtype.itemsize > dtype.itemsize:
-        largest = max(float(inferred.max()), -float(inferred.min()))
+        # The ufuncs' own reductions: ndarray.max() adds a Python wrapper per call, which
+        # costs more than the pass itself on a request's few values.
+        if kind == "f":  # one pass: a float's absolute value cannot wrap
+            largest = float(np.maximum.reduce(np.abs(inferred), axis=None))
+        else:
+            high = float(np.maximum.reduce(inferred, axis=None))
+            largest = max(high, -float(np.minimum.reduce(inferred, axis=None)))
         if largest >= limit:
             raise invalid(
                 f"{where}: value {largest:g} is out of {datatype}'s range (largest "
@@ -129,7 +135,8 @@ def _check_int_range(inferred: Array, datatype: str, dtype: np.dtype[Any], where
     info = np.iinfo(dtype)
     # As Python numbers, compared exactly: numpy would round int64's max up to the float
     # 2**63 and let that value through.
-    low, high = inferred.min().item(), inferred.max().item()
+    low = np.minimum.reduce(inferred, axis=None).item()
+    high = np.maximum.reduce(inferred, axis=None).item()
     if low < int(info.min) or high > int(info.max):
         raise invalid(
             f"{where}: values {low}..{high} are out of {datatype}'s range "
