@@ -118,6 +118,8 @@ class RequestRecord:
     # The capture_sample_rate of the version that answered (docs/capture.md): 0, the
     # default, and the answer is not offered to the capture at all.
     capture_rate: float = 0.0
+    # Its model has degradation tiers: the sinks that move tiers (Telemetry.watch) see it.
+    tiered: bool = False
 
     @property
     def is_success(self) -> bool:
@@ -167,14 +169,25 @@ class Sink(Protocol):
     def on_batch(self, record: BatchRecord) -> None: ...
 
 
+class RequestSink(Protocol):
+    def on_request(self, record: RequestRecord) -> None: ...
+
+
 class Telemetry:
-    """Fans records out to the sinks; a failing sink is logged, never the request's problem."""
+    """Fans records out to the sinks; a failing sink is logged, never the request's problem.
+
+    A sink added with `watch` sees only the requests of models with degradation tiers
+    (`RequestRecord.tiered`), and no batches: a model without tiers pays it nothing."""
 
     def __init__(self, sinks: Sequence[Sink] = ()) -> None:
         self.sinks = list(sinks)
+        self.tier_sinks: list[RequestSink] = []
 
     def add(self, sink: Sink) -> None:
         self.sinks.append(sink)
+
+    def watch(self, sink: RequestSink) -> None:
+        self.tier_sinks.append(sink)
 
     def request(self, record: RequestRecord) -> None:
         for sink in self.sinks:
@@ -182,6 +195,12 @@ class Telemetry:
                 sink.on_request(record)
             except Exception:
                 log.exception("telemetry sink %s failed", type(sink).__name__)
+        if record.tiered:
+            for tier_sink in self.tier_sinks:
+                try:
+                    tier_sink.on_request(record)
+                except Exception:
+                    log.exception("telemetry sink %s failed", type(tier_sink).__name__)
 
     def batch(self, record: BatchRecord) -> None:
         for sink in self.sinks:

@@ -124,6 +124,7 @@ class StreamingSteps:
                 return await self.stream(other, request)
         mv = self.registry.get(model_name, call.version, ctx.routing_key or request.id)
         record.model, record.version = mv.name, mv.version
+        record.tiered = self.registry.models[mv.name].degrade is not None
         if not mv.decoupled:  # a canary version routed by request id may not be
             raise unavailable(
                 f"model '{model_name}' version {mv.version} is not decoupled, but the "

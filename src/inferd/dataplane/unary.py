@@ -219,6 +219,7 @@ class UnarySteps:
         tensors, parameters, is_stale = found
         record.model, record.version = mv.name, mv.version
         record.capture_rate = mv.spec.capture.sample_rate
+        record.tiered = self.registry.models[mv.name].degrade is not None
         response = InferResponse(
             model_name=mv.name, model_version=mv.version, outputs=tensors, id=request.id
         )
@@ -258,6 +259,7 @@ class UnarySteps:
             # Shed before reading and decoding the body: overload answers cost little.
             raise shed(f"model '{model_name}' queue is full; retry later")
         degrade = self.registry.models[model_name].degrade
+        record.tiered = degrade is not None
         tier = degrade.current if degrade is not None else None
         if tier is not None and tier.queue_limit and early.batcher is not None:
             assert degrade is not None
@@ -287,6 +289,7 @@ class UnarySteps:
         mv = self.registry.get(model_name, version, ctx.routing_key or request.id)
         record.model, record.version = mv.name, mv.version
         record.capture_rate = mv.spec.capture.sample_rate
+        record.tiered = self.registry.models[mv.name].degrade is not None
         if mv.decoupled:  # a canary version (or the fallback) may be one
             raise unary_to_decoupled(mv.name, ctx)
         # Inputs in shared memory become views of their regions before anything reads them;

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from inferd.errors import InferdError
-from inferd.events import BatchRecord, RequestRecord
+from inferd.events import RequestRecord
 from inferd.reliability.degrade.controller import Degradation, TierChange
 
 if TYPE_CHECKING:
@@ -27,9 +27,6 @@ OUT_OF_TIME = frozenset({"cancelled", "timeout"})
 class DegradationGuard:
     def __init__(self, registry: ModelRegistry) -> None:
         self._registry = registry
-
-    def on_batch(self, record: BatchRecord) -> None:
-        pass
 
     def on_request(self, record: RequestRecord) -> None:
         model = self._registry.models.get(record.model)

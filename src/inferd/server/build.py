@@ -111,7 +111,7 @@ class InferenceServer:
                 " and ".join(open_to_all),
             )
         self.telemetry.add(CanaryGuard(self.registry))
-        self.telemetry.add(DegradationGuard(self.registry))
+        self.telemetry.watch(DegradationGuard(self.registry))  # models with tiers only
         self.poller: RepositoryPoller | None = None
         self.metrics: MetricsSink | None = None
         self.metrics_server: MetricsServer | None = None
