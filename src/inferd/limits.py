@@ -62,12 +62,13 @@ def ensure_file_descriptors(limits: Limits) -> None:
         )
 
 
-def check_response_size(size: int, limit: int, at_least: bool = False) -> None:
+def response_too_large(size: int, limit: int, at_least: bool = False) -> InferdError:
     """A response is bounded like a request: a client's choice of outputs and batch must not
-    make the server build (and hold) an answer of any size. `limit` 0: none."""
-    if limit and size > limit:
-        raise InferdError(
-            ErrorKind.PAYLOAD_TOO_LARGE,
-            f"the response takes {'at least ' if at_least else ''}{size} bytes, more than the "
-            f"limit of {limit} bytes (--max-response-mib); ask for fewer outputs or rows",
-        )
+    make the server build (and hold) an answer of any size. The error for a response of
+    `size` bytes past `limit`; callers compare inline (`if limit and size > limit`), as the
+    check runs on every response and the error on few."""
+    return InferdError(
+        ErrorKind.PAYLOAD_TOO_LARGE,
+        f"the response takes {'at least ' if at_least else ''}{size} bytes, more than the "
+        f"limit of {limit} bytes (--max-response-mib); ask for fewer outputs or rows",
+    )

@@ -26,7 +26,7 @@ from inferd.dataplane.shm_regions import SharedMemoryRegistry
 from inferd.dataplane.unary_request import InferCall
 from inferd.errors import ErrorKind, InferdError, shed, unavailable
 from inferd.events import CallContext, RequestRecord
-from inferd.limits import check_response_size
+from inferd.limits import response_too_large
 from inferd.reliability.degrade.controller import Degradation, Route
 from inferd.reliability.degrade.tiers import Tier
 from inferd.repository.model_state import Model, ModelVersion
@@ -232,9 +232,11 @@ class UnarySteps:
     def respond(self, call: InferCall, response: InferResponse) -> InferResponse:
         """The answer, to encode: refused before it is built when its tensors alone pass the
         response limit (the adapter checks the exact size too)."""
-        if self.max_response_bytes:
+        limit = self.max_response_bytes
+        if limit:
             size = min_wire_bytes(response.outputs)
-            check_response_size(size, self.max_response_bytes, at_least=True)
+            if size > limit:
+                raise response_too_large(size, limit, at_least=True)
         if call.record.capture_rate:  # sampled: by the answering version's rate
             self.capture.observe(call.record, response)
         return response

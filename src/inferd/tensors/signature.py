@@ -38,9 +38,12 @@ class TensorSpec:
     def matches(self, shape: Sequence[int]) -> bool:
         if -1 not in self.dims:  # fixed dims: one tuple comparison (on every request)
             return tuple(shape) == self.dims
-        return len(shape) == len(self.dims) and all(
-            d == -1 or d == s for d, s in zip(self.dims, shape, strict=True)
-        )
+        if len(shape) != len(self.dims):
+            return False
+        for d, s in zip(self.dims, shape, strict=True):  # noqa: SIM110 (no generator per request)
+            if d != -1 and d != s:
+                return False
+        return True
 
 
 @dataclass(slots=True)

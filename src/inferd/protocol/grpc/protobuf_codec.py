@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
-from inferd.limits import check_response_size
+from inferd.limits import response_too_large
 from inferd.protocol.strict_values import check_flags
 from inferd.tensors.wire_format import (
     MAX_BYTES_ELEMENTS,
@@ -210,7 +210,8 @@ def encode_infer_response(response: InferResponse, max_bytes: int = 0) -> pb.Mod
         # find each output's contents by its index.
         raw = b"" if tensor.shared_memory is not None else to_binary(tensor)
         produced += len(raw)
-        check_response_size(produced, max_bytes, at_least=True)
+        if max_bytes and produced > max_bytes:
+            raise response_too_large(produced, max_bytes, at_least=True)
         msg.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         msg.raw_output_contents.append(bytes(raw))
     return msg

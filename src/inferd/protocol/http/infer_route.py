@@ -136,11 +136,21 @@ class InferEndpoint:
                 self.dp.admit(call)
                 ctx.deadline_ns = deadline_ns(headers.get("timeout_ms"), start_ns)
                 json_length = header_length(headers.get("header_length"))  # before the body
-                request = await self._decode(await read(), json_length, model, version)
+                body = await read()
+                offload = self.offload
+                args = (body, json_length, model, version, self.max_bytes_elements)
+                if offload.is_large(len(body)):  # a thread or a process (_decode)
+                    request = await self._decode(body, json_length, model, version)
+                else:  # inline, without a coroutine per step: most requests
+                    request = decode_request(*args)
                 if on_decoded is not None:
                     on_decoded()
                 response = self.dp.respond(call, await self.dp.infer(call, request))
-                payload, json_length = await self._encode(request, response)
+                size = min_wire_bytes(response.outputs)
+                if offload.is_large(size):
+                    payload, json_length = await self._encode(request, response, size)
+                else:
+                    payload, json_length = self._encode_inline(request, response)
         except InferdError as exc:
             error = http_error(exc)
             return error.status, _JSON, error.body, extra + error.headers
@@ -159,17 +169,19 @@ class InferEndpoint:
         return await self.offload.run(len(body), decode_request, *args)  # binary: a thread
 
     async def _encode(
-        self, request: InferRequest, response: InferResponse
+        self, request: InferRequest, response: InferResponse, size: int
     ) -> tuple[bytes, int | None]:
         binary_default = bool(request.parameters.get("binary_data_output", False))
         return await self.offload.run(
-            min_wire_bytes(response.outputs),
-            encode_response,
-            response,
-            request.outputs,
-            binary_default,
+            size, encode_response, response, request.outputs, binary_default,
             self.max_response_bytes,
-        )
+        )  # fmt: skip
+
+    def _encode_inline(
+        self, request: InferRequest, response: InferResponse
+    ) -> tuple[bytes, int | None]:
+        binary_default = bool(request.parameters.get("binary_data_output", False))
+        return encode_response(response, request.outputs, binary_default, self.max_response_bytes)
 
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str

@@ -13,7 +13,7 @@ import orjson
 
 from inferd.datatypes import ITEMSIZE, V2_TO_WIRE, numpy_dtype
 from inferd.errors import invalid
-from inferd.limits import check_response_size
+from inferd.limits import response_too_large
 from inferd.protocol.http.json_values import from_json
 from inferd.protocol.strict_values import check_flags
 from inferd.tensors.wire_format import (
@@ -238,7 +238,8 @@ def encode_response(
             produced += len(json_data)
         else:
             entry["data"] = json_data
-        check_response_size(produced, max_bytes, at_least=True)
+        if max_bytes and produced > max_bytes:
+            raise response_too_large(produced, max_bytes, at_least=True)
         outputs.append(entry)
     doc: dict[str, Any] = {
         "model_name": response.model_name,
@@ -250,7 +251,10 @@ def encode_response(
     if response.parameters:
         doc["parameters"] = response.parameters
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    check_response_size(len(header) + sum(len(c) for c in chunks), max_bytes)
+    if max_bytes:
+        size = len(header) + sum(len(c) for c in chunks) if chunks else len(header)
+        if size > max_bytes:
+            raise response_too_large(size, max_bytes)
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
