@@ -305,10 +305,12 @@ class UnarySteps:
                 and checks.is_current(mv, request.signature_generation)
             )
             bound = mv.signature.bind(request, checked)
-            bound.classes = classification.requested_classes(request, mv.signature)
+            if request.outputs:  # (classes are asked for by name, on a requested output)
+                bound.classes = classification.requested_classes(request, mv.signature)
             record.rows = bound.rows
             bound.ctx = ctx
-            priority, timeout_us = scheduling_parameters(request)
+            # Triton's priority and timeout are request parameters: none, none to read.
+            priority, timeout_us = scheduling_parameters(request) if request.parameters else (0, 0)
             if request.parameters or mv.sequence is not None:
                 bound.correlation_id, bound.flags = sequence_parameters(
                     request, mv.name, mv.sequence is not None

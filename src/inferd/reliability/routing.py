@@ -58,20 +58,19 @@ class Router:
     views; each change assigns a new dict or writes one existing key, so a scrape thread
     reading them (snapshots.items) never sees a dict change size."""
 
-    __slots__ = ("_history", "_policy", "_rollbacks", "_weights", "promoted")
+    __slots__ = ("_history", "_policy", "_rollbacks", "_weights", "promoted", "weights")
 
     def __init__(self) -> None:
         self._weights: dict[str, int] = {}  # empty: the default route
+        # The same dict, for readers: an attribute, not a property (the request path reads
+        # it on every request). Every change assigns both (_assign).
+        self.weights: Mapping[str, int] = self._weights
         self._history: list[dict[str, int]] = []  # earlier weights, newest last
         self._rollbacks: dict[str, int] = {}  # automatic rollbacks per version
         self._policy = RollbackPolicy()
         # (version, monotonic time) while the last change was a promote: what a degradation
         # tier's rollback may undo (None after any other change)
         self.promoted: tuple[str, float] | None = None
-
-    @property
-    def weights(self) -> Mapping[str, int]:
-        return self._weights
 
     @property
     def rollbacks(self) -> Mapping[str, int]:
@@ -131,7 +130,7 @@ class Router:
         if canaries:
             self._change({v: (0 if v in canaries else w) for v, w in self._weights.items()})
         elif self._history and self._history[-1]:
-            self._weights = self._history.pop()
+            self._assign(self._history.pop())
             self.promoted = None
         else:
             raise invalid(f"model '{model}' has no canary or earlier routing to roll back to")
@@ -147,15 +146,18 @@ class Router:
         sets them) for the versions that are loaded. Not a step a rollback undoes."""
         self._policy = policy
         if weights is not None:
-            self._weights = dict(weights)
+            self._assign(dict(weights))
             self.promoted = None
 
     def clear(self) -> None:
         """The model unloaded: back to the default route."""
-        self._weights = {}
+        self._assign({})
         self.promoted = None
 
     def _change(self, weights: dict[str, int]) -> None:
         self._history = [*self._history[-9:], dict(self._weights)]
-        self._weights = weights
+        self._assign(weights)
         self.promoted = None  # promote() sets it again after its own change
+
+    def _assign(self, weights: dict[str, int]) -> None:
+        self._weights = self.weights = weights

@@ -84,7 +84,12 @@ class LoadWindow:
             now = self._clock()
         if not self._active:
             self._active = now
-        self._arrived[self._slot(now // _NS)] += rows
+        second = now // _NS
+        i = second % self._n
+        if self._second[i] == second:  # _slot's common case, inline: once per request
+            self._arrived[i] += rows
+        else:
+            self._arrived[self._slot(second)] += rows
 
     def started(self, instance: int, start_ns: int) -> None:
         if not self._active:  # warm-up executes before any request arrives

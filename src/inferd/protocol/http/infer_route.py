@@ -4,6 +4,7 @@ server's request objects (protocol/http/fast_path.py calls it from the parser, a
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -82,9 +83,10 @@ class InferEndpoint:
         self.header_fields = dict(_HEADERS)
         for name in access.headers("http", ApiGroup.INFERENCE):
             self.header_fields[name.encode()] = _CREDENTIAL + name
-
-    def pick_headers(self, pairs: list[tuple[bytes, bytes]]) -> dict[str, str]:
-        return pick_headers(pairs, self.header_fields)
+        # pick_headers(pairs) with this route's fields: a partial, no Python frame of its own
+        self.pick_headers: Callable[[list[tuple[bytes, bytes]]], dict[str, str]] = (
+            functools.partial(pick_headers, fields=self.header_fields)
+        )
 
     @staticmethod
     def match(path: str) -> tuple[str, str] | None:
@@ -139,7 +141,7 @@ class InferEndpoint:
                 body = await read()
                 offload = self.offload
                 args = (body, json_length, model, version, self.max_bytes_elements)
-                if offload.is_large(len(body)):  # a thread or a process (_decode)
+                if len(body) >= offload.threshold_bytes:  # large: a thread or a process
                     request = await self._decode(body, json_length, model, version)
                 else:  # inline, without a coroutine per step: most requests
                     request = decode_request(*args)
@@ -147,7 +149,7 @@ class InferEndpoint:
                     on_decoded()
                 response = self.dp.respond(call, await self.dp.infer(call, request))
                 size = min_wire_bytes(response.outputs)
-                if offload.is_large(size):
+                if size >= offload.threshold_bytes:  # Offload.is_large, inline
                     payload, json_length = await self._encode(request, response, size)
                 else:
                     payload, json_length = self._encode_inline(request, response)
