@@ -4,11 +4,12 @@ its batches (the registry decides which versions to load, and swaps them in)."""
 from __future__ import annotations
 
 import asyncio
+import encodings.cp437  # noqa: F401  (imported before any model loads: see below)
 import logging
 import time
 from pathlib import Path
 
-import numpy.random  # noqa: F401  (imported before any model loads: see below)
+import numpy.random  # noqa: F401  (idem)
 
 from inferd.backends.base import Backend
 from inferd.backends.python.pb_utils.host import HostProvider
@@ -25,6 +26,8 @@ from inferd.scheduling.sequence.sequence_batcher import SequenceBatcher
 # in threads, several at once, and two models' first uses racing there failed a load with
 # KeyError: 'numpy.random.mtrand' (CI: the example repository's `recall`). Imported with
 # this module, before any model's code runs, it is never first imported by two threads.
+# The same for the codec zipfile decodes member names with: two drift references (.npz, a
+# zip) read at once failed a load with KeyError: 'encodings.cp437' (CI: test_deploy.py).
 
 log = logging.getLogger("inferd.repository")
 
