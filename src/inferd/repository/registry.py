@@ -81,6 +81,11 @@ class ModelRegistry:
         if model is None:
             raise not_found(f"unknown model '{name}'")
         if not version:
+            versions = model.versions
+            if len(versions) == 1 and not model.router.weights:  # inline: every request
+                (only,) = versions.values()
+                if only.state is State.READY:
+                    return only
             routed = (
                 model.router.pick(model.versions, routing_key) if model.router.weights else None
             )

@@ -143,10 +143,10 @@ class ModelSignature:
         given, rows = self._given_checked(request) if checked else self._given(request)
         inputs = self._declared(given, model)
         keyed = self._keyed
-        shape_key = (
-            tuple(a.shape[1:] for a in inputs.values())
+        shape_key = (  # lists, not generators: a generator's every step is a call
+            tuple([a.shape[1:] for a in inputs.values()])
             if keyed is None
-            else tuple(inputs[n].shape[1:] for n in keyed if n in inputs)
+            else tuple([inputs[n].shape[1:] for n in keyed if n in inputs])
         )
         if self._optional:
             # Which optional inputs it sends keys the batch too: requests sending different

@@ -82,7 +82,8 @@ def decode_request(
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise invalid("'id' must be a string")
-    parameters = _parameters(doc.get("parameters"), "request")
+    parameters = doc.get("parameters")
+    parameters = {} if parameters is None else _parameters(parameters, "request")
     if parameters:
         check_flags(parameters, "request")
     outputs = None
@@ -116,7 +117,7 @@ def decode_request(
 
 def _parameters(raw: Any, where: str) -> dict[str, Any]:
     if raw is None:
-        return {}
+        return {}  # (the hot callers check for None themselves)
     if not isinstance(raw, dict):
         raise invalid(f"{where}: 'parameters' must be an object")
     return raw
@@ -148,7 +149,8 @@ def _decode_input(
             raise invalid(f"{where}: 'shape' must be a list of non-negative integers")
     shape = tuple(shape_raw)
     count = declared_count(shape, where)
-    params = _parameters(raw.get("parameters"), where)
+    params = raw.get("parameters")  # (None, the common case, checked inline)
+    params = {} if params is None else _parameters(params, where)
     size = params.get("binary_data_size")
     ref = shared_memory_ref(params, where) if params else None
     if ref is not None:  # the core reads the data from the region
