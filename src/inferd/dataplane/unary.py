@@ -25,7 +25,7 @@ from inferd.dataplane.request_gate import RequestGate
 from inferd.dataplane.shm_regions import SharedMemoryRegistry
 from inferd.dataplane.unary_request import InferCall
 from inferd.errors import ErrorKind, InferdError, shed, unavailable
-from inferd.events import CallContext, RequestRecord
+from inferd.events import CallContext, ExecutionTimes, RequestRecord
 from inferd.limits import response_too_large
 from inferd.reliability.degrade.controller import Degradation, Route
 from inferd.reliability.degrade.tiers import Tier
@@ -38,7 +38,7 @@ from inferd.tensors import classification
 from inferd.tensors.conformance import OutputMismatchError, conform_output
 from inferd.tensors.request_parameters import degradation_allowed
 from inferd.tensors.signature import BoundRequest
-from inferd.types import InferRequest, InferResponse, Tensor, min_wire_bytes
+from inferd.types import Array, InferRequest, InferResponse, Tensor, min_wire_bytes
 
 if TYPE_CHECKING:
     from inferd.cache.response_cache import ResponseCache
@@ -315,7 +315,13 @@ class UnarySteps:
                 bound.correlation_id, bound.flags = sequence_parameters(
                     request, mv.name, mv.sequence is not None
                 )
-            if mv.cache is None:  # the one check a model without the cache pays
+            if mv.cache is None and mv.ensemble is None:  # most requests: one await less
+                assert mv.batcher is not None  # a READY version always has one
+                outputs, times = await mv.batcher.submit(
+                    bound, priority, timeout_us, ctx.deadline_ns
+                )
+                tensors = self._conformed(mv, bound, record, outputs, times)
+            elif mv.cache is None:  # an ensemble's steps
                 tensors = await self._execute(mv, bound, ctx, record, priority, timeout_us)
             else:
                 assert self.response_cache is not None  # mv.cache is set only with one
@@ -359,6 +365,18 @@ class UnarySteps:
         else:
             assert mv.batcher is not None  # a READY version always has one
             outputs, times = await mv.batcher.submit(bound, priority, timeout_us, ctx.deadline_ns)
+        return self._conformed(mv, bound, record, outputs, times)
+
+    def _conformed(
+        self,
+        mv: ModelVersion,
+        bound: BoundRequest,
+        record: RequestRecord,
+        outputs: dict[str, Array],
+        times: ExecutionTimes,
+    ) -> list[Tensor]:
+        """The executed request's final output tensors, conformed to the config and as
+        classes where asked; its execution times in its record."""
         record.times = times
         t0 = time.perf_counter_ns()
         signature = mv.signature

@@ -130,6 +130,18 @@ class ModelSignature:
             )
             for o in config.output
         }
+        # The inputs a request can take past the config's limits. A fixed-shape input of
+        # numbers without a max_input_shape of its own holds at most max_batch_size times its
+        # elements (its shape is checked first): within the limit or not, found here once.
+        most = max(self.max_batch_size, 1)
+        self._limited = frozenset(
+            name
+            for name, spec in self.inputs.items()
+            if spec.datatype == "BYTES"
+            or -1 in spec.dims
+            or name in self.limits.max_shape
+            or math.prod(spec.dims) * most > self.limits.max_elements
+        )
 
     def metadata_shape(self, spec: TensorSpec) -> list[int]:
         """The shape a client sends or receives: a leading -1 when the model batches."""
@@ -235,7 +247,8 @@ class ModelSignature:
                     f"input '{tensor.name}': shape {list(shape)} does not match the model's "
                     f"{self.metadata_shape(spec)}"
                 )
-            self._check_limits(tensor.name, spec, shape, inner, tensor.data)
+            if tensor.name in self._limited:
+                self._check_limits(tensor.name, spec, shape, inner, tensor.data)
             data = tensor.data
             if spec.reshape is not None:
                 lead = (shape[0],) if self.is_batched else ()

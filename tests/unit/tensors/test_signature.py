@@ -225,3 +225,16 @@ def test_unknown_requested_output() -> None:
     message = bind_error(request(good_a(), good_b(), outputs=[RequestedOutput("Z")]))
     assert "unknown output 'Z'" in message
     assert "X, Y" in message
+
+
+def test_a_fixed_shape_input_keeps_the_element_limit_it_can_reach() -> None:
+    """A fixed-shape input is checked against max_input_elements only when a request can
+    pass it (max_batch_size x its elements): here 4 x 3 > 9, so 3 rows pass and 4 do not;
+    the variable-width input B is checked on every request."""
+    limited = BATCHED + 'parameters { key: "max_input_elements" value: { string_value: "9" } }\n'
+    sig = signature(limited)
+    assert sig._limited == {"A", "B"}
+    sig.bind(request(good_a(3), good_b(3, 3)))
+    message = bind_error(request(good_a(4), good_b(4, 2)), sig)
+    assert "input 'A'" in message and "max_input_elements" in message
+    assert signature()._limited == {"B"}  # 4 x 3 within the default limit: never checked

@@ -25,9 +25,16 @@ from inferd.types import Array
 
 
 def from_json(
-    data: Any, datatype: str, dtype: np.dtype[Any], shape: tuple[int, ...], count: int, where: str
+    data: Any,
+    datatype: str,
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    count: int,
+    where: str,
+    booleans: bool = True,
 ) -> Array:
-    """A JSON input's `data` (nested or flat) as an array of `shape`."""
+    """A JSON input's `data` (nested or flat) as an array of `shape`. `booleans`: False when
+    the document holds no `true` or `false` at all (the caller looked at its text)."""
     if not isinstance(data, list):
         data = [data]
     try:
@@ -45,7 +52,7 @@ def from_json(
                 else:
                     raise invalid(f"{where}: BYTES data must be strings, got {type(item).__name__}")
         else:
-            array = typed_json_array(data, datatype, dtype, where)
+            array = typed_json_array(data, datatype, dtype, where, booleans)
     except (ValueError, TypeError, OverflowError) as exc:
         raise invalid(f"{where}: data does not fit datatype {datatype}: {exc}") from None
     if array.size != count:
@@ -85,13 +92,16 @@ def _has_bool(data: list[Any]) -> bool:
     return list in kinds and any(_has_bool(x) for x in data if type(x) is list)
 
 
-def typed_json_array(data: list[Any], datatype: str, dtype: np.dtype[Any], where: str) -> Array:
-    """JSON numbers (or booleans, for BOOL) as an array of `dtype`, or INVALID_ARGUMENT."""
+def typed_json_array(
+    data: list[Any], datatype: str, dtype: np.dtype[Any], where: str, booleans: bool = True
+) -> Array:
+    """JSON numbers (or booleans, for BOOL) as an array of `dtype`, or INVALID_ARGUMENT.
+    `booleans` False: the document has none (no search for them among the numbers)."""
     inferred = np.asarray(data)
     if inferred.size == 0:
         return inferred.astype(dtype)
     kind = inferred.dtype.kind
-    if kind in "iuf" and _has_bool(data):
+    if booleans and kind in "iuf" and _has_bool(data):
         raise invalid(
             f"{where}: {datatype} data must be numbers, got booleans among them (true/false "
             "are only for BOOL inputs)"

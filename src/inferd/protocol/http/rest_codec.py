@@ -67,11 +67,15 @@ def decode_request(
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise invalid("malformed request: 'inputs' must be a non-empty list")
+    # JSON booleans are the literals true and false: a document without either text holds
+    # none, and its numbers need no search for booleans among them (json_values.py).
+    end = len(body) if header_length is None else header_length
+    booleans = body.find(b"true", 0, end) >= 0 or body.find(b"false", 0, end) >= 0
     offset = 0
     inputs: list[Tensor] = []
     uses_shared_memory = False
     for i, raw in enumerate(raw_inputs):
-        tensor, offset = _decode_input(raw, i, binary, offset, max_bytes_elements)
+        tensor, offset = _decode_input(raw, i, binary, offset, max_bytes_elements, booleans)
         inputs.append(tensor)
         uses_shared_memory = uses_shared_memory or tensor.shared_memory is not None
     if offset != len(binary):
@@ -129,7 +133,12 @@ def decode_json_input(raw: Any, index: int, max_bytes_elements: int = MAX_BYTES_
 
 
 def _decode_input(
-    raw: Any, index: int, binary: memoryview, offset: int, max_bytes_elements: int
+    raw: Any,
+    index: int,
+    binary: memoryview,
+    offset: int,
+    max_bytes_elements: int,
+    booleans: bool = True,
 ) -> tuple[Tensor, int]:
     if not isinstance(raw, dict):
         raise invalid(f"inputs[{index}] must be an object")
@@ -174,7 +183,7 @@ def _decode_input(
         raise invalid(f"{where}: no 'data' and no binary_data_size")
     if datatype == "BYTES":
         check_bytes_count(count, max_bytes_elements, where)
-    data = from_json(raw["data"], datatype, dtype, shape, count, where)
+    data = from_json(raw["data"], datatype, dtype, shape, count, where, booleans)
     return Tensor(name, datatype, shape, data, params), offset
 
 
