@@ -2,7 +2,8 @@
 
 JSON numbers arrive as Python ints and floats, and `np.asarray` infers one array type for
 them; every check here runs on that array (a few C passes), never element by element, except
-the search for booleans among numbers, which walks types in C (`map(type, ...)`).
+the search for booleans among numbers, which walks types in C (`map(type, ...)`), and only
+in a document whose text holds `true` or `false` (rest_codec.py looks).
 
 What is refused, each with a 400 naming the input (as Triton does):
 - booleans anywhere but a BOOL input (`[true, 2]` was read as `[1, 2]`), and anything but
