@@ -73,6 +73,16 @@ def admit(
     return Admission(level, deadline_ns, remaining_s)
 
 
+def unconditional(policies: Sequence[QueuePolicy], default_level: int) -> Admission | None:
+    """What `admit` answers every request without a priority, a timeout or a deadline, when
+    its (default) level has no queue bound and no timeout that rejects: decided once per
+    scheduler, so that such a request (most are) costs no call here. None otherwise."""
+    policy = policies[default_level]
+    if policy.max_queue_size or (policy.default_timeout_us and policy.reject_on_timeout):
+        return None
+    return Admission(default_level, None, None)
+
+
 def priority_level(model: str, levels: int, default_level: int, priority: int) -> int:
     """The 0-based level of Triton's `priority` (1..levels; 0: the model's default)."""
     if priority == 0:

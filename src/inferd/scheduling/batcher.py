@@ -26,7 +26,7 @@ from inferd.backends.base import AnyInstance
 from inferd.config.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.errors import deadline_exceeded, unavailable
 from inferd.events import ExecutionTimes, Telemetry
-from inferd.scheduling.admission import admit, full, refuse_unmeetable_deadline
+from inferd.scheduling.admission import admit, full, refuse_unmeetable_deadline, unconditional
 from inferd.scheduling.execution import BatchObserver, BatchRunner
 from inferd.scheduling.formation import Formation, FormationOptions, form_batch
 from inferd.scheduling.load_signal import LoadSample
@@ -82,6 +82,7 @@ class DynamicBatcher:
         self._instances = self._runner.instances
         self._opts = options
         self._all_bounded = all(p.max_queue_size for p in options.queue_policies)
+        self._unconditional = unconditional(options.queue_policies, options.default_priority)
         self._queue: PriorityQueues[Pending] = PriorityQueues(len(options.queue_policies))
         self._queued_rows = 0
         self._arrived = asyncio.Event()
@@ -170,16 +171,18 @@ class DynamicBatcher:
         if not self._runner.serving:
             raise unavailable(self._all_stuck_message())
         opts = self._opts
-        admitted = admit(
-            self.name,
-            opts.queue_policies,
-            opts.default_priority,
-            self._queue.waiting,
-            priority,
-            timeout_us,
-            deadline_ns,
-            now,
-        )
+        admitted = self._unconditional
+        if admitted is None or priority or timeout_us or deadline_ns is not None:
+            admitted = admit(
+                self.name,
+                opts.queue_policies,
+                opts.default_priority,
+                self._queue.waiting,
+                priority,
+                timeout_us,
+                deadline_ns,
+                now,
+            )
         remaining_s = admitted.remaining_s
         if remaining_s is not None and not self._estimate_stale():
             refuse_unmeetable_deadline(

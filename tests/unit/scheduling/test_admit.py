@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import ErrorKind, InferdError
-from inferd.scheduling.admission import Admission, admit, full
+from inferd.scheduling.admission import Admission, admit, full, unconditional
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
 
 NOW = 10**12  # ns
@@ -100,3 +100,32 @@ def test_full_only_when_every_level_is_bounded_and_full() -> None:
     assert full(bounded, [1, 2])
     assert not full(bounded, [1, 1])
     assert not full(TWO_LEVELS, [2, 10**6])  # level 2 is unbounded
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        QueuePolicy(),
+        QueuePolicy(default_timeout_us=5, reject_on_timeout=False),  # DELAY: no deadline
+        QueuePolicy(allow_timeout_override=True),
+    ],
+)
+def test_the_unconditional_admission_is_what_admit_answers_a_plain_request(
+    policy: QueuePolicy,
+) -> None:
+    """A request without priority, timeout or deadline, at a level with no bound: the
+    batcher takes `unconditional`'s answer instead of calling `admit`; it must be admit's."""
+    policies = (QueuePolicy(max_queue_size=1), policy)
+    assert unconditional(policies, 1) == admitted(policies, waiting=(5, 10**6))
+
+
+@pytest.mark.parametrize(
+    "policy", [QueuePolicy(max_queue_size=3), QueuePolicy(default_timeout_us=5)]
+)
+def test_a_level_with_a_bound_or_a_rejecting_timeout_admits_each_request(
+    policy: QueuePolicy,
+) -> None:
+    assert unconditional((policy,), 0) is None  # admit decides, request by request
+    assert admitted((policy,), waiting=(0,), default_level=0).deadline_ns == (
+        None if policy.max_queue_size else NOW + 5 * US
+    )
