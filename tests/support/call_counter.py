@@ -9,10 +9,13 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
 
 import inferd
 
@@ -71,3 +74,16 @@ def calls_per_request(
     finally:
         counter.counting = False
     return {name: count / n for name, count in counter.calls.items()}
+
+
+def grpc_request(
+    address: str, model: str, name: str, x: np.ndarray, stack: ExitStack, output: str = ""
+) -> Callable[[], object]:
+    """One gRPC infer of FP32 `x` as input `name` (asking for `output` alone, when given), to
+    repeat while counting; its client closes with `stack`."""
+    client = grpcclient.InferenceServerClient(address)
+    stack.callback(client.close)
+    inp = grpcclient.InferInput(name, list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    outputs = [grpcclient.InferRequestedOutput(output)] if output else None
+    return lambda: client.infer(model, [inp], outputs=outputs)

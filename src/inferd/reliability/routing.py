@@ -55,16 +55,15 @@ class Router:
     """A model's traffic split. It owns its state: every change (weights set, promote,
     rollback by hand or by the canary guard, unload) goes through a method here, so the
     history a rollback restores and the rollback counts stay whole. Readers get read-only
-    views; each change assigns a new dict or writes one existing key, so a scrape thread
-    reading them (snapshots.items) never sees a dict change size."""
+    views; each change of the weights assigns a new dict, so a scrape thread reading them
+    (snapshots.items) never sees a dict change size."""
 
-    __slots__ = ("_history", "_policy", "_rollbacks", "_weights", "promoted", "weights")
+    __slots__ = ("_history", "_policy", "_rollbacks", "promoted", "weights")
 
     def __init__(self) -> None:
-        self._weights: dict[str, int] = {}  # empty: the default route
-        # The same dict, for readers: an attribute, not a property (the request path reads
-        # it on every request). Every change assigns both (_assign).
-        self.weights: Mapping[str, int] = self._weights
+        # Empty: the default route. An attribute, not a property: the request path reads it
+        # on every request. Only this class assigns it, a new dict at each change.
+        self.weights: Mapping[str, int] = {}
         self._history: list[dict[str, int]] = []  # earlier weights, newest last
         self._rollbacks: dict[str, int] = {}  # automatic rollbacks per version
         self._policy = RollbackPolicy()
@@ -83,7 +82,7 @@ class Router:
     def pick(self, ready: Mapping[str, object], key: str) -> str | None:
         """The version for one request, or None for the default route."""
         candidates = sorted(
-            ((v, w) for v, w in self._weights.items() if w > 0 and v in ready),
+            ((v, w) for v, w in self.weights.items() if w > 0 and v in ready),
             key=lambda x: int(x[0]),
         )
         if not candidates:
@@ -99,9 +98,9 @@ class Router:
     @property
     def stable(self) -> str | None:
         """The version with the largest weight (ties: the lowest number)."""
-        if not self._weights:
+        if not self.weights:
             return None
-        return min(self._weights, key=lambda v: (-self._weights[v], int(v)))
+        return min(self.weights, key=lambda v: (-self.weights[v], int(v)))
 
     def set_weights(self, weights: dict[str, int], ready: Container[str], model: str) -> None:
         """New weights (a version taking traffic must be `ready`), keeping the old ones so
@@ -122,22 +121,22 @@ class Router:
         (`version`, default every canary, -> weight 0); with no canary taking traffic, the
         weights before the last change (e.g. before a promote) come back."""
         stable = self.stable
-        canaries = [v for v, w in self._weights.items() if v != stable and w > 0]
+        canaries = [v for v, w in self.weights.items() if v != stable and w > 0]
         if version:
-            if self._weights.get(version, 0) == 0 or version == stable:
+            if self.weights.get(version, 0) == 0 or version == stable:
                 raise invalid(f"model '{model}' version {version} is not a canary taking traffic")
             canaries = [version]
         if canaries:
-            self._change({v: (0 if v in canaries else w) for v, w in self._weights.items()})
+            self._change({v: (0 if v in canaries else w) for v, w in self.weights.items()})
         elif self._history and self._history[-1]:
-            self._assign(self._history.pop())
+            self.weights = self._history.pop()
             self.promoted = None
         else:
             raise invalid(f"model '{model}' has no canary or earlier routing to roll back to")
 
     def guard_rollback(self, version: str) -> None:
         """The canary guard's automatic rollback: the version's weight drops to 0, counted."""
-        self._weights[version] = 0  # an existing key: the dict keeps its size
+        self.weights = {**self.weights, version: 0}  # a new dict, as every change
         self._rollbacks[version] = self._rollbacks.get(version, 0) + 1
         self.promoted = None
 
@@ -146,18 +145,15 @@ class Router:
         sets them) for the versions that are loaded. Not a step a rollback undoes."""
         self._policy = policy
         if weights is not None:
-            self._assign(dict(weights))
+            self.weights = dict(weights)
             self.promoted = None
 
     def clear(self) -> None:
         """The model unloaded: back to the default route."""
-        self._assign({})
+        self.weights = {}
         self.promoted = None
 
     def _change(self, weights: dict[str, int]) -> None:
-        self._history = [*self._history[-9:], dict(self._weights)]
-        self._assign(weights)
+        self._history = [*self._history[-9:], dict(self.weights)]
+        self.weights = weights
         self.promoted = None  # promote() sets it again after its own change
-
-    def _assign(self, weights: dict[str, int]) -> None:
-        self._weights = self.weights = weights

@@ -23,14 +23,18 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from onnx import TensorProto
 
 from inferd.dataplane.plane import DataPlane
 from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
 from inferd.types import InferRequest, Tensor
-from tests.support.call_counter import CallCounter, calls_per_request, profiled_threads
+from tests.support.call_counter import (
+    CallCounter,
+    calls_per_request,
+    grpc_request,
+    profiled_threads,
+)
 from tests.support.models import builders
 from tests.support.servers import RunningServer, run_server
 
@@ -112,17 +116,8 @@ def _http_binary(server: RunningServer, model: str, stack: ExitStack) -> Callabl
 
 
 def _grpc(server: RunningServer, model: str, stack: ExitStack) -> Callable[[], object]:
-    client = grpcclient.InferenceServerClient(server.grpc_address)
-    stack.callback(client.close)
-    x = _rows(model)
-    inp = grpcclient.InferInput(MODELS[model][1], list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)
-    outputs = [grpcclient.InferRequestedOutput(MODELS[model][2])]
-
-    def request() -> object:
-        return client.infer(model, [inp], outputs=outputs)
-
-    return request
+    _, name, output = MODELS[model]
+    return grpc_request(server.grpc_address, model, name, _rows(model), stack, output)
 
 
 WIRES: dict[str, Wire] = {

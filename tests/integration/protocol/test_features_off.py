@@ -17,10 +17,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 
 from inferd.cache.cache_settings import parse_cache_config
-from tests.support.call_counter import CallCounter, calls_per_request, profiled_threads
+from tests.support.call_counter import (
+    CallCounter,
+    calls_per_request,
+    grpc_request,
+    profiled_threads,
+)
 from tests.support.degrade_models import degrade
 from tests.support.drift_models import FEATURES, write_drift_model
 from tests.support.servers import RunningServer, run_server
@@ -89,11 +93,7 @@ def _http(
 
 
 def _grpc(server: RunningServer, model: str, stack: ExitStack) -> Callable[[], object]:
-    client = grpcclient.InferenceServerClient(server.grpc_address)
-    stack.callback(client.close)
-    inp = grpcclient.InferInput("input", [1, FEATURES], "FP32")
-    inp.set_data_from_numpy(_rows())
-    return lambda: client.infer(model, [inp])
+    return grpc_request(server.grpc_address, model, "input", _rows(), stack)
 
 
 WIRES: dict[str, Wire] = {"http": _http, "grpc": _grpc}

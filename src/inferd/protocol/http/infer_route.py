@@ -21,7 +21,7 @@ from inferd.protocol.http.rest_codec import decode_request, encode_response
 from inferd.protocol.offload import Offload
 from inferd.protocol.strict_values import TIMEOUT_MS, deadline_ns, header_length
 from inferd.telemetry import tracing
-from inferd.types import InferRequest, InferResponse, min_wire_bytes
+from inferd.types import InferRequest, min_wire_bytes
 
 HEADER_LENGTH = "inference-header-content-length"
 ROUTING_KEY = "inferd-routing-key"  # makes canary routing sticky
@@ -139,20 +139,26 @@ class InferEndpoint:
                 ctx.deadline_ns = deadline_ns(headers.get("timeout_ms"), start_ns)
                 json_length = header_length(headers.get("header_length"))  # before the body
                 body = await read()
-                offload = self.offload
-                args = (body, json_length, model, version, self.max_bytes_elements)
-                if len(body) >= offload.threshold_bytes:  # large: a thread or a process
+                # Small messages are decoded and encoded inline, without a coroutine per
+                # step (Offload.run's own threshold, compared here): most requests.
+                threshold = self.offload.threshold_bytes
+                if len(body) >= threshold:  # a thread, or a process for large JSON
                     request = await self._decode(body, json_length, model, version)
-                else:  # inline, without a coroutine per step: most requests
-                    request = decode_request(*args)
+                else:
+                    request = decode_request(
+                        body, json_length, model, version, self.max_bytes_elements
+                    )
                 if on_decoded is not None:
                     on_decoded()
                 response = self.dp.respond(call, await self.dp.infer(call, request))
+                binary_default = bool(request.parameters.get("binary_data_output", False))
+                encoding = (response, request.outputs, binary_default, self.max_response_bytes)
                 size = min_wire_bytes(response.outputs)
-                if size >= offload.threshold_bytes:  # Offload.is_large, inline
-                    payload, json_length = await self._encode(request, response, size)
+                if size >= threshold:
+                    encoded = await self.offload.run(size, encode_response, *encoding)
                 else:
-                    payload, json_length = self._encode_inline(request, response)
+                    encoded = encode_response(*encoding)
+                payload, json_length = encoded
         except InferdError as exc:
             error = http_error(exc)
             return error.status, _JSON, error.body, extra + error.headers
@@ -169,21 +175,6 @@ class InferEndpoint:
         if self.offload.is_large(json_size):  # orjson would hold the loop: a process
             return await self.offload.run_gil_bound(json_size, decode_request, *args)
         return await self.offload.run(len(body), decode_request, *args)  # binary: a thread
-
-    async def _encode(
-        self, request: InferRequest, response: InferResponse, size: int
-    ) -> tuple[bytes, int | None]:
-        binary_default = bool(request.parameters.get("binary_data_output", False))
-        return await self.offload.run(
-            size, encode_response, response, request.outputs, binary_default,
-            self.max_response_bytes,
-        )  # fmt: skip
-
-    def _encode_inline(
-        self, request: InferRequest, response: InferResponse
-    ) -> tuple[bytes, int | None]:
-        binary_default = bool(request.parameters.get("binary_data_output", False))
-        return encode_response(response, request.outputs, binary_default, self.max_response_bytes)
 
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str

@@ -263,7 +263,7 @@ def encode_response(
         doc["parameters"] = response.parameters
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if max_bytes:
-        size = len(header) + sum(len(c) for c in chunks) if chunks else len(header)
+        size = len(header) + sum(map(len, chunks))
         if size > max_bytes:
             raise response_too_large(size, max_bytes)
     if not chunks:
