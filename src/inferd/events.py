@@ -54,6 +54,9 @@ class CallContext:
     # so that its steps' spans nest under its own): its span starts the trace, and nothing
     # is echoed to the client.
     trace_root: bool = False
+    # A step of an ensemble: the context of the ensemble's request (the one its record
+    # carries), which a Triton trace file names as the step's parent. None otherwise.
+    caller: CallContext | None = None
 
 
 @dataclass(slots=True)
@@ -66,6 +69,9 @@ class ExecutionTimes:
     compute_output_ns: int = 0  # splitting outputs back per request
     batch_rows: int = 0
     batch_requests: int = 0
+    # perf_counter_ns when its batch left the queue (Triton's COMPUTE_START, for trace
+    # files); 0 when it did not run in a batch of its own (an ensemble's steps did).
+    compute_start_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

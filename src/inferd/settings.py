@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from inferd.limits import Limits
 from inferd.monitoring.capture_settings import CaptureSettings
+from inferd.telemetry.trace_config import TraceConfig
 
 if TYPE_CHECKING:
     from inferd.cache.cache_settings import CacheSettings
@@ -37,7 +38,9 @@ class Settings:
     log_sample_rate: float = 0.01  # share of successful requests logged; errors always are
     metrics_port: int | None = 8002  # None: no metrics endpoint; 0: any free port (tests)
     metrics_triton_names: bool = False  # also export Triton's nv_* names (model and host)
-    trace_otlp_endpoint: str = ""  # OTLP/HTTP traces endpoint; "" disables tracing
+    # --trace-config / --trace-otlp-endpoint: a Triton trace file or OpenTelemetry spans
+    # (telemetry/trace_config.py); by default no tracing.
+    trace: TraceConfig = TraceConfig()
     exit_timeout_s: float = 30.0
     # Default for models whose config sets no execution_timeout_ms; 0: none (reliability.md).
     execution_timeout_ms: int = 120_000

@@ -110,11 +110,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--collect-metrics: nv_inference_* per model, nv_cpu_* and (with the gpu extra) nv_gpu_*",
     )
     serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
+        help="tracing, as Triton's flag (repeatable, one setting each): triton,file=PATH "
+        "(a Triton JSON trace file), triton,log-frequency=N (write PATH.<n> every N traces), "
+        "rate=N (one request in N; default 1000), level=TIMESTAMPS|OFF (default OFF), "
+        "count=N (-1: no limit), mode=triton|opentelemetry, opentelemetry,url=HOST:PORT/PATH "
+        "(docs/observability-logs-traces.md)",
+    )
+    serve.add_argument(
         "--trace-otlp-endpoint",
-        default=defaults.trace_otlp_endpoint,
+        default="",
         metavar="URL",
-        help="send OpenTelemetry spans to this OTLP/HTTP endpoint (e.g. "
-        "http://127.0.0.1:4318/v1/traces); needs the 'otel' extra. Empty: no tracing",
+        help="send every request's OpenTelemetry spans to this OTLP/HTTP endpoint (e.g. "
+        "http://127.0.0.1:4318/v1/traces): short for --trace-config mode=opentelemetry "
+        "--trace-config opentelemetry,url=URL --trace-config level=TIMESTAMPS "
+        "--trace-config rate=1; needs the 'otel' extra. Empty: none",
     )
     serve.add_argument(
         "--model-control-mode",
@@ -253,12 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.cache.response_cache import ResponseCache
         from inferd.dataplane.access import AccessError
         from inferd.protocol.tls import TlsError
+        from inferd.telemetry.trace_config import TraceConfigError, check_trace_config
         from inferd.workers import supervisor
         from inferd.workers.supervisor import WorkersError
 
         try:
             settings = settings_from(args)
             server.access_policy(settings)  # the security options, checked before anything runs
+            check_trace_config(settings.trace)
             if settings.cache is not None and settings.cache.enabled:
                 # Built once here to check it (a Redis tier needs the redis package) before
                 # any worker starts; it connects to nothing yet.
@@ -269,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             TlsError,
             CaptureOptionError,
             CacheConfigError,
+            TraceConfigError,
         ) as exc:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
@@ -289,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     from inferd.cache.cache_settings import parse_cache_config  # CacheConfigError when bad
+    from inferd.telemetry.trace_config import parse_trace_config  # TraceConfigError when bad
 
     return Settings(
         model_repository=args.model_repository,
@@ -302,7 +319,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         log_sample_rate=args.log_sample_rate,
         metrics_port=args.metrics_port or None,
         metrics_triton_names=args.metrics_triton_names,
-        trace_otlp_endpoint=args.trace_otlp_endpoint,
+        trace=parse_trace_config(args.trace_config, args.trace_otlp_endpoint),
         model_control_mode=args.model_control_mode,
         repository_poll_s=args.repository_poll_secs,
         load_models=tuple(args.load_model),

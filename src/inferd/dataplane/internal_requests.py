@@ -44,8 +44,8 @@ class ModelCalls(Protocol):
 
 def child_context(parent: CallContext) -> CallContext:
     """The context of a call made on behalf of `parent`: its own start (a stage's latency
-    is its own), the parent's deadline, trace context, client and routing key. The protocol
-    label stays the parent's, so metric label values stay bounded."""
+    is its own), the parent's deadline, trace context, caller, client and routing key. The
+    protocol label stays the parent's, so metric label values stay bounded."""
     return CallContext(
         protocol=parent.protocol,
         client=parent.client,
@@ -54,6 +54,7 @@ def child_context(parent: CallContext) -> CallContext:
         start_ns=time.perf_counter_ns(),
         routing_key=parent.routing_key,
         deadline_ns=parent.deadline_ns,
+        caller=parent.caller,
     )
 
 

@@ -89,9 +89,11 @@ class Ensemble:
             deadline = own if deadline is None else min(deadline, own)
         # The steps' context: the ensemble's deadline; as trace parent the ensemble's span
         # (a request without a traceparent gets one of the server's: its span is the root),
-        # so each step's span nests under it.
+        # so each step's span nests under it; and the ensemble's request as their caller.
         start_trace(ctx)
-        parent = replace(ctx, deadline_ns=deadline, traceparent=span_header(ctx), trace_root=False)
+        parent = replace(
+            ctx, deadline_ns=deadline, traceparent=span_header(ctx), trace_root=False, caller=ctx
+        )
         run = EnsembleRun(dict(bound.inputs), dict(self.input_datatypes), steps)
         run.parameters.update(bound.parameters)  # the client's own (not Triton's reserved)
         if priority:

@@ -214,7 +214,9 @@ class BatchRunner:
                     kind = type(out) if isinstance(out, RequestFailedAloneError) else InferdError
                     p.future.set_exception(kind(out.kind, f"model '{self.name}': {out.message}"))
                 else:
-                    times = ExecutionTimes(dequeued_ns - p.enqueued_ns, *timings, rows, requests)
+                    times = ExecutionTimes(
+                        dequeued_ns - p.enqueued_ns, *timings, rows, requests, dequeued_ns
+                    )
                     p.future.set_result((out, times))
             if self.observer is not None:
                 self.observer.on_executed(batch, results)

@@ -44,6 +44,8 @@ from inferd.server.role import ServerRole
 from inferd.server.shutdown import ShutdownClock
 from inferd.settings import Settings
 from inferd.telemetry.request_log import RequestLogSink
+from inferd.telemetry.trace_config import OPENTELEMETRY
+from inferd.telemetry.trace_file import TraceFileSink
 from inferd.telemetry.trace_settings import TraceSettings
 from inferd.telemetry.tracing import TraceSink
 
@@ -63,11 +65,16 @@ class InferenceServer:
         error_text.set_verbose(settings.verbose_errors)
         self.telemetry = Telemetry()
         self.telemetry.add(RequestLogSink(settings.log_sample_rate))
+        # Tracing (--trace-config): spans to a collector, or Triton's trace file.
         self.trace_sink: TraceSink | None = None
-        trace_settings = TraceSettings(exporting=bool(settings.trace_otlp_endpoint))
-        if settings.trace_otlp_endpoint:
-            self.trace_sink = TraceSink(settings.trace_otlp_endpoint, settings=trace_settings)
+        self.trace_file: TraceFileSink | None = None
+        trace_settings = TraceSettings(settings.trace)
+        if settings.trace.mode == OPENTELEMETRY:
+            self.trace_sink = TraceSink(settings.trace.url, settings=trace_settings)
             self.telemetry.add(self.trace_sink)
+        elif settings.trace.file:
+            self.trace_file = TraceFileSink(settings.trace.file, trace_settings)
+            self.telemetry.add(self.trace_file)
         self.registry = ModelRegistry(
             settings.model_repository, self.telemetry, settings.execution_timeout_ms
         )
@@ -147,6 +154,8 @@ class InferenceServer:
         model_prints.install()
         self.model_host.bind_loop(asyncio.get_running_loop())
         self.capture.start()
+        if self.trace_file is not None:
+            self.trace_file.start()
         if self.response_cache is not None:
             await self.response_cache.start()  # never fails on a Redis that is down
         log.info("loading model repository %s", self.settings.model_repository)
@@ -215,6 +224,8 @@ class InferenceServer:
             # 4. flush traces, then stop the metrics endpoint last, so the drain stays visible.
             if self.trace_sink is not None:
                 await asyncio.to_thread(self.trace_sink.shutdown)
+            if self.trace_file is not None:
+                await asyncio.to_thread(self.trace_file.close)
             if self.metrics_server is not None:
                 self.metrics_server.close()
             await self.role.close_last()  # a worker's peer socket

@@ -4,7 +4,7 @@ tracing (`trace_settings`) and logs (`log`).
 Reading is open; changing goes through the same admin gate as the repository API. Each
 change is all or nothing: every value is checked before any is applied, and a setting
 inferd cannot honour is a 400 naming it, never a silent no-op. Clients never name files:
-`log_file` and `trace_file` are refused (Triton refuses them over the network too).
+`log_file` and `trace_file` are refused (current Triton refuses them over the network too).
 
 Log settings, mapped onto inferd's logs (stderr, one handler for inferd's and uvicorn's
 loggers):
@@ -53,7 +53,7 @@ class RuntimeSettings:
         `workers`: the processes of `--workers N`, whose settings changes need exactly one."""
         self._admin = admin
         self._model_exists = model_exists
-        self.trace = trace if trace is not None else TraceSettings(exporting=False)
+        self.trace = trace if trace is not None else TraceSettings()
         self.workers = workers
 
     # -- trace settings --------------------------------------------------------------------
@@ -91,7 +91,7 @@ class RuntimeSettings:
             raise invalid(
                 f"{what} cannot be changed with --workers {self.workers}: a call reaches one "
                 "worker process of them; set them with inferd serve's options "
-                "(--log-level, --log-format, --trace-otlp-endpoint), or add --engine (one "
+                "(--log-level, --log-format, --trace-config), or add --engine (one "
                 "engine for N front ends, whose settings these are)"
             )
 

@@ -1,27 +1,29 @@
-"""Which requests are traced: Triton's trace settings, mapped onto inferd's OTLP spans.
+"""Which requests are traced: Triton's trace settings, read and changed through Triton's
+trace extension (`GET/POST /v2[/models/<m>]/trace/setting`, gRPC TraceSetting).
 
-Triton's trace extension (`GET/POST /v2[/models/<m>]/trace/setting`, gRPC TraceSetting)
-names six settings; inferd has three of them, and says so:
+The server starts with `--trace-config` (trace_config.py); these settings are then the
+ones in force, over either way of tracing (`trace_mode`, fixed at start): a Triton trace
+file (`triton`, trace_file.py) or OpenTelemetry spans (`opentelemetry`, tracing.py).
 
-- `trace_level`: ["TIMESTAMPS"] exports a request's span tree, ["OFF"] exports nothing.
-  "TENSORS" is refused: spans carry timings and sizes, never tensor data.
+- `trace_level`: ["TIMESTAMPS"] traces, ["OFF"] traces nothing. "TENSORS" is refused:
+  inferd traces timings, never tensor data.
 - `trace_rate`: one request in N is traced (the 1st, the N+1-th, ...; counting restarts
-  when the rate is set). Default 1: every request.
-- `trace_count`: how many more traces to export; -1 (the default) for no limit.
-- `trace_mode`: "opentelemetry", the only mode; anything else is refused.
-- `trace_file`, `log_frequency`: refused. Spans go to the OTLP endpoint given at start
-  (`--trace-otlp-endpoint`), never to a file a client names.
+  when the rate is set).
+- `trace_count`: how many more traces to take; -1 for no limit.
+- `log_frequency` (mode triton only): the trace file is written every that many traces, as
+  `<trace_file>.<n>`; 0: at shutdown, in `<trace_file>` itself.
+- `trace_file` (mode triton only), `trace_mode`: read-only. The file is named at start: a
+  path chosen by a client would let it write any file the server may write.
 
-A model may override any of level, rate and count (`/v2/models/<m>/trace/setting`); a
-`null` value (over gRPC: a setting with no values) drops the override, and the global value
-applies again. Its requests are then counted in the scope whose rate (or count) applies:
-the model's own, or the global one shared by every model without an override, as Triton.
+A model may override any of level, rate, count and log frequency
+(`/v2/models/<m>/trace/setting`); a `null` value (over gRPC: a setting with no values)
+drops the override, and the global value applies again. Its requests are then counted in
+the scope whose rate (or count) applies: the model's own, or the global one shared by every
+model without an override. A `null` global value returns to the value the server started
+with. With nowhere to trace to (no file, no collector) every change is refused (400, naming
+the options to start with), as Triton refuses a trace setting without a trace file.
 
-A client's `traceparent` whose sampled flag is off still exports nothing: a request must be
-chosen by these settings and not unsampled by its caller. Without `--trace-otlp-endpoint`
-there is nothing to export, so every change is refused (400, naming the option to set).
-
-Everything here runs on the event loop (the API and the TraceSink both do): no locks.
+Everything here runs on the event loop (the API and the sinks both do): no locks.
 """
 
 from __future__ import annotations
@@ -30,18 +32,30 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from inferd.errors import invalid
+from inferd.telemetry.trace_config import (
+    MAX_INT32,
+    OFF,
+    OPENTELEMETRY,
+    TIMESTAMPS,
+    TRITON,
+    UNLIMITED,
+    TraceConfig,
+)
 
-OFF = "OFF"
-TIMESTAMPS = "TIMESTAMPS"
-MODE = "opentelemetry"
-UNLIMITED = -1
-_REFUSED = {
-    "trace_file": "inferd exports spans to the OTLP endpoint given at start "
-    "(--trace-otlp-endpoint), never to a file named by a client",
-    "log_frequency": "it sets how often Triton writes trace files; inferd writes none "
-    "(spans are exported over OTLP in batches)",
-}
-SETTINGS = ("trace_level", "trace_rate", "trace_count", "trace_mode", *_REFUSED)
+SETTINGS = (
+    "trace_level",
+    "trace_rate",
+    "trace_count",
+    "log_frequency",
+    "trace_file",
+    "trace_mode",
+)
+_FIELDS = (
+    ("trace_level", "level"),
+    ("trace_rate", "rate"),
+    ("trace_count", "count"),
+    ("log_frequency", "log_frequency"),
+)
 
 
 @dataclass(slots=True)
@@ -52,6 +66,7 @@ class Scope:
     level: str | None = None
     rate: int | None = None
     count: int | None = None
+    log_frequency: int | None = None
     seen: int = 0
 
 
@@ -65,8 +80,8 @@ def _level(value: Any) -> str:
     wanted = set(levels)
     if "TENSORS" in wanted:
         raise invalid(
-            "trace setting 'trace_level': TENSORS is not supported; inferd's spans carry "
-            "timings and sizes, never tensor data (use TIMESTAMPS)"
+            "trace setting 'trace_level': TENSORS is not supported; inferd traces timings, "
+            "never tensor data (use TIMESTAMPS)"
         )
     unknown = wanted - {OFF, TIMESTAMPS}
     if unknown:
@@ -79,84 +94,68 @@ def _level(value: Any) -> str:
     return OFF if OFF in wanted else TIMESTAMPS
 
 
-def _integer(key: str, value: Any, lowest: int, meaning: str) -> int:
+def _one(value: Any) -> Any:
     if isinstance(value, list) and len(value) == 1:
-        value = value[0]  # gRPC: every value travels as a list of strings
+        return value[0]  # gRPC: every value travels as a list of strings
+    return value
+
+
+def _integer(key: str, value: Any, lowest: int, meaning: str) -> int:
+    value = _one(value)
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
         number = int(value)
-    if number is None or number < lowest or number > 2**31 - 1:
+    if number is None or number < lowest or number > MAX_INT32:
         raise invalid(
-            f"trace setting '{key}' must be an integer from {lowest} to 2147483647 "
+            f"trace setting '{key}' must be an integer from {lowest} to {MAX_INT32} "
             f"({meaning}), got {value!r}"
         )
     return number
 
 
-def _mode(value: Any) -> None:
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    if value != MODE:
-        raise invalid(f"trace setting 'trace_mode': inferd traces with {MODE} only, got {value!r}")
-
-
 class TraceSettings:
-    def __init__(self, exporting: bool) -> None:
-        """`exporting`: a span exporter exists (`--trace-otlp-endpoint` was given)."""
-        self.exporting = exporting
-        self._default = Scope(TIMESTAMPS if exporting else OFF, 1, UNLIMITED)
-        self.global_scope = Scope(self._default.level, self._default.rate, self._default.count)
+    def __init__(self, config: TraceConfig | None = None) -> None:
+        """`config`: how the server traces from its start (none: it does not)."""
+        self.config = config = config if config is not None else TraceConfig()
+        self.mode = config.mode
+        self.is_on = config.is_on
+        self._default = Scope(config.level, config.rate, config.count, config.log_frequency)
+        self.global_scope = Scope(config.level, config.rate, config.count, config.log_frequency)
         self.models: dict[str, Scope] = {}
 
     # -- the API ------------------------------------------------------------------------
 
     def view(self, model: str = "") -> dict[str, Any]:
         """The settings in force for `model` (or globally), in Triton's JSON form."""
-        level, rate, count = self._effective(model)
-        return {
+        level, rate, count, log_frequency = self._effective(model)
+        view: dict[str, Any] = {
             "trace_level": [level],
             "trace_rate": str(rate),
             "trace_count": str(count),
-            "trace_mode": MODE,
         }
+        if self.mode == TRITON:
+            view["log_frequency"] = str(log_frequency)
+            view["trace_file"] = self.config.file
+        view["trace_mode"] = self.mode
+        return view
 
     def update(self, model: str, changes: dict[str, Any]) -> None:
-        """Apply `changes` (setting -> value; None drops a model's own value, or resets a
-        global one to its default) to `model`'s scope, or the global one for "". All of
-        them or none: every value is checked first. Raises a 400 naming the setting."""
+        """Apply `changes` (setting -> value; None drops a model's own value, or returns a
+        global one to its value at start) to `model`'s scope, or the global one for "". All
+        of them or none: every value is checked first. Raises a 400 naming the setting."""
         if not changes:
             return
-        parsed: dict[str, Any] = {}
-        for key, value in changes.items():
-            if key not in SETTINGS:
-                raise invalid(
-                    f"unknown trace setting '{key}'; inferd has {', '.join(SETTINGS[:4])}"
-                )
-            if key in _REFUSED:
-                raise invalid(f"trace setting '{key}' cannot be set: {_REFUSED[key]}")
-            if value is None or value == []:
-                parsed[key] = None
-            elif key == "trace_level":
-                parsed[key] = _level(value)
-            elif key == "trace_rate":
-                parsed[key] = _integer(key, value, 1, "trace one request in this many")
-            elif key == "trace_count":
-                parsed[key] = _integer(key, value, UNLIMITED, "traces left; -1: no limit")
-            else:
-                _mode(value)
-        if not self.exporting:
+        parsed = {key: self._parse(key, value) for key, value in changes.items()}
+        if not self.is_on:
             raise invalid(
                 f"trace setting '{next(iter(changes))}' cannot be set: tracing is off; start "
-                "inferd with --trace-otlp-endpoint URL to export spans"
+                "inferd with --trace-config triton,file=PATH (a Triton trace file) or "
+                "--trace-otlp-endpoint URL (OpenTelemetry spans)"
             )
         scope = self.models.setdefault(model, Scope()) if model else self.global_scope
-        for key, field in (
-            ("trace_level", "level"),
-            ("trace_rate", "rate"),
-            ("trace_count", "count"),
-        ):
+        for key, field in _FIELDS:
             if key not in parsed:
                 continue
             value = parsed[key]
@@ -168,11 +167,44 @@ class TraceSettings:
         if model and all(getattr(scope, f.name) is None for f in fields(Scope) if f.name != "seen"):
             del self.models[model]  # every value dropped: the model follows the global ones
 
-    # -- the request path (TraceSink) -----------------------------------------------------
+    def _parse(self, key: str, value: Any) -> Any:
+        """`value` checked for setting `key`: None for a null (or an empty gRPC list)."""
+        if key not in SETTINGS:
+            raise invalid(f"unknown trace setting '{key}'; inferd has {', '.join(SETTINGS)}")
+        if value is None or value == []:
+            return None  # (for trace_file and trace_mode: what holds already)
+        if key == "trace_level":
+            return _level(value)
+        if key == "trace_rate":
+            return _integer(key, value, 1, "trace one request in this many")
+        if key == "trace_count":
+            return _integer(key, value, UNLIMITED, "traces left; -1: no limit")
+        if key == "log_frequency":
+            if self.mode == OPENTELEMETRY:
+                raise invalid(
+                    "trace setting 'log_frequency' does not apply in trace mode opentelemetry: "
+                    "it sets how often a trace file is written, and spans are exported over "
+                    "OTLP in batches"
+                )
+            return _integer(key, value, 0, "traces per trace file; 0: one file at shutdown")
+        if key == "trace_file":
+            raise invalid(
+                "trace setting 'trace_file' cannot be changed: the trace file is set at start "
+                "only (--trace-config triton,file=PATH); a path chosen by a client would let "
+                "it write any file the server may write"
+            )
+        if _one(value) != self.mode:
+            raise invalid(
+                "trace setting 'trace_mode' is chosen at start (--trace-config mode=...): "
+                f"this server traces in mode {self.mode}, got {_one(value)!r}"
+            )
+        return None
+
+    # -- the request path (the sinks) -----------------------------------------------------
 
     def admit(self, model: str) -> Scope | None:
         """Whether `model`'s next request is traced; if so, the scope whose trace_count it
-        spends (hand it to `spend` once a span was actually recorded)."""
+        spends (hand it to `spend` once its trace was actually taken)."""
         own = self.models.get(model) if model else None
         g = self.global_scope
         if own is None:  # the common case: no override
@@ -193,11 +225,19 @@ class TraceSettings:
         if scope.count is not None and scope.count > 0:
             scope.count -= 1
 
-    def _effective(self, model: str) -> tuple[str, int, int]:
+    def file_scope(self, model: str) -> tuple[str, int]:
+        """Where `model`'s traces wait for the trace file: the scope whose log_frequency
+        applies ("" the global one, else the model's name), and that frequency."""
+        own = self.models.get(model) if model else None
+        if own is not None and own.log_frequency is not None:
+            return model, own.log_frequency
+        return "", self.global_scope.log_frequency or 0
+
+    def _effective(self, model: str) -> tuple[str, int, int, int]:
         g = self.global_scope
         own = self.models.get(model) if model else None
         values = []
-        for field in ("level", "rate", "count"):
+        for _, field in _FIELDS:
             value = getattr(own, field) if own is not None else None
             values.append(value if value is not None else getattr(g, field))
-        return values[0], values[1], values[2]
+        return values[0], values[1], values[2], values[3]

@@ -11,7 +11,8 @@ Three pieces, each free when unused:
 - `TraceSink`: a telemetry sink that turns each RequestRecord into OpenTelemetry spans with
   timestamps reconstructed from the record, exported over OTLP/HTTP by a BatchSpanProcessor
   (a background thread; the event loop only queues finished spans). It needs the `otel`
-  extra and is built only when `--trace-otlp-endpoint` is set.
+  extra and is built only when tracing in mode opentelemetry (`--trace-otlp-endpoint`, or
+  `--trace-config mode=opentelemetry`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inferd.events import BatchRecord, CallContext, RequestRecord
+from inferd.telemetry.trace_config import OTEL_MISSING, otlp
 from inferd.telemetry.trace_settings import TraceSettings
 
 if TYPE_CHECKING:
@@ -111,11 +113,6 @@ def start_trace(ctx: CallContext) -> None:
 
 # -- OpenTelemetry export ---------------------------------------------------------------------
 
-OTEL_MISSING = (
-    "tracing (--trace-otlp-endpoint) needs OpenTelemetry, which is not installed: "
-    "pip install 'inferd[otel]'"
-)
-
 
 class TraceSink:
     """Emits one span tree per request to an OTLP/HTTP traces endpoint.
@@ -168,7 +165,7 @@ class TraceSink:
                 return int(super().generate_span_id())
 
         self.endpoint = endpoint
-        self.settings = settings if settings is not None else TraceSettings(exporting=True)
+        self.settings = settings if settings is not None else TraceSettings(otlp(endpoint))
         self._trace = trace
         self._ids = _IdGenerator()
         self.provider: TracerProvider = TracerProvider(

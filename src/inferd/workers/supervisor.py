@@ -42,6 +42,7 @@ from inferd.metrics.host_families import GpuCollector, register_host_metrics
 from inferd.metrics.metrics_endpoint import MetricsServer
 from inferd.server.shutdown import EXIT_MARGIN_S
 from inferd.settings import Settings
+from inferd.telemetry.trace_config import TRITON
 from inferd.workers import peers
 from inferd.workers.peers import WorkerSlot
 
@@ -65,6 +66,12 @@ def check(settings: Settings) -> None:
         )
     if settings.http_port == 0 or settings.grpc_port == 0 or settings.metrics_port == 0:
         raise WorkersError("--workers > 1 needs fixed ports (0, any free port, differs per worker)")
+    if settings.trace.mode == TRITON and settings.trace.file:
+        raise WorkersError(
+            f"--trace-config triton,file={settings.trace.file} with --workers > 1: each of the "
+            "independent processes would write that file over the others'. Add --engine (the "
+            "engine writes it), or trace with --trace-otlp-endpoint URL"
+        )
 
 
 @dataclass

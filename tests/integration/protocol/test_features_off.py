@@ -38,7 +38,8 @@ USES = {
     "drift monitoring": ("drifting", ("monitoring/drift",)),
     "capture": ("captured", ("dataplane/capture.py", "monitoring/capture", "monitoring/feedback")),
     "degradation tiers": ("tiered", ("reliability/degrade/", "repository/degrade_guard.py")),
-    "tracing": ("plain", ("telemetry/tracing.py",)),  # a request carrying a traceparent
+    # A request carrying a traceparent (the trace file's sink exists only with a file).
+    "tracing": ("plain", ("telemetry/tracing.py", "telemetry/trace_file.py")),
     "sequence batching": ("sequenced", ("scheduling/sequence/",)),
 }
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

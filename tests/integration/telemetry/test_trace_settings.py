@@ -1,6 +1,6 @@
 """The trace settings API (Triton's trace extension) over HTTP and gRPC with tritonclient's
 `update_trace_settings` / `get_trace_settings`, checked against the spans that actually
-reach an OTLP collector."""
+reach an OTLP collector (trace mode opentelemetry; test_trace_file.py has mode triton)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from inferd.telemetry.trace_config import otlp
 from tests.support.models import write_counter
 from tests.support.servers import RunningServer, run_server
+from tests.support.trace_clients import TraceClient
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="tracing tests need inferd[otel]")
 from tests.support.trace_collector import Collector  # noqa: E402
@@ -46,48 +45,15 @@ def collector() -> Iterator[Collector]:
 
 @pytest.fixture(scope="module")
 def server(repo: Path, collector: Collector) -> Iterator[RunningServer]:
-    with run_server(repo, admin_api=True, trace_otlp_endpoint=collector.endpoint) as running:
+    with run_server(repo, admin_api=True, trace=otlp(collector.endpoint)) as running:
         yield running
-
-
-class Client:
-    """tritonclient's trace calls, over either protocol, answering plain dicts."""
-
-    def __init__(self, protocol: str, server: RunningServer) -> None:
-        self.protocol = protocol
-        self.mod: Any = httpclient if protocol == "http" else grpcclient
-        address = f"127.0.0.1:{server.port}" if protocol == "http" else server.grpc_address
-        self.raw = self.mod.InferenceServerClient(address)
-
-    def _plain(self, answer: Any) -> dict[str, Any]:
-        if self.protocol == "http":
-            return dict(answer)
-        values = {k: v.get("value", []) for k, v in answer["settings"].items()}
-        return {k: v if k == "trace_level" else v[0] for k, v in values.items()}
-
-    def get(self, model: str | None = None) -> dict[str, Any]:
-        if self.protocol == "http":
-            return self._plain(self.raw.get_trace_settings(model_name=model))
-        return self._plain(self.raw.get_trace_settings(model_name=model, as_json=True))
-
-    def update(self, settings: dict[str, Any], model: str | None = None) -> dict[str, Any]:
-        if self.protocol == "http":
-            return self._plain(self.raw.update_trace_settings(model_name=model, settings=settings))
-        answer = self.raw.update_trace_settings(model_name=model, settings=settings, as_json=True)
-        return self._plain(answer)
-
-    def infer(self, model: str, n: int) -> None:
-        for _ in range(n):
-            inp = self.mod.InferInput("IN", [1, 2], "FP32")
-            inp.set_data_from_numpy(np.ones((1, 2), np.float32))
-            self.raw.infer(model, [inp])
 
 
 @pytest.fixture(params=PROTOCOLS)
 def client(
     request: pytest.FixtureRequest, server: RunningServer, collector: Collector
-) -> Iterator[Client]:
-    c = Client(request.param, server)
+) -> Iterator[TraceClient]:
+    c = TraceClient(request.param, server)
     yield c
     # Back to the defaults through the API itself: null drops values (tritonclient sends
     # JSON null over HTTP, a setting without values over gRPC).
@@ -95,7 +61,7 @@ def client(
     for model in ("counter", "other"):
         c.update(cleared, model)
     assert c.update(cleared) == DEFAULTS
-    c.raw.close()
+    c.close()
 
 
 def traced(server: RunningServer, collector: Collector) -> dict[str, int]:
@@ -111,7 +77,7 @@ def traced(server: RunningServer, collector: Collector) -> dict[str, int]:
 
 
 def test_defaults_trace_every_request(
-    client: Client, server: RunningServer, collector: Collector
+    client: TraceClient, server: RunningServer, collector: Collector
 ) -> None:
     traced(server, collector)
     assert client.get() == DEFAULTS
@@ -121,7 +87,7 @@ def test_defaults_trace_every_request(
 
 
 def test_trace_rate_traces_one_request_in_n(
-    client: Client, server: RunningServer, collector: Collector
+    client: TraceClient, server: RunningServer, collector: Collector
 ) -> None:
     traced(server, collector)
     assert client.update({"trace_rate": "3"})["trace_rate"] == "3"
@@ -134,7 +100,7 @@ def test_trace_rate_traces_one_request_in_n(
 
 
 def test_trace_count_stops_after_that_many_traces(
-    client: Client, server: RunningServer, collector: Collector
+    client: TraceClient, server: RunningServer, collector: Collector
 ) -> None:
     traced(server, collector)
     client.update({"trace_count": "2"})
@@ -144,7 +110,7 @@ def test_trace_count_stops_after_that_many_traces(
 
 
 def test_a_model_override_and_its_removal(
-    client: Client, server: RunningServer, collector: Collector
+    client: TraceClient, server: RunningServer, collector: Collector
 ) -> None:
     traced(server, collector)
     answer = client.update({"trace_level": ["OFF"]}, "counter")
@@ -165,15 +131,15 @@ def test_a_model_override_and_its_removal(
 
 # (id, settings, words in the message)
 REFUSED = [
-    ("trace_file", {"trace_file": "/tmp/trace.json"}, ["'trace_file'", "--trace-otlp-endpoint"]),
-    ("log_frequency", {"log_frequency": "10"}, ["'log_frequency'", "trace files"]),
+    ("trace_file", {"trace_file": "/tmp/trace.json"}, ["'trace_file'", "set at start only"]),
+    ("log_frequency", {"log_frequency": "10"}, ["'log_frequency'", "mode opentelemetry"]),
     ("TENSORS", {"trace_level": ["TENSORS"]}, ["'trace_level'", "TENSORS is not supported"]),
     ("unknown level", {"trace_level": ["ALL"]}, ["'trace_level'", "'ALL'"]),
     ("OFF with another", {"trace_level": ["OFF", "TIMESTAMPS"]}, ["OFF must be the only"]),
     ("rate 0", {"trace_rate": "0"}, ["'trace_rate'", "from 1"]),
     ("rate not a number", {"trace_rate": "often"}, ["'trace_rate'", "'often'"]),
     ("count below -1", {"trace_count": "-2"}, ["'trace_count'", "from -1"]),
-    ("other mode", {"trace_mode": "triton"}, ["'trace_mode'", "opentelemetry only"]),
+    ("other mode", {"trace_mode": "triton"}, ["'trace_mode'", "chosen at start", "'triton'"]),
     ("unknown setting", {"trace_colour": "blue"}, ["unknown trace setting 'trace_colour'"]),
     # All or nothing: the valid rate beside a refused setting is not applied either.
     ("a valid one beside", {"trace_rate": "5", "trace_file": "x"}, ["'trace_file'"]),
@@ -184,7 +150,7 @@ REFUSED = [
     ("settings", "words"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED]
 )
 def test_settings_inferd_cannot_honour_are_refused(
-    client: Client, settings: dict[str, Any], words: list[str]
+    client: TraceClient, settings: dict[str, Any], words: list[str]
 ) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.update(settings)
@@ -195,7 +161,7 @@ def test_settings_inferd_cannot_honour_are_refused(
     assert client.get() == DEFAULTS
 
 
-def test_an_unknown_model_is_not_found(client: Client) -> None:
+def test_an_unknown_model_is_not_found(client: TraceClient) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.get("nope")
     expected = "404" if client.protocol == "http" else "StatusCode.NOT_FOUND"
@@ -205,14 +171,14 @@ def test_an_unknown_model_is_not_found(client: Client) -> None:
 
 @pytest.fixture(scope="module")
 def plain_server(repo: Path) -> Iterator[RunningServer]:
-    """No --admin-api, no --trace-otlp-endpoint."""
+    """No --admin-api, no tracing."""
     with run_server(repo) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def untraced_server(repo: Path) -> Iterator[RunningServer]:
-    """--admin-api on, no --trace-otlp-endpoint."""
+    """--admin-api on, no tracing."""
     with run_server(repo, admin_api=True) as running:
         yield running
 
@@ -221,32 +187,44 @@ def untraced_server(repo: Path) -> Iterator[RunningServer]:
 def test_changes_need_the_admin_api_reading_does_not(
     plain_server: RunningServer, protocol: str
 ) -> None:
-    c = Client(protocol, plain_server)
+    c = TraceClient(protocol, plain_server)
     try:
-        assert c.get()["trace_level"] == ["OFF"]  # nothing is exported without an endpoint
+        assert c.get()["trace_level"] == ["OFF"]  # nothing is traced without a file or collector
         with pytest.raises(InferenceServerException) as info:
             c.update({"trace_rate": "2"})
     finally:
-        c.raw.close()
+        c.close()
     expected = "403" if protocol == "http" else "StatusCode.PERMISSION_DENIED"
     assert info.value.status() == expected
     assert "--admin-api on" in info.value.message()
 
 
+# Triton's defaults, with nowhere to trace to.
+UNTRACED = {
+    "trace_level": ["OFF"],
+    "trace_rate": "1000",
+    "trace_count": "-1",
+    "log_frequency": "0",
+    "trace_file": "",
+    "trace_mode": "triton",
+}
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_without_an_endpoint_changes_are_refused(
+def test_without_a_file_or_a_collector_changes_are_refused(
     untraced_server: RunningServer, protocol: str
 ) -> None:
-    c = Client(protocol, untraced_server)
+    c = TraceClient(protocol, untraced_server)
     try:
         with pytest.raises(InferenceServerException) as info:
             c.update({"trace_level": ["TIMESTAMPS"]})
-        assert c.get() == {**DEFAULTS, "trace_level": ["OFF"]}
+        assert c.get() == UNTRACED
     finally:
-        c.raw.close()
+        c.close()
     expected = "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"
     assert info.value.status() == expected
     assert "tracing is off" in info.value.message()
+    assert "--trace-config triton,file=PATH" in info.value.message()
     assert "--trace-otlp-endpoint" in info.value.message()
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from inferd.errors import ErrorKind, InferdError
 from inferd.telemetry.runtime_settings import RuntimeSettings
+from inferd.telemetry.trace_config import otlp
 from inferd.telemetry.trace_settings import TraceSettings
 
 
@@ -21,7 +22,7 @@ def decisions(settings: TraceSettings, model: str, n: int) -> list[bool]:
 
 
 def test_rate_picks_the_first_of_every_n_and_restarts_when_set() -> None:
-    settings = TraceSettings(exporting=True)
+    settings = TraceSettings(otlp("http://127.0.0.1:4318/v1/traces"))
     settings.update("", {"trace_rate": "3"})
     assert decisions(settings, "m", 7) == [True, False, False, True, False, False, True]
     settings.update("", {"trace_rate": 2})  # an integer is taken too (HTTP JSON)
@@ -29,7 +30,7 @@ def test_rate_picks_the_first_of_every_n_and_restarts_when_set() -> None:
 
 
 def test_count_is_spent_only_by_recorded_spans() -> None:
-    settings = TraceSettings(exporting=True)
+    settings = TraceSettings(otlp("http://127.0.0.1:4318/v1/traces"))
     settings.update("", {"trace_count": "2"})
     scope = settings.admit("m")
     assert scope is not None  # admitted, but the caller's traceparent was unsampled:
@@ -39,7 +40,7 @@ def test_count_is_spent_only_by_recorded_spans() -> None:
 
 
 def test_a_model_override_has_its_own_count_and_falls_back_when_dropped() -> None:
-    settings = TraceSettings(exporting=True)
+    settings = TraceSettings(otlp("http://127.0.0.1:4318/v1/traces"))
     settings.update("a", {"trace_count": ["1"]})  # gRPC's form: a list of strings
     assert decisions(settings, "a", 2) == [True, False]
     assert decisions(settings, "b", 2) == [True, True]  # the global count: unlimited
@@ -49,7 +50,7 @@ def test_a_model_override_has_its_own_count_and_falls_back_when_dropped() -> Non
 
 
 def test_null_resets_a_global_setting_to_its_default() -> None:
-    settings = TraceSettings(exporting=True)
+    settings = TraceSettings(otlp("http://127.0.0.1:4318/v1/traces"))
     settings.update("", {"trace_level": ["OFF"], "trace_rate": "9"})
     assert decisions(settings, "m", 2) == [False, False]
     settings.update("", {"trace_level": None, "trace_rate": []})
@@ -67,7 +68,9 @@ def _allowed(what: str) -> None:
 
 @pytest.mark.parametrize("what", ["trace", "log"])
 def test_changes_are_refused_with_several_workers(what: str) -> None:
-    runtime = RuntimeSettings(_allowed, lambda name: True, TraceSettings(exporting=True))
+    runtime = RuntimeSettings(
+        _allowed, lambda name: True, TraceSettings(otlp("http://127.0.0.1:4318/v1/traces"))
+    )
     runtime.workers = 2
     with pytest.raises(InferdError) as info:
         if what == "trace":
