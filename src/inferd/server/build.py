@@ -28,6 +28,7 @@ from inferd.metrics.capture_families import CaptureCollector
 from inferd.metrics.degrade_families import DegradationCollector
 from inferd.metrics.metrics_endpoint import MetricsServer
 from inferd.metrics.prometheus import MetricsSink
+from inferd.metrics.trace_families import TraceFileCollector
 from inferd.protocol import error_text, tls
 from inferd.protocol.grpc import service as grpc_adapter
 from inferd.protocol.http.app import InferdApp, build_app
@@ -135,6 +136,8 @@ class InferenceServer:
             if self.response_cache is not None:
                 self.metrics.prometheus.register(CacheCollector(self.response_cache))
             self.metrics.prometheus.register(DegradationCollector(self.registry))
+            if self.trace_file is not None:
+                self.metrics.prometheus.register(TraceFileCollector(self.trace_file))
         # Large requests are decoded (and large responses encoded) off the event loop.
         self.offload = Offload(settings.limits.offload_bytes)
         self.app: InferdApp = build_app(

@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from inferd.telemetry.trace_config import parse_trace_config
 from inferd.telemetry.trace_file import NAMES
 from tests.support.ensemble_models import write_ensemble_models
+from tests.support.metrics_scrape import scrape
 from tests.support.models import write_counter
 from tests.support.protocol_clients import PROTOCOLS
 from tests.support.servers import RunningServer, run_server
@@ -185,9 +186,11 @@ def test_the_settings_decide_what_each_file_holds(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_the_settings_read_as_tritons(repo: Path, tmp_path: Path, protocol: str) -> None:
+def test_the_settings_read_as_tritons_and_drops_are_counted(
+    repo: Path, tmp_path: Path, protocol: str
+) -> None:
     flags = ["level=TIMESTAMPS", "rate=10", "count=7", "triton,log-frequency=3"]
-    with traced_server(repo, tmp_path, flags, protocol) as (_, client):
+    with traced_server(repo, tmp_path, flags, protocol) as (server, client):
         assert client.get() == {
             "trace_level": ["TIMESTAMPS"],
             "trace_rate": "10",
@@ -197,6 +200,9 @@ def test_the_settings_read_as_tritons(repo: Path, tmp_path: Path, protocol: str)
             "trace_mode": "triton",
         }
         assert client.get("counter") == client.get()
+        samples = scrape(server)
+        for reason in ("queue_full", "write_error"):
+            assert samples[("inferd_trace_dropped_total", frozenset({("reason", reason)}))] == 0
 
 
 # (id, settings, words in the message)

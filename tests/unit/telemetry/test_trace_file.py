@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.events import CallContext, ExecutionTimes, RequestRecord
+from inferd.metrics.trace_families import TraceFileCollector
 from inferd.telemetry.trace_config import TraceConfig
 from inferd.telemetry.trace_file import NAMES, TraceFileSink, timestamps
 from inferd.telemetry.trace_settings import TraceSettings
@@ -165,6 +166,11 @@ def test_a_writer_behind_drops_and_counts_without_spending_the_count(tmp_path: P
     s.on_request(record())
     assert s.writer.drops() == {"queue_full": 1}
     assert settings.view()["trace_count"] == "4"  # only the queued one spent it
+    [family] = TraceFileCollector(s).collect()
+    assert {x.labels["reason"]: x.value for x in family.samples} == {
+        "queue_full": 1,
+        "write_error": 0,
+    }
     s.start()
     s.close()
     assert written(tmp_path) == {"trace.json": [1]}
