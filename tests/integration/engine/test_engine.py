@@ -10,6 +10,7 @@ a front end or the engine under load loses nothing that was accepted.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import re
@@ -479,3 +480,40 @@ def test_sigterm_answers_what_is_in_flight_then_stops_front_ends_then_the_engine
     # Front ends first (their open requests finish in the engine), then the engine.
     stopped = re.findall(r"all workers stopped \(exit codes (\[[^\]]*\])\)", out)
     assert stopped == ["[0, 0]", "[0]"], out
+
+
+def test_the_engine_writes_the_trace_file_with_the_front_ends_arrival_times(
+    tmp_path: Path,
+) -> None:
+    """A request arrives at a front end (REQUEST_START, its clock) and runs in the engine (the
+    rest): one machine-wide monotonic clock, so the timestamps of each trace stay in order."""
+    models = tmp_path / "models"
+    builders._save(
+        builders.identity(TensorProto.FLOAT, ["batch", "n"]),
+        models / "identity" / "1" / "model.onnx",
+    )
+    trace = tmp_path / "trace.json"
+    grpc_port = free_port()
+    with run_cli_server(
+        models, tmp_path / "server.log", "--workers", "2", "--engine",
+        "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
+        "--trace-config", f"triton,file={trace}", "--trace-config", "level=TIMESTAMPS",
+        "--trace-config", "rate=1",
+    ) as cli:  # fmt: skip
+        doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+        for _ in range(2):
+            assert httpx.post(f"{cli.url}/v2/models/identity/infer", json=doc).status_code == 200
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+            inp = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+            inp.set_data_from_numpy(np.ones((1, 2), np.float32))
+            for _ in range(2):
+                client.infer("identity", [inp])
+        cli.proc.send_signal(signal.SIGTERM)
+        assert cli.proc.wait(timeout=60) == 0
+    traces = json.loads(trace.read_text())
+    assert [t["id"] for t in traces] == [1, 2, 3, 4]
+    for t in traces:
+        assert t["model_name"] == "identity"
+        assert len(t["timestamps"]) == 7
+        ns = [s["ns"] for s in t["timestamps"]]
+        assert ns == sorted(ns), t
