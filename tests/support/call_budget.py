@@ -1,5 +1,6 @@
-"""The call budgets' cases, shared by the tests that hold them
-(tests/integration/protocol/test_call_budget.py): the two models, the three wires, and
+"""The call budgets' cases, shared by the tests that hold them (one process:
+tests/integration/protocol/test_call_budget.py; `--engine`'s front end and engine:
+tests/integration/engine/test_engine_call_budget.py): the two models, the three wires, and
 holding a count to its budget in tests/support/call_budgets.json.
 
 Raising a budget is a deliberate change, in the commit of the feature that needs it, with

@@ -65,6 +65,7 @@ class FrontEnd:
         routes = Starlette(routes=[Mount("/", app=proxy)], lifespan=self._lifespan)
         self.app = InferdApp(routes, infer)
         self.grpc_server: grpc.aio.Server | None = None
+        self.grpc_port: int | None = None  # the port bound, once serving
         self.channel: grpc.aio.Channel | None = None
 
     @contextlib.asynccontextmanager
@@ -121,7 +122,7 @@ class FrontEnd:
         if not bound:
             raise OSError(f"cannot listen for gRPC on {address}")
         await server.start()
-        self.grpc_server = server
+        self.grpc_server, self.grpc_port = server, bound
 
     def uvicorn_config(self) -> uvicorn.Config:
         s = self.settings
