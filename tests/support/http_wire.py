@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import socket
+from typing import Protocol
 
 import orjson
-
-from tests.support.servers import RunningServer
 
 
 def infer_request(values: list[float], *, version: bytes = b"1.1", extra: bytes = b"") -> bytes:
@@ -23,10 +22,15 @@ def infer_request(values: list[float], *, version: bytes = b"1.1", extra: bytes 
     ) + body
 
 
+class Listening(Protocol):
+    @property
+    def port(self) -> int: ...  # on 127.0.0.1
+
+
 class Wire:
     """A raw connection that reads responses one at a time (content-length framed)."""
 
-    def __init__(self, server: RunningServer) -> None:
+    def __init__(self, server: Listening) -> None:
         self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         self.buffer = b""
 
