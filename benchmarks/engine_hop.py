@@ -58,7 +58,7 @@ def hop_alone(n: int) -> dict[str, float]:
             response = InferResponse("tiny", "1", [Tensor("OUTPUT", "FP32", (1, 16), out)])
             out_regions: list[int] = []
             outputs = hop.pack_tensors(response.outputs, responses, engine_alloc, out_regions)
-            answer = _frame(hop.answer_message(1, response, outputs))
+            answer = _frame(hop.answer_message(1, response, outputs, out_regions))
             t3 = time.process_time_ns()
             (reply,) = hop.FrameReader().feed(answer)
             hop.response_from(reply, responses)

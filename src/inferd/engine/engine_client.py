@@ -165,7 +165,7 @@ class EngineClient(asyncio.Protocol):
             if not p.future.done():
                 p.future.set_result(message)
             elif message[0] == hop.ANSWER:  # answered after the client left: hand back
-                self.release([t[3] for t in message[6] if t[3] >= 0])
+                self.release(message[7])
 
     def close(self) -> None:
         self.is_shutting_down = True
@@ -223,7 +223,7 @@ class EngineClient(asyncio.Protocol):
         if message[0] == hop.FAILED:
             raise hop.error_from(message)
         response = hop.response_from(message, responses)
-        call.released = [t[3] for t in message[6] if t[3] >= 0]
+        call.released = message[7]
         return response
 
     def respond(self, call: FrontCall, response: InferResponse) -> InferResponse:

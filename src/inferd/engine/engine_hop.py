@@ -162,7 +162,7 @@ class _FrontEndLink(asyncio.Protocol):
                     outputs = hop.pack_tensors(
                         response.outputs, self.responses, self.allocator, regions
                     )
-                    answer = hop.answer_message(seq, response, outputs)
+                    answer = hop.answer_message(seq, response, outputs, regions)
                 except BaseException:
                     for offset in regions:
                         self.allocator.free(offset)

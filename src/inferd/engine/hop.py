@@ -15,7 +15,8 @@ Messages (the first item says which):
                                     the signature generation it was checked against, 0: none)
     CANCEL   front end -> engine   (CANCEL, seq): the client left; the request leaves its queue
     RELEASE  front end -> engine   (RELEASE, [offset, ...]): response regions read and encoded
-    ANSWER   engine -> front end   (ANSWER, seq, model, version, id, parameters, outputs)
+    ANSWER   engine -> front end   (ANSWER, seq, model, version, id, parameters, outputs,
+                                    [offset, ...]: the outputs' regions, to RELEASE)
     FAILED   engine -> front end   (FAILED, seq, ErrorKind value, message)
     TABLE    engine -> front end   (TABLE, {model: entry}): the signatures a front end checks
                                     requests against (model_table.py); sent after the HELLO
@@ -196,14 +197,18 @@ def request_from(message: tuple[Any, ...], slab: Slab) -> tuple[int, InferReques
     return seq, request, ctx
 
 
-def answer_message(seq: int, response: InferResponse, outputs: list[TensorDesc]) -> tuple[Any, ...]:
+def answer_message(
+    seq: int, response: InferResponse, outputs: list[TensorDesc], regions: list[int]
+) -> tuple[Any, ...]:
+    """`regions`: those `pack_tensors` allocated for `outputs`, which the front end hands back
+    once it has encoded them (it need not pick them out of the descriptors)."""
     parameters = response.parameters
     if parameters and not all(type(v) in _PLAIN for v in parameters.values()):
         # A Python model's response parameters may hold numpy scalars: their plain value.
         parameters = {k: v.item() if hasattr(v, "item") else v for k, v in parameters.items()}
     return (
         ANSWER, seq, response.model_name, response.model_version, response.id,
-        parameters, outputs,
+        parameters, outputs, regions,
     )  # fmt: skip
 
 
@@ -211,7 +216,7 @@ _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def response_from(message: tuple[Any, ...], slab: Slab) -> InferResponse:
-    _, _, model, version, rid, parameters, outputs = message
+    _, _, model, version, rid, parameters, outputs, _ = message
     return InferResponse(model, version, unpack_tensors(outputs, slab), rid, parameters)
 
 
