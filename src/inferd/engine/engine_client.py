@@ -67,12 +67,9 @@ class FrontCall:
             self._client.release(self.released)
 
 
-class _Pending:
-    __slots__ = ("future", "regions")
-
-    def __init__(self, future: asyncio.Future[tuple[Any, ...]], regions: list[int]) -> None:
-        self.future = future
-        self.regions = regions
+# A request sent, by seq: the future its answer resolves, and its input regions in the
+# request slab (free again once the engine answers). A tuple: made per request.
+_Pending = tuple[asyncio.Future[tuple[Any, ...]], list[int]]
 
 
 class EngineClient(asyncio.Protocol):
@@ -141,9 +138,9 @@ class EngineClient(asyncio.Protocol):
             link[2].unlink()
             link[3].unlink()
         pending, self._pending = self._pending, {}
-        for p in pending.values():
-            if not p.future.done():
-                p.future.set_exception(unavailable(_ENGINE_GONE))
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(unavailable(_ENGINE_GONE))
         if not self.is_shutting_down:
             self.engine_restarts_seen += 1
             log.warning("the engine went away; answering 503 until it is back")
@@ -160,10 +157,11 @@ class EngineClient(asyncio.Protocol):
             p = self._pending.pop(message[1], None)
             if p is None:
                 continue
-            for offset in p.regions:  # the engine is done reading the inputs
+            future, regions = p
+            for offset in regions:  # the engine is done reading the inputs
                 self._allocator.free(offset)
-            if not p.future.done():
-                p.future.set_result(message)
+            if not future.done():
+                future.set_result(message)
             elif message[0] == hop.ANSWER:  # answered after the client left: hand back
                 self.release(message[7])
 
@@ -210,7 +208,7 @@ class EngineClient(asyncio.Protocol):
                 self._allocator.free(offset)
             raise
         future: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
-        self._pending[seq] = _Pending(future, regions)
+        self._pending[seq] = (future, regions)
         writer.send(hop.request_message(seq, request, call.ctx, inputs))
         try:
             message = await future
