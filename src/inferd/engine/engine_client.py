@@ -20,9 +20,11 @@ fails the same way; one that was accepted always gets exactly one answer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -82,6 +84,11 @@ class EngineClient(asyncio.Protocol):
         index: int = 0,
     ) -> None:
         self._access = access
+        # The first step, `start(model_name, version, ctx)`: the call itself, made without a
+        # forwarding call (as the DataPlane binds its parts' steps).
+        self.start: Callable[[str, str, CallContext], FrontCall] = functools.partial(
+            FrontCall, self
+        )
         self.index = index  # which front end this is (its metrics' `front_end` label)
         self.refused = 0  # requests answered 503 here for want of an engine
         self.table = FrontTable()  # the engine's signatures, as of its latest push
@@ -176,10 +183,7 @@ class EngineClient(asyncio.Protocol):
         if self._link is not None:
             self._link[1].send((hop.RELEASE, regions))
 
-    # -- the steps ---------------------------------------------------------------------------
-
-    def start(self, model_name: str, version: str, ctx: CallContext) -> FrontCall:
-        return FrontCall(self, model_name, version, ctx)
+    # -- the steps (`start`, bound in __init__) ----------------------------------------------
 
     def admit(self, call: FrontCall) -> None:
         """Refused at once, before the body is read, while there is no engine to serve it."""
