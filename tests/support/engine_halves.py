@@ -98,7 +98,9 @@ def _thread(
         yield
     finally:
         uv.should_exit = True
-        thread.join(timeout=30)
+        # One that never started may be stuck in its startup (a front end retrying an engine
+        # that is gone): a daemon thread, left behind rather than waited for.
+        thread.join(timeout=30 if uv.started else 1)
 
 
 @contextlib.contextmanager
