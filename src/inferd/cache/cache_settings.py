@@ -3,12 +3,13 @@
 Two forms, mixed freely and merged per tier, as Triton's own parser merges them:
 
     --cache-config local,size=64M
-    --cache-config redis,host=cache,port=6380,ttl=300,timeout_ms=5
+    --cache-config redis,host=cache,port=6380,ttl=300,timeout_ms=20,insert_timeout_ms=1000
     --cache-config redis,host=cache --cache-config redis,port=6380     (Triton's: one per flag)
 
 Redis also takes Triton's redis cache settings: user, pool_size, wait_timeout,
 connect_timeout, socket_timeout (milliseconds). Whatever they say, timeout_ms still bounds
-every call as a whole (Triton's 0, "wait forever", lifts only the per-socket bound).
+every lookup as a whole, and insert_timeout_ms every background insert (Triton's 0, "wait
+forever", lifts only the per-socket bound).
 
 A setting given twice with different values, a tier or setting we do not know, a missing
 required setting (redis without host, local without size) or a malformed value is a
@@ -22,6 +23,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# A lookup is on the request's path: a slow Redis costs each request at most this much.
+TIMEOUT_MS = 50.0
+# An insert is background work (docs/cache.md): it may wait out a busy host's stalls.
+INSERT_TIMEOUT_MS = 1000.0
 
 
 class CacheConfigError(ValueError):
@@ -40,7 +46,8 @@ class RedisSettings:
     password: str | None = None
     db: int = 0
     ttl_s: float | None = None  # default TTL for entries (per model cache_ttl_seconds wins)
-    timeout_ms: float = 5.0  # bound on every Redis call
+    timeout_ms: float = TIMEOUT_MS  # bound on every lookup (on the request's path)
+    insert_timeout_ms: float = INSERT_TIMEOUT_MS  # bound on every background insert
     # Added to the shared interface, Triton's redis cache settings (all milliseconds):
     user: str | None = None  # Redis ACL user (Triton's `user`; None: the default user)
     pool_size: int | None = None  # at most this many connections (None: as many as needed)
@@ -128,6 +135,7 @@ _REDIS: dict[str, tuple[str, _Parser, str]] = {
     "db": ("db", _db, "an integer >= 0"),
     "ttl": ("ttl_s", _positive_float, "seconds, a number > 0"),
     "timeout_ms": ("timeout_ms", _positive_float, "milliseconds, a number > 0"),
+    "insert_timeout_ms": ("insert_timeout_ms", _positive_float, "milliseconds, a number > 0"),
     "user": ("user", _host, "a user name"),
     "pool_size": ("pool_size", _positive_int, "an integer > 0"),
     "wait_timeout": ("wait_timeout_ms", _milliseconds, "milliseconds, a number >= 0"),

@@ -1,19 +1,27 @@
 """The Redis tier: shared by every worker process and replica, never on the tail of the
 critical path.
 
-- Every call is bounded by `timeout_ms` (the socket timeouts and an asyncio deadline over
+- Every lookup is bounded by `timeout_ms` (the socket timeouts and an asyncio deadline over
   the whole call; redis-py's own retries are off, so one call is one try).
-- A timeout, connection error or error reply is counted in `errors` and is a miss: the
-  request runs the model; after a few in a row the breaker (breaker.py) skips Redis for a
-  while. A corrupt or foreign value is an error and a miss too, but Redis answered: it
-  does not trip the breaker (and the miss's insert overwrites it).
+- A timeout, connection error or error reply is counted in `errors` (a timeout in
+  `lookup_timeouts` too) and is a miss: the request runs the model; after a few in a row the
+  lookups' breaker (breaker.py) skips Redis for a while. A corrupt or foreign value is an
+  error and a miss too, but Redis answered: it does not trip the breaker (and the miss's
+  insert overwrites it).
 - With `pool_size` the connections are bounded and a caller waits for a free one (within
   `wait_timeout` and `timeout_ms`); without it the pool opens what concurrency needs.
 - Lookups made in one turn of the event loop go out as one MGET (redis_calls.py).
 - Inserts never delay an answer: they go through a bounded queue (full: dropped, counted)
-  to one background task that writes them in pipelined batches, `SET key value PX ttl`
-  (up to 64 values or 256 KiB a batch), each bounded by `timeout_ms` plus the values'
-  transfer time at 100 MB/s.
+  to one background task that writes them on a connection of its own in pipelined batches,
+  `SET key value PX ttl` (up to 64 values or 256 KiB a batch), each bounded by
+  `insert_timeout_ms` plus the values' transfer time at 100 MB/s: background work can wait
+  out a busy host's stalls that a lookup must not.
+- Lookups and inserts each have a breaker: slow inserts (a failed batch, a timed-out one)
+  open the inserts' breaker only, and inserts are then dropped (counted, `breaker_open`)
+  while lookups go on; failing lookups open the lookups' breaker only, and inserts go on.
+  Each probes Redis on its own after `open_s`. A breaker counts calls of Redis (an MGET
+  once, whatever it carried), and calls that fail together, as a stall of this process
+  makes them, once (breaker.py).
 
 Keys are `inferd:cache:v1:<hex digest>`; values are redis_encoding.py's compact form, carrying the
 key description, compared on every hit. An entry stored with stale_s lives `PX ttl+stale_s`
@@ -45,10 +53,12 @@ QUEUE_ITEMS = 1024  # pending inserts; past it they are dropped (and counted)
 CLOSE_FLUSH_S = 1.0  # how long close() lets queued inserts go out
 BATCH_ITEMS = 64  # inserts per pipelined round trip, at most
 BATCH_BYTES = 256 * 1024  # and this many bytes of values (a larger value goes alone)
-# An insert is background work: bounded by timeout_ms plus its values' transfer at this rate
-# (loopback Redis took 7 ms for one 1 MB SET), so a mid-size answer can be stored at all
-# instead of timing out and tripping the breaker that guards the lookups.
+# An insert is background work: bounded by insert_timeout_ms plus its values' transfer at
+# this rate (loopback Redis took 7 ms for one 1 MB SET), so a large answer can be stored at
+# all instead of timing out and opening the inserts' breaker.
 INSERT_BYTES_PER_S = 100e6
+LOOKUP, INSERT = "lookup", "insert"  # the operations, each with its breaker
+DROP_REASONS = ("queue_full", "breaker_open", "failed", "unencodable")
 
 # An entry with its wall-clock times (None: stored without stale_s) and whether it is stale.
 Found: TypeAlias = tuple[CachedResponse, float | None, float | None, bool]
@@ -72,7 +82,6 @@ class RedisTier:
         settings: RedisSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
-        breaker: Breaker | None = None,
         queue_items: int = QUEUE_ITEMS,
         key_prefix: str = KEY_PREFIX,
         wall_clock: Callable[[], float] = time.time,
@@ -81,12 +90,15 @@ class RedisTier:
         self._redis = _redis_asyncio()  # fails at construction, before serving, if missing
         self.settings = settings
         self.timeout_s = settings.timeout_ms / 1000
-        self.breaker = breaker or Breaker(clock=clock)
+        self.insert_timeout_s = settings.insert_timeout_ms / 1000
+        # One per operation (the module's doc): neither's failures open the other.
+        self.breakers = {LOOKUP: Breaker(clock=clock), INSERT: Breaker(clock=clock)}
         self.key_prefix = key_prefix
         self.wall_clock = wall_clock
         self.queue_items = queue_items
         # What is in Redis is shared and expires there: this process cannot know it.
         self.stats = TierStats("redis", bytes=-1, entries=-1)
+        self.stats.dropped_by_reason.update(dict.fromkeys(DROP_REASONS, 0))  # series from 0
         self._client: Any = None
         self._writer: Any = None  # the inserts' connection (start)
         self._pool: Any = None
@@ -121,13 +133,24 @@ class RedisTier:
             )
             self._client = redis.asyncio.Redis(connection_pool=pool)
             self._pool = pool  # the client does not close a pool it was given
-        # The inserts' own connection (one: one worker writes): a large batch's reply may take
-        # longer than a socket read of the lookups may, so its bound is the call's (_insert),
-        # not the socket's, unless socket_timeout was set.
+        # The inserts' own connection (one: one worker writes), bounded by insert_timeout_ms:
+        # its connect (unless connect_timeout was set) and its whole call (_insert), not each
+        # socket read, unless socket_timeout was set (a large batch's reply may take longer).
         explicit = settings.socket_timeout_ms
-        writer = {**connection, "socket_timeout": self._socket_s(explicit) if explicit else None}
+        writer = {
+            **connection,
+            "socket_timeout": self._socket_s(explicit) if explicit else None,
+            "socket_connect_timeout": self._socket_s(
+                settings.connect_timeout_ms, self.insert_timeout_s
+            ),
+        }
         self._writer = redis.asyncio.Redis(**writer)
-        self._lookups = LookupBatcher(self._client, self.timeout_s)
+        self._lookups = LookupBatcher(
+            self._client,
+            self.timeout_s,
+            self.lookup_breaker.clock,
+            lambda started, exc: self._call_ended(LOOKUP, started, exc),
+        )
         self._queue = asyncio.Queue(self.queue_items)
         self._worker = asyncio.create_task(self._insert_loop(), name="inferd-cache-redis")
 
@@ -155,11 +178,20 @@ class RedisTier:
             await self._pool.disconnect()
             self._pool = None
 
-    def _socket_s(self, ms: float | None) -> float | None:
-        """A per-socket timeout: timeout_ms unless set; 0 lifts it (the call's stays)."""
+    def _socket_s(self, ms: float | None, default_s: float | None = None) -> float | None:
+        """A per-socket timeout: `default_s` (timeout_ms) unless set; 0 lifts it (the call's
+        bound stays)."""
         if ms is None:
-            return self.timeout_s
+            return self.timeout_s if default_s is None else default_s
         return None if ms == 0 else ms / 1000
+
+    @property
+    def lookup_breaker(self) -> Breaker:
+        return self.breakers[LOOKUP]
+
+    @property
+    def insert_breaker(self) -> Breaker:
+        return self.breakers[INSERT]
 
     def key_of(self, key: CacheKey) -> str:
         return self.key_prefix + key.digest.hex()
@@ -199,25 +231,26 @@ class RedisTier:
     ) -> tuple[CachedResponse, float | None, float | None] | None:
         """The stored entry and its times; None counted as a miss."""
         self.start()
-        if not self.breaker.allow():
+        breaker = self.lookup_breaker
+        if not breaker.allow():
             self.stats.skipped += 1
             self.stats.miss(model)
             return None
         started, before = time.perf_counter(), cancels()
         try:
             assert self._lookups is not None
-            async with asyncio.timeout(self.timeout_s):
-                value = await self._lookups.get(self.key_of(key))
+            value = await self._lookups.get(self.key_of(key))  # bounded: timeout_ms
             reraise_swallowed_cancel(before)
         except asyncio.CancelledError:
-            self.breaker.abandoned()
+            breaker.abandoned()
             raise
         except Exception as exc:  # any failure of Redis is a miss, never the request's
             self.stats.lookup_seconds.observe(time.perf_counter() - started)  # timeouts too
-            self._failed("lookup", exc)
+            self.stats.errors += 1  # (the MGET told the breaker, once for all it carried)
+            if self._timed_out(exc):
+                self.stats.lookup_timeouts += 1
             self.stats.miss(model)
             return None
-        self.breaker.succeeded()
         self.stats.lookup_seconds.observe(time.perf_counter() - started)
         found = None if value is None else self._entry(key, value)
         if found is None:
@@ -250,13 +283,13 @@ class RedisTier:
         long past it (PX ttl + stale_s), its times in redis_encoding.py's envelope."""
         self.start()
         assert self._queue is not None
-        if self.breaker.is_open:
-            self.stats.dropped_inserts += 1  # down: the probe is the lookups' job
+        if self.insert_breaker.refusing():  # a probe due goes through: _insert takes it
+            self.stats.dropped("breaker_open")
             return
         try:
             value = codec.encode(entry[0], entry[1])
         except codec.UnencodableError:
-            self.stats.dropped_inserts += 1
+            self.stats.dropped("unencodable")
             return
         ttl = self.settings.ttl_s if ttl_s is None else ttl_s
         if ttl is not None and stale_s > 0:
@@ -266,7 +299,7 @@ class RedisTier:
         try:
             self._queue.put_nowait((self.key_of(key), value, ttl))
         except asyncio.QueueFull:
-            self.stats.dropped_inserts += 1
+            self.stats.dropped("queue_full")
 
     async def flush(self) -> None:
         """Wait until every queued insert has been tried (tests; a clean shutdown)."""
@@ -292,11 +325,12 @@ class RedisTier:
                     queue.task_done()
 
     async def _insert(self, batch: list[tuple[str, bytes, float | None]]) -> None:
-        if not self.breaker.allow():
-            self.stats.dropped_inserts += len(batch)
+        breaker = self.insert_breaker
+        if not breaker.allow():
+            self.stats.dropped("breaker_open", len(batch))
             return
-        started = time.perf_counter()
-        bound_s = self.timeout_s + sum(len(v) for _, v, _ in batch) / INSERT_BYTES_PER_S
+        started, began = time.perf_counter(), breaker.clock()
+        bound_s = self.insert_timeout_s + sum(len(v) for _, v, _ in batch) / INSERT_BYTES_PER_S
         try:
             async with asyncio.timeout(bound_s):
                 pipe = self._writer.pipeline(transaction=False)
@@ -304,29 +338,41 @@ class RedisTier:
                     pipe.set(name, value, px=None if ttl is None else math.ceil(ttl * 1000))
                 await pipe.execute()
         except asyncio.CancelledError:
-            self.breaker.abandoned()
+            breaker.abandoned()
             raise
         except Exception as exc:
-            self._failed("insert", exc)
-            self.stats.dropped_inserts += len(batch)
+            self.stats.errors += 1
+            if self._timed_out(exc):
+                self.stats.insert_timeouts += 1
+            self.stats.dropped("failed", len(batch))
+            self._call_ended(INSERT, began, exc)
             return
-        self.breaker.succeeded()
+        self._call_ended(INSERT, began, None)
         elapsed = time.perf_counter() - started
         for _ in batch:
             self.stats.insert_seconds.observe(elapsed)
         self.stats.inserts += len(batch)
 
-    def _failed(self, what: str, exc: Exception) -> None:
-        self.stats.errors += 1
-        was_open = self.breaker.is_open
-        self.breaker.failed()
-        if self.breaker.is_open and not was_open:
+    def _timed_out(self, exc: Exception) -> bool:
+        return isinstance(exc, TimeoutError | self._redis.exceptions.TimeoutError)
+
+    def _call_ended(self, operation: str, started: float, exc: Exception | None) -> None:
+        """A call of Redis for `operation` ended (`started`: on its breaker's clock): its
+        breaker learns the outcome."""
+        breaker = self.breakers[operation]
+        if exc is None:
+            breaker.succeeded()
+            return
+        was_open = breaker.is_open
+        breaker.failed(started)
+        if breaker.is_open and not was_open:
             log.warning(
-                "response cache: Redis %s:%d %s failed (%s: %s); not trying it for %.0f s",
+                "response cache: Redis %s:%d %s failed (%s: %s); no %ss for %.0f s",
                 self.settings.host,
                 self.settings.port,
-                what,
+                operation,
                 type(exc).__name__,
                 str(exc) or "timed out",
-                self.breaker.open_s,
+                operation,
+                breaker.open_s,
             )

@@ -45,7 +45,7 @@ class TierStats:
     errors: int = 0  # redis: timeouts, connection errors, corrupt or foreign values
     evictions: int = 0  # local: entries removed to make room (bytes or per-model bound)
     inserts: int = 0
-    dropped_inserts: int = 0  # redis: the background queue was full (or the breaker open)
+    dropped_inserts: int = 0  # redis: not written (dropped_by_reason says why)
     bytes: int = 0  # current (redis: what this process wrote, or -1 if unknown)
     entries: int = 0  # current (redis: -1, unknown)
     lookup_seconds: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -60,6 +60,12 @@ class TierStats:
     # A degraded model's lookups answered by an entry kept past its TTL (stale_s): counted
     # here only, not in `hits` (docs/cache.md, "Stale entries").
     stale_hits: int = 0
+    # redis: calls that ran out of their bound (timeout_ms, insert_timeout_ms); in `errors` too
+    lookup_timeouts: int = 0
+    insert_timeouts: int = 0  # batches
+    # redis: dropped inserts by reason: queue_full, breaker_open, failed (the write timed out
+    # or failed), unencodable
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
 
     def hit(self, model: str) -> None:
         self.hits += 1
@@ -68,3 +74,7 @@ class TierStats:
     def miss(self, model: str) -> None:
         self.misses += 1
         self.misses_by_model[model] = self.misses_by_model.get(model, 0) + 1
+
+    def dropped(self, reason: str, count: int = 1) -> None:
+        self.dropped_inserts += count
+        self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + count

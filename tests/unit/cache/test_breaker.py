@@ -51,3 +51,34 @@ def test_an_abandoned_probe_lets_the_next_call_probe():
     assert breaker.allow()
     breaker.abandoned()
     assert breaker.allow()
+
+
+def test_calls_in_flight_together_fail_as_one():
+    """A stall of this process times out every pending call at once: one failure. Calls
+    sent after a failure are new evidence and count, as before."""
+    clock = Clock()
+    breaker = Breaker(failures=3, open_s=5, clock=clock)
+    started = [clock() + n * 0.001 for n in range(5)]  # five calls in flight
+    clock.now = 1.0
+    for began in started:  # ...all time out together
+        breaker.failed(began)
+    assert breaker.consecutive == 1 and not breaker.is_open
+    clock.now = 2.0
+    breaker.failed(1.5)  # sent after that failure: the second in a row
+    breaker.failed(1.6)  # in flight with it: not counted
+    assert breaker.consecutive == 2 and not breaker.is_open
+    clock.now = 3.0
+    breaker.failed(2.5)
+    assert breaker.is_open and breaker.opens == 1
+
+
+def test_refusing_asks_without_taking_the_probe():
+    clock = Clock()
+    breaker = Breaker(failures=1, open_s=5, clock=clock)
+    assert not breaker.refusing()
+    breaker.failed()
+    assert breaker.refusing()
+    clock.now = 5
+    assert not breaker.refusing() and not breaker.refusing()  # the probe is due, untaken
+    assert breaker.allow()  # taken
+    assert breaker.refusing() and not breaker.allow()

@@ -46,6 +46,10 @@ from inferd.cache import (
                 )
             ),
         ),
+        (  # the inserts' own bound (background work)
+            ["redis,host=h,timeout_ms=30", "redis,insert_timeout_ms=2500"],
+            CacheSettings(redis=RedisSettings("h", timeout_ms=30.0, insert_timeout_ms=2500.0)),
+        ),
         (  # both forms mixed, a setting repeated with the same value
             ["redis,host=cache,port=6380", "redis,ttl=60", "redis,port=6380"],
             CacheSettings(redis=RedisSettings("cache", 6380, ttl_s=60.0)),
@@ -78,6 +82,8 @@ def test_parses_both_forms_and_merges_per_tier(values, expected):
         (["redis,host=h,ttl=0"], ["redis,ttl=0", "seconds"]),
         (["redis,host=h,ttl=nan"], ["redis,ttl"]),
         (["redis,host=h,timeout_ms=-1"], ["redis,timeout_ms", "milliseconds"]),
+        (["redis,host=h,insert_timeout_ms=0"], ["redis,insert_timeout_ms=0", "number > 0"]),
+        (["redis,host=h,insert_timeout=5"], ["redis,insert_timeout", "insert_timeout_ms"]),
         (["redis,host=h,username=u"], ["redis,username", "unknown redis setting", "user"]),
         (["redis,host=h,user="], ["redis,user", "a user name"]),
         (["redis,host=h,pool_size=0"], ["redis,pool_size=0", "integer > 0"]),
@@ -94,6 +100,13 @@ def test_every_refusal_names_tier_and_setting(values, named):
     for text in named:
         assert text in str(caught.value)
     assert isinstance(caught.value, ValueError)
+
+
+def test_the_defaults_bound_lookups_tightly_and_background_inserts_loosely():
+    """What docs/cache.md says (When Redis fails): 50 ms a lookup, 1 s an insert."""
+    settings = parse_cache_config(["redis,host=h"]).redis
+    assert settings is not None
+    assert (settings.timeout_ms, settings.insert_timeout_ms) == (50.0, 1000.0)
 
 
 def test_a_password_is_never_echoed():

@@ -44,8 +44,14 @@ def main_redis() -> redis.Redis:
 
 
 def breaker_of(cache: ResponseCache) -> Breaker:
+    """The lookups' breaker."""
     assert cache.redis is not None
-    return cache.redis.breaker
+    return cache.redis.lookup_breaker
+
+
+def insert_breaker_of(cache: ResponseCache) -> Breaker:
+    assert cache.redis is not None
+    return cache.redis.insert_breaker
 
 
 class Clock:
@@ -159,15 +165,17 @@ def test_a_value_for_another_description_is_a_miss(prefix):
 
 
 async def served_without_trying_redis(cache: ResponseCache, model: Model, ns: range) -> None:
-    """With the breaker open: the model answers, Redis is not even tried (no error, no
-    insert), each lookup counted as skipped."""
+    """With both breakers open: the model answers, Redis is not even tried (no error, no
+    insert), each lookup counted as skipped, each insert as dropped for the breaker."""
     stats = cache.stats[-1]
     errors, skipped, calls = stats.errors, stats.skipped, model.calls
+    dropped = stats.dropped_by_reason["breaker_open"]
     for n in ns:
         got, source = await cache.get_or_run(key(n), "m", model.run(n))
         assert source == "" and got[0].data[0] == n
     await cache.flush()
     assert stats.errors == errors and stats.skipped == skipped + len(ns)
+    assert stats.dropped_by_reason["breaker_open"] == dropped + len(ns)
     assert model.calls == calls + len(ns)
 
 
@@ -185,32 +193,35 @@ async def outage(server: OwnRedis) -> None:
     settings = RedisSettings("127.0.0.1", server.port, timeout_ms=2000)
     cache = ResponseCache(CacheSettings(redis=settings), clock=clock)
     model = Model()
-    stats, breaker = cache.stats[0], breaker_of(cache)
+    stats, lookups, inserts = cache.stats[0], breaker_of(cache), insert_breaker_of(cache)
     await cache.get_or_run(key(1), "m", model.run(1))
     await cache.flush()
     assert (await cache.get_or_run(key(1), "m", model.run(1)))[1] == "redis"
 
     server.kill()
     n = 1
-    while not breaker.is_open:  # every request answered, by the model
+    while not (lookups.is_open and inserts.is_open):  # every request answered, by the model
         n += 1
-        assert n <= 1 + FAILURES, "the breaker did not open"
+        assert n <= 1 + 2 * FAILURES, "the breakers did not open"
         got, source = await cache.get_or_run(key(n), "m", model.run(n))
         assert source == "" and got[0].data[0] == n
-    await cache.flush()
+        await cache.flush()  # each miss's insert a batch of its own, unless some queued up
+    # Each breaker opened after FAILURES failures of its own calls, and calls Redis no more.
     errors = stats.errors
-    assert FAILURES <= errors <= FAILURES + 1  # + the insert writer's call, if in flight
+    assert errors == 2 * FAILURES
+    assert stats.dropped_by_reason["failed"] >= FAILURES
     await served_without_trying_redis(cache, model, range(100, 110))
 
-    clock.now += breaker.open_s  # the probe is due; Redis is still down: open again
+    clock.now += lookups.open_s  # both probes are due; Redis is still down: open again
     assert (await cache.get_or_run(key(20), "m", model.run(20)))[1] == ""
-    assert stats.errors == errors + 1 and breaker.opens == 2
+    await cache.flush()
+    assert stats.errors == errors + 2 and lookups.opens == inserts.opens == 2
 
     server.start()  # the same port
-    clock.now += breaker.open_s
+    clock.now += lookups.open_s
     assert (await cache.get_or_run(key(21), "m", model.run(21)))[1] == ""  # the probe: a miss
-    assert not breaker.is_open
-    await cache.flush()
+    await cache.flush()  # the inserts' own probe: key(21) written
+    assert not lookups.is_open and not inserts.is_open
     got, source = await cache.get_or_run(key(21), "m", model.run(21))
     assert source == "redis" and got[0].data[0] == 21.0
     await cache.close()
@@ -218,14 +229,22 @@ async def outage(server: OwnRedis) -> None:
 
 def test_a_redis_that_never_answers_is_bounded_by_timeout_ms():
     async def scenario(port: int) -> None:
-        settings = RedisSettings("127.0.0.1", port, timeout_ms=50)
+        settings = RedisSettings("127.0.0.1", port, timeout_ms=50, insert_timeout_ms=50)
         cache = ResponseCache(CacheSettings(redis=settings))
         model = Model()
+        stats = cache.stats[0]
         async with asyncio.timeout(30):  # hung calls would fail here, not pass
             for n in range(FAILURES):  # lookups in a row: each bounded, each a failure
                 got, source = await cache.get_or_run(key(n), "m", model.run(n))
                 assert source == "" and got[0].data[0] == n
-            assert breaker_of(cache).is_open
+            assert breaker_of(cache).is_open and stats.lookup_timeouts == FAILURES
+            n = FAILURES
+            while not insert_breaker_of(cache).is_open:  # each bounded by insert_timeout_ms
+                await cache.flush()
+                n += 1
+                assert n <= 2 * FAILURES, "the inserts' breaker did not open"
+                await cache.get_or_run(key(n), "m", model.run(n))
+            assert stats.insert_timeouts == FAILURES
             await served_without_trying_redis(cache, model, range(100, 105))
         await cache.close()
 
@@ -405,3 +424,128 @@ def test_concurrent_lookups_go_out_as_one_mget(prefix):
         await reader.close()
 
     asyncio.run(scenario())
+
+
+# -- one breaker per operation (issue 34) ------------------------------------------------------
+
+
+def test_inserts_timing_out_open_only_the_inserts_breaker(prefix):
+    """Slow background inserts drop inserts, counted; lookups go on hitting."""
+
+    async def scenario() -> None:
+        writer = ResponseCache(CacheSettings(redis=MAIN), redis_key_prefix=prefix)
+        await writer.get_or_run(key(1), "m", Model().run(1))
+        await writer.close()  # key(1) stored
+        settings = RedisSettings(*MAIN_REDIS, timeout_ms=2000, insert_timeout_ms=0.001)
+        cache = ResponseCache(CacheSettings(redis=settings), redis_key_prefix=prefix)
+        stats, model = cache.stats[0], Model()
+        for n in range(2, 2 + FAILURES):  # misses: each insert a batch of its own, timing out
+            assert (await cache.get_or_run(key(n), "m", model.run(n)))[1] == ""
+            await cache.flush()
+        assert insert_breaker_of(cache).is_open and not breaker_of(cache).is_open
+        assert stats.insert_timeouts == FAILURES and stats.lookup_timeouts == 0
+        assert stats.dropped_by_reason["failed"] == FAILURES and stats.inserts == 0
+        got, source = await cache.get_or_run(key(1), "m", model.run(1))
+        assert source == "redis" and got[0].data[0] == 1  # lookups go on
+        await cache.get_or_run(key(9), "m", model.run(9))
+        assert stats.dropped_by_reason["breaker_open"] == 1  # inserts are dropped, counted
+        assert stats.skipped == 0
+        await cache.close()
+
+    asyncio.run(scenario())
+
+
+def test_lookups_timing_out_open_only_the_lookups_breaker(prefix):
+    """Lookups out of their bound are misses and skip Redis a while; the answers the model
+    made meanwhile are still written for the other replicas."""
+
+    async def scenario() -> None:
+        settings = RedisSettings(*MAIN_REDIS, timeout_ms=0.001)  # inserts: the default bound
+        cache = ResponseCache(CacheSettings(redis=settings), redis_key_prefix=prefix)
+        stats, model = cache.stats[0], Model()
+        for n in range(FAILURES):  # one after the other: each failure counts
+            assert (await cache.get_or_run(key(n), "m", model.run(n)))[1] == ""
+        assert breaker_of(cache).is_open and not insert_breaker_of(cache).is_open
+        assert stats.lookup_timeouts == FAILURES
+        await served_lookups_skipped(cache, model, range(10, 13))
+        await cache.flush()
+        assert stats.inserts == FAILURES + 3 and stats.dropped_inserts == 0
+        await cache.close()
+
+    asyncio.run(scenario())
+    client = main_redis()
+    assert len(client.keys(prefix + "*")) == FAILURES + 3
+    client.close()
+
+
+async def served_lookups_skipped(cache: ResponseCache, model: Model, ns: range) -> None:
+    stats = cache.stats[-1]
+    skipped, errors = stats.skipped, stats.errors
+    for n in ns:
+        got, source = await cache.get_or_run(key(n), "m", model.run(n))
+        assert source == "" and got[0].data[0] == n
+    assert stats.skipped == skipped + len(ns) and stats.errors == errors
+
+
+def test_the_inserts_breaker_probes_and_closes_by_itself():
+    """No lookup is needed to find Redis back: the inserts' own probe does."""
+    server = OwnRedis()
+    server.start()
+    try:
+        asyncio.run(inserts_only(server))
+    finally:
+        server.kill()
+
+
+async def inserts_only(server: OwnRedis) -> None:
+    clock = Clock()
+    tier = RedisTier(RedisSettings("127.0.0.1", server.port, timeout_ms=2000), clock=clock)
+
+    def put(n: int) -> None:
+        tier.put(key(n), make_entry(key(n).description, owned_copy(outputs(n))), 60)
+
+    server.kill()
+    for n in range(FAILURES):
+        put(n)
+        await tier.flush()
+    assert tier.insert_breaker.is_open and tier.stats.dropped_by_reason["failed"] == FAILURES
+    put(10)
+    assert tier.stats.dropped_by_reason["breaker_open"] == 1  # not even queued
+    server.start()
+    clock.now += tier.insert_breaker.open_s
+    put(11)  # the probe
+    await tier.flush()
+    assert not tier.insert_breaker.is_open and tier.stats.inserts == 1
+    assert not tier.lookup_breaker.is_open and tier.stats.skipped == 0  # never involved
+    await tier.close()
+    client = redis.Redis("127.0.0.1", server.port)
+    assert client.dbsize() == 1
+    client.close()
+
+
+def test_lookups_that_fail_together_are_one_failure_of_the_breaker():
+    """Five MGETs in flight at once, all timing out together (what a stall of this process
+    does to every pending call): one failure, the breaker stays closed. Two more, each sent
+    after the last failed, open it."""
+
+    async def scenario(port: int) -> None:
+        settings = RedisSettings("127.0.0.1", port, timeout_ms=300, insert_timeout_ms=50)
+        cache = ResponseCache(CacheSettings(redis=settings))
+        stats, model, breaker = cache.stats[0], Model(), breaker_of(cache)
+        calls = []
+        for n in range(5):  # a turn each: five MGETs
+            calls.append(asyncio.create_task(cache.get_or_run(key(n), "m", model.run(n))))
+            await asyncio.sleep(0)
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(*calls)
+        assert [source for _, source in results] == [""] * 5
+        assert cache.redis is not None and cache.redis._lookups is not None
+        assert cache.redis._lookups.batches == 5 and stats.lookup_timeouts == 5
+        assert breaker.consecutive == 1 and not breaker.is_open
+        for n in range(10, 10 + FAILURES - 1):
+            await cache.get_or_run(key(n), "m", model.run(n))
+        assert breaker.is_open and breaker.opens == 1
+        await cache.close()
+
+    with silent_listener() as port:
+        asyncio.run(scenario(port))
