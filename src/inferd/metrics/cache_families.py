@@ -34,10 +34,6 @@ _TIER_COUNTERS: dict[str, tuple[str, Callable[[TierStats], int]]] = {
         lambda s: s.evictions,
     ),
     "inferd_cache_inserts": ("Entries stored.", lambda s: s.inserts),
-    "inferd_cache_dropped_inserts": (
-        "Inserts not made: the background queue was full or the Redis breaker open.",
-        lambda s: s.dropped_inserts,
-    ),
     "inferd_cache_expired": ("Entries found past their TTL (a miss).", lambda s: s.expired),
     "inferd_cache_stale_hits": (
         "A degraded model's lookups answered by an entry kept past its TTL (stale_s); not "
@@ -49,12 +45,20 @@ _TIER_COUNTERS: dict[str, tuple[str, Callable[[TierStats], int]]] = {
         lambda s: s.oversize,
     ),
     "inferd_cache_breaker_skips": (
-        "Lookups not tried because the Redis breaker was open after failures.",
+        "Lookups not tried because the Redis lookups' breaker was open after failures.",
         lambda s: s.skipped,
     ),
     "inferd_cache_collisions": (
         "Lookups whose digest matched an entry of another request (served as a miss).",
         lambda s: s.collisions,
+    ),
+}
+# name (without _total) -> (help, the count of each operation in a tier's stats)
+_OPERATION_COUNTERS: dict[str, tuple[str, dict[str, Callable[[TierStats], int]]]] = {
+    "inferd_cache_timeouts": (
+        "Redis calls that ran out of their bound (lookups: timeout_ms, counted per lookup; "
+        "inserts: insert_timeout_ms, per batch); counted in inferd_cache_errors too.",
+        {"lookup": lambda s: s.lookup_timeouts, "insert": lambda s: s.insert_timeouts},
     ),
 }
 _TIER_GAUGES: dict[str, tuple[str, Callable[[TierStats], int]]] = {
@@ -91,6 +95,24 @@ class CacheCollector(Collector):
             for stats in tiers:
                 family.add_metric([stats.tier], read(stats))
             yield family
+        dropped = CounterMetricFamily(
+            "inferd_cache_dropped_inserts",
+            "Inserts not made, by reason: queue_full (the Redis insert queue), breaker_open "
+            "(the inserts' breaker), failed (the write timed out or failed), unencodable.",
+            labels=("tier", "reason"),
+        )
+        for stats in tiers:
+            for reason, count in sorted(items(stats.dropped_by_reason)):
+                dropped.add_metric([stats.tier, reason], count)
+        yield dropped
+        for name, (doc, reads) in _OPERATION_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=("tier", "operation"))
+            for stats in tiers:
+                if stats.tier == "redis":
+                    for operation, read in reads.items():
+                        family.add_metric([stats.tier, operation], read(stats))
+            yield family
+        yield from self._breakers()
         for name, (doc, read) in _TIER_GAUGES.items():
             gauge = GaugeMetricFamily(
                 name, doc + " Redis: what this process wrote.", labels=("tier",)
@@ -119,6 +141,27 @@ class CacheCollector(Collector):
         )
         coalesced.add_metric([], self._cache.coalesced)
         yield coalesced
+
+    def _breakers(self) -> Iterator[Metric]:
+        """The Redis tier's breakers, one per operation (lookup, insert)."""
+        is_open = GaugeMetricFamily(
+            "inferd_cache_breaker_open",
+            "1 while the Redis tier's breaker of the operation is open or half-open: lookups "
+            "skipped (a miss: the model runs), or inserts dropped (nothing shared).",
+            labels=("tier", "operation"),
+        )
+        opens = CounterMetricFamily(
+            "inferd_cache_breaker_opens",
+            "Times the Redis tier's breaker of the operation opened.",
+            labels=("tier", "operation"),
+        )
+        redis = self._cache.redis
+        if redis is not None:
+            for operation, breaker in redis.breakers.items():
+                is_open.add_metric(["redis", operation], 1 if breaker.is_open else 0)
+                opens.add_metric(["redis", operation], breaker.opens)
+        yield is_open
+        yield opens
 
 
 def _buckets(histogram: LatencyHistogram) -> tuple[list[tuple[str, float]], float]:

@@ -85,17 +85,17 @@ def test_two_processes_share_hits_through_redis(
 ) -> None:
     values = [float(uuid.uuid4().int % 10_000), 1.0]  # this run's own key
     metrics_b = free_port()
-    # One process in inferd's form, the other in Triton's (one setting per flag).
-    # timeout_ms: generous, this machine is shared; the default 5 ms is for a quiet one.
+    # One process in inferd's form with the default bounds, the other in Triton's (one
+    # setting per flag), bounds given.
     metrics_a = free_port()
     a_args = [
-        "--cache-config", f"redis,host=127.0.0.1,port=6379,db={REDIS_DB},timeout_ms=200",
+        "--cache-config", f"redis,host=127.0.0.1,port=6379,db={REDIS_DB}",
         "--metrics-port", str(metrics_a),
     ]  # fmt: skip
     b_args = [
         "--cache-config", "redis,host=127.0.0.1", "--cache-config", "redis,port=6379",
         "--cache-config", f"redis,db={REDIS_DB}", "--cache-config", "redis,timeout_ms=200",
-        "--metrics-port", str(metrics_b),
+        "--cache-config", "redis,insert_timeout_ms=2000", "--metrics-port", str(metrics_b),
     ]  # fmt: skip
     with (
         run_cli_server(repo, tmp_path / "a.log", *a_args) as a,
@@ -199,6 +199,17 @@ def test_a_redis_killed_mid_load_fails_no_request_and_is_counted(
     skipped = value(samples, "inferd_cache_breaker_skips_total", tier="redis")
     assert failures > 0  # counted; and the breaker spared the rest their timeout
     assert failures + skipped >= left - 4
+    # The tier's state is visible: each operation's breaker opened on its own failures and
+    # is open still (Redis stayed down), and the inserts it refused are counted by reason.
+    for operation in ("lookup", "insert"):
+        labels = {"tier": "redis", "operation": operation}
+        assert value(samples, "inferd_cache_breaker_open", **labels) == 1, operation
+        assert value(samples, "inferd_cache_breaker_opens_total", **labels) >= 1, operation
+    dropped = {
+        reason: value(samples, "inferd_cache_dropped_inserts_total", tier="redis", reason=reason)
+        for reason in ("queue_full", "breaker_open", "failed", "unencodable")
+    }
+    assert dropped["failed"] > 0 and dropped["breaker_open"] > 0, dropped
 
 
 def test_the_engine_of_workers_2_engine_serves_hits(repo: Path, tmp_path: Path) -> None:

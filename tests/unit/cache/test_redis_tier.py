@@ -22,6 +22,7 @@ from inferd.cache import (
 from inferd.cache.breaker import FAILURES, Breaker
 from inferd.cache.entry import make_entry, owned_copy
 from inferd.cache.redis_tier import RedisTier
+from inferd.metrics.cache_families import CacheCollector
 from tests.support.cache_helpers import Model, key, outputs, wait_for
 from tests.support.redis_servers import MAIN_REDIS, OwnRedis, silent_listener
 
@@ -246,10 +247,28 @@ def test_a_redis_that_never_answers_is_bounded_by_timeout_ms():
                 await cache.get_or_run(key(n), "m", model.run(n))
             assert stats.insert_timeouts == FAILURES
             await served_without_trying_redis(cache, model, range(100, 105))
+        metrics = scraped(cache)  # the tier's state, as /metrics shows it
+        for operation in ("lookup", "insert"):
+            labels = (("operation", operation), ("tier", "redis"))
+            assert metrics[("inferd_cache_timeouts_total", labels)] == FAILURES
+            assert metrics[("inferd_cache_breaker_open", labels)] == 1
+            assert metrics[("inferd_cache_breaker_opens_total", labels)] == 1
+        dropped = (("reason", "breaker_open"), ("tier", "redis"))
+        refused = stats.dropped_by_reason["breaker_open"]
+        assert metrics[("inferd_cache_dropped_inserts_total", dropped)] == refused >= 5
         await cache.close()
 
     with silent_listener() as port:
         asyncio.run(scenario(port))
+
+
+def scraped(cache: ResponseCache) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The cache's Prometheus samples: (name, sorted labels) -> value."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in CacheCollector(cache).collect()
+        for sample in family.samples
+    }
 
 
 def test_a_full_insert_queue_drops_and_counts(prefix):
