@@ -31,6 +31,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.cache.cache_settings import parse_cache_config
+from tests.support.redis_servers import own_redis
 from tests.support.server_process import free_port, wait_until_serving
 from tests.support.servers import RunningServer, run_server
 
@@ -259,26 +260,30 @@ def live(
     good_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     repo = with_drift_monitoring(good_repository, tmp_path_factory.mktemp("deploy") / "repo")
-    cache = parse_cache_config(["local,size=1M"])
-    with run_server(repo, metrics_triton_names=True, cache=cache) as server:
-        send_traffic(server)
-        with server.client() as client:  # counter's request again: a cache hit
-            body = {
-                "inputs": [{"name": "IN", "datatype": "FP32", "shape": [2, 3], "data": [1.0] * 6}]
-            }
-            assert client.post("/v2/models/counter/infer", json=body).status_code == 200
-            # faulty is degraded now: its fallback answers (after one probe of faulty).
-            faulty = {
-                "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]
-            }
-            answered = [client.post("/v2/models/faulty/infer", json=faulty) for _ in range(3)]
-            assert [r.status_code for r in answered] == [200] * 3
-            names = [r.json()["model_name"] for r in answered]
-            assert "faulty_backup" in names, names
-        monitor = server.server.registry.get("mlp").drift
-        assert monitor is not None
-        monitor.wait_idle()  # the windows of that traffic are tested
-        yield server
+    # Both tiers, so the Redis tier's series (and the alert on them) are in the scrape.
+    with own_redis() as shared:
+        cache = parse_cache_config(["local,size=1M", f"redis,host=127.0.0.1,port={shared.port}"])
+        with run_server(repo, metrics_triton_names=True, cache=cache) as server:
+            send_traffic(server)
+            with server.client() as client:  # counter's request again: a cache hit
+                body = {
+                    "inputs": [
+                        {"name": "IN", "datatype": "FP32", "shape": [2, 3], "data": [1.0] * 6}
+                    ]
+                }
+                assert client.post("/v2/models/counter/infer", json=body).status_code == 200
+                # faulty is degraded now: its fallback answers (after one probe of faulty).
+                faulty = {
+                    "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]
+                }
+                answered = [client.post("/v2/models/faulty/infer", json=faulty) for _ in range(3)]
+                assert [r.status_code for r in answered] == [200] * 3
+                names = [r.json()["model_name"] for r in answered]
+                assert "faulty_backup" in names, names
+            monitor = server.server.registry.get("mlp").drift
+            assert monitor is not None
+            monitor.wait_idle()  # the windows of that traffic are tested
+            yield server
 
 
 def scraped_sample_names(server: RunningServer) -> set[str]:
