@@ -213,8 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TIER,KEY=VALUE",
         help="the response cache (Triton's flag), for models whose config sets response_cache "
         "{ enable: true }: local,size=BYTES (an LRU of that many bytes; K/M/G suffixes) and/or "
-        "redis,host=H[,port=P][,password=...][,db=N][,ttl=SECONDS][,timeout_ms=5] (and Triton's "
-        "user, pool_size, wait_timeout, connect_timeout, socket_timeout); repeatable, "
+        "redis,host=H[,port=P][,password=...][,db=N][,ttl=SECONDS][,timeout_ms=50]"
+        "[,insert_timeout_ms=1000] (and Triton's user, pool_size, wait_timeout, "
+        "connect_timeout, socket_timeout); repeatable, "
         "one setting per flag as Triton's works too; both: local in front of Redis "
         "(docs/cache.md)",
     )
