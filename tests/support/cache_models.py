@@ -7,9 +7,10 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-# Echoes IN (FP32 or BYTES, per the config) and the number of the execution that served it.
+# Echoes IN (FP32 or BYTES, per the config) and the number of the execution that served it;
+# with a `gate_path`, each execution waits while that file exists (at most 60 s).
 EXEC_PY = """
-import itertools, time
+import itertools, os, time
 import numpy as np
 
 BUMP = 0.0  # differs per version file in the version swap tests
@@ -18,12 +19,16 @@ class Model:
     def load(self, context):
         self.delay_s = float(context.parameters.get("delay_ms", "0")) / 1000
         self.offset = float(context.parameters.get("offset", "0"))
+        self.gate = context.parameters.get("gate_path", "")
         self.ids = itertools.count(1)
 
     def predict(self, inputs):
         x = inputs["IN"]
         if self.delay_s:
             time.sleep(self.delay_s)
+        give_up = time.monotonic() + 60
+        while self.gate and os.path.exists(self.gate) and time.monotonic() < give_up:
+            time.sleep(0.002)
         exec_id = next(self.ids)
         out = x + self.offset + BUMP if x.dtype != object else x
         return {"OUT": out, "EXEC": np.full((x.shape[0], 1), exec_id, dtype=np.int64)}
@@ -100,7 +105,10 @@ def write_exec_model(
     extra: str = "",
     version: str = "1",
     bump: float = 0.0,
+    gate: Path | None = None,
 ) -> None:
+    if gate is not None:
+        extra += param("gate_path", str(gate))
     config = EXEC_CONFIG.format(
         name=name,
         datatype=datatype,

@@ -13,7 +13,8 @@ by every process and replica, with single flight for concurrent identical misses
       no flight, never runs the model.
 
 Every caller of a flight gets its source: "" means no tier had the answer (the model ran,
-for this caller or, when `coalesced` grew, for the identical request it waited on).
+for this caller or for the identical request it waited on: counted, per model, in
+`coalesced_by_model`).
 
 One ResponseCache per process and event loop: the tiers and flights are used from that
 loop only, without locks (Redis connections and the insert worker belong to it). Reading
@@ -77,6 +78,8 @@ class ResponseCache:
                 wall_clock=wall_clock,
             )
         self._flights: SingleFlight[tuple[CachedResponse, str]] = SingleFlight()
+        # Per model: callers answered by an identical caller's run (they waited for it).
+        self.coalesced_by_model: dict[str, int] = {}
 
     async def start(self) -> None:
         """Start the Redis tier's insert worker; connects lazily, never fails if it is down."""
@@ -121,7 +124,11 @@ class ResponseCache:
                 return handed_out(found), "local"
         ttl = ttl_s if ttl_s is not None or self.redis is None else self.redis.settings.ttl_s
 
+        led = False
+
         async def fill() -> tuple[CachedResponse, str]:
+            nonlocal led
+            led = True
             return await self._fill(key, model, run, ttl, max_entries, max_response_bytes, stale_s)
 
         while True:
@@ -135,6 +142,9 @@ class ResponseCache:
                     if found is not None:
                         return handed_out(found), "local"
                 continue
+            if not led and not source:  # answered by the identical caller's run
+                counts = self.coalesced_by_model
+                counts[model] = counts.get(model, 0) + 1
             return handed_out(entry), source
 
     async def _fill(
@@ -223,7 +233,8 @@ class ResponseCache:
 
     @property
     def coalesced(self) -> int:
-        """Callers that waited on an identical request's flight instead of starting one."""
+        """Callers that joined an identical request's flight instead of starting one (its
+        run or its Redis lookup; `coalesced_by_model` counts those answered by a run)."""
         return self._flights.coalesced
 
     @property

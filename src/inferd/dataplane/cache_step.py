@@ -36,6 +36,9 @@ PARAMETERS_TENSOR = "\x00response_parameters"
 
 CACHE_HIT = "hit"
 CACHE_MISS = "miss"
+# Waited for an identical concurrent request's execution (single flight): neither a hit (no
+# tier had the answer) nor an execution of its own; its wait counts as queue time.
+CACHE_COALESCED = "coalesced"
 
 
 def build_cache(settings: CacheSettings | None, registry: ModelRegistry) -> ResponseCache | None:
@@ -61,8 +64,8 @@ async def run_cached(
     execute: Callable[[], Awaitable[list[Tensor]]],
 ) -> list[Tensor]:
     """The outputs for `request`, from the cache or from `execute()`; fills the record's
-    cache outcome and duration (Triton's cache_hit / cache_miss statistics) and
-    `bound.response_parameters` as the model gave them."""
+    cache outcome and duration (Triton's cache_hit / cache_miss statistics, or inferd's
+    `coalesced`) and `bound.response_parameters` as the model gave them."""
     key = request_key(options, mv, registry, request)
     if key is None:
         return await execute()
@@ -81,7 +84,7 @@ async def run_cached(
 
     t0 = time.perf_counter_ns()
     try:
-        tensors, _source = await cache.get_or_run(
+        tensors, source = await cache.get_or_run(
             key,
             mv.name,
             run,
@@ -101,10 +104,13 @@ async def run_cached(
     if run_ns >= 0:
         # Triton's cache_miss: the lookup and the insert, not the execution.
         record.cache, record.cache_ns = CACHE_MISS, max(0, elapsed - run_ns)
-    else:
-        # A hit, or a concurrent identical miss that waited for another's execution: either
-        # way this request executed nothing (its statistics count no execution).
+    elif source:
+        # A tier's answer (found by this request, or by the identical one it waited on).
         record.cache, record.cache_ns = CACHE_HIT, elapsed
+    else:
+        # The identical request it waited on executed: no tier had the answer and this one
+        # executed nothing. Its time is its wait.
+        record.cache, record.cache_ns = CACHE_COALESCED, elapsed
     if tensors and tensors[-1].name == PARAMETERS_TENSOR:
         *outputs, carried = tensors
         if run_ns < 0:  # this request's own run already left them in `bound`

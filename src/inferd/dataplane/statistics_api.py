@@ -53,7 +53,12 @@ class Statistics:
                     raise not_found(f"unknown version '{version}' of model '{n}'")
                 versions = [version]
             entries = self.sink.model_stats(n, versions)
-            degrade = self.registry.models[n].degrade
+            model = self.registry.models[n]
+            for entry in entries:  # inferd's own field (HTTP; gRPC's message has none)
+                mv = model.versions.get(entry["version"])
+                if mv is not None and mv.cache is not None:
+                    entry["coalesced"] = self.sink.coalesced(n, entry["version"])
+            degrade = model.degrade
             if degrade is not None:  # inferd's own field (HTTP; gRPC's message has none)
                 for entry in entries:
                     entry["degradation"] = degradation_statistics(degrade)

@@ -137,9 +137,12 @@ class CacheCollector(Collector):
         yield inserts
         coalesced = CounterMetricFamily(
             "inferd_cache_coalesced",
-            "Requests that waited for an identical request's execution instead of running.",
+            "Requests answered by an identical concurrent request's execution, which they "
+            "waited for instead of running (neither a hit nor a miss), per model.",
+            labels=("model",),
         )
-        coalesced.add_metric([], self._cache.coalesced)
+        for model, count in sorted(items(self._cache.coalesced_by_model)):
+            coalesced.add_metric([model], count)
         yield coalesced
 
     def _breakers(self) -> Iterator[Metric]:

@@ -82,6 +82,10 @@ class VersionStats:
     # insert (docs/cache.md). Hits count in success and queue, never as executions.
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
+    # inferd's own: requests that waited for an identical request's execution (the cache's
+    # single flight): in success and queue (their wait), neither a hit, a miss nor an
+    # execution. Rendered as the entry's `coalesced` field for versions with the cache.
+    coalesced: Duration = field(default_factory=Duration)
     inference_count: int = 0  # rows inferred
     execution_count: int = 0  # batches executed
     last_inference_ms: int = 0  # ms since the epoch
@@ -109,8 +113,11 @@ class StatisticsSink:
             if record.cache == "hit":
                 stats.cache_hit.add(record.cache_ns)
                 stats.queue.add(0)  # Triton's queue count includes hits; they never queue
-            else:
+            elif record.cache == "miss":
                 stats.cache_miss.add(record.cache_ns)
+            else:  # "coalesced": its wait for the identical request's execution is queue time
+                stats.coalesced.add(record.cache_ns)
+                stats.queue.add(record.cache_ns)
         if record.steps is not None:
             # An ensemble executes no batch of its own (its steps' models count theirs): as
             # Triton, each request it answered counts as one execution of its rows.
@@ -151,6 +158,11 @@ class StatisticsSink:
         return [
             self._render(name, v, self.versions.get((name, v), VersionStats())) for v in versions
         ]
+
+    def coalesced(self, name: str, version: str) -> dict[str, int]:
+        """inferd's `coalesced` field of a version's entry: {"count", "ns"}."""
+        stats = self.versions.get((name, version))
+        return (stats.coalesced if stats is not None else Duration()).to_dict()
 
     @staticmethod
     def _render(name: str, version: str, s: VersionStats) -> dict[str, Any]:

@@ -129,6 +129,8 @@ def merge_model_stats(answers: Iterable[list[dict[str, Any]]]) -> list[dict[str,
                 else:
                     responses[position] = copy.deepcopy(stats)
             into["response_stats"] = dict(sorted(responses.items(), key=lambda kv: int(kv[0])))
+            if "coalesced" in entry:  # inferd's own, for versions with the response cache
+                _add_durations(into, {"coalesced": entry["coalesced"]})
             if "degradation" in entry:  # each worker degrades on its own: the worst, and sums
                 _merge_degradation(into.setdefault("degradation", {}), entry["degradation"])
     return list(merged.values())

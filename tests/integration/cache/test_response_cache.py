@@ -36,6 +36,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("cache_repo")
     write_exec_model(repo, "cached")
     write_exec_model(repo, "slow", delay_ms=200)  # 64 identical requests overlap its run
+    write_exec_model(repo, "held", gate=repo / "held" / "gate")  # runs wait while it exists
     write_exec_model(repo, "plain", cached=False)
     write_exec_model(repo, "rounded", extra=param("cache_float_decimals", "2"))
     write_exec_model(
@@ -228,7 +229,63 @@ def test_64_identical_concurrent_requests_execute_once(
     assert after["inference_count"] - before["inference_count"] == 1
     assert after["execution_count"] - before["execution_count"] == 1
     assert _count(after, "cache_miss") - _count(before, "cache_miss") == 1
-    assert _count(after, "cache_hit") - _count(before, "cache_hit") == 63
+    # The others waited for that execution (coalesced) or came after it (hits).
+    hits = _count(after, "cache_hit") - _count(before, "cache_hit")
+    waited = after["coalesced"]["count"] - before["coalesced"]["count"]
+    assert hits + waited == 63
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_requests_that_waited_for_an_identical_execution_are_neither_hits_nor_executions(
+    server: RunningServer, repo: Path, protocol: str
+) -> None:
+    """Single flight: 8 identical requests while the first one's execution is held. The 7
+    that waited for it count in success and queue (their wait) and in inferd's `coalesced`
+    field and metric; Triton's cache_hit counts what a tier answered, and nothing counts
+    an execution of theirs."""
+    cache = server.server.response_cache
+    assert cache is not None
+    value_ = 70.0 if protocol == "http" else 71.0  # each protocol its own key
+    gate = repo / "held" / "gate"
+    before, joined = stats(server, "held"), cache.coalesced
+    metric_before = scrape_url(server.metrics_url)
+
+    async def scenario() -> list[Any]:
+        async with AsyncInfer(protocol, server, connections=8) as infer:
+            gate.touch()
+            try:
+                calls = [asyncio.create_task(infer("held", value_)) for _ in range(8)]
+                deadline = time.monotonic() + 30
+                while cache.coalesced - joined < 7:  # all 7 joined the first one's flight
+                    assert time.monotonic() < deadline, cache.coalesced - joined
+                    await asyncio.sleep(0.002)
+            finally:
+                gate.unlink()
+            return await asyncio.gather(*calls)
+
+    replies = asyncio.run(scenario())
+    assert [r.status for r in replies] == [OK[protocol]] * 8
+    after = stats(server, "held")
+    assert _count(after, "success") - _count(before, "success") == 8
+    assert _count(after, "cache_miss") - _count(before, "cache_miss") == 1
+    assert _count(after, "cache_hit") - _count(before, "cache_hit") == 0  # no tier answered
+    assert after["coalesced"]["count"] - before["coalesced"]["count"] == 7
+    assert after["coalesced"]["ns"] > before["coalesced"]["ns"]
+    # Queue: the leader's time in the batcher's queue and the 7 waits, one count each.
+    assert _count(after, "queue") - _count(before, "queue") == 8
+    assert after["execution_count"] - before["execution_count"] == 1
+    assert _count(after, "compute_infer") - _count(before, "compute_infer") == 1
+    # The statistics as the client's own protocol serves them (gRPC: Triton's fields only).
+    client = Client(protocol, server)
+    over = stats_over(client, "held")
+    client.raw.close()
+    assert _count(over, "cache_hit") == _count(after, "cache_hit")
+    assert _count(over, "success") == _count(after, "success")
+    samples = scrape_url(server.metrics_url)
+    coalesced = value(samples, "inferd_cache_coalesced_total", model="held")
+    assert coalesced - value(metric_before, "inferd_cache_coalesced_total", model="held") == 7
+    hits = value(samples, "inferd_cache_hits_total", tier="local", model="held")
+    assert hits == _count(after, "cache_hit")  # the statistics' hits are the tier's
 
 
 # -- normalisation ---------------------------------------------------------------------------

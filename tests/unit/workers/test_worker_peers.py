@@ -57,17 +57,23 @@ def test_statistics_of_workers_add_up() -> None:
 
 
 def test_cache_statistics_of_workers_add_up() -> None:
-    def answer(hits: int, misses: int) -> list[dict[str, object]]:
+    def answer(hits: int, misses: int, waited: int) -> list[dict[str, object]]:
         s = VersionStats()
         for _ in range(hits):
             s.cache_hit.add(5)
         for _ in range(misses):
             s.cache_miss.add(7)
-        return [StatisticsSink._render("m", "1", s)]
+        for _ in range(waited):
+            s.coalesced.add(11)
+        entry = StatisticsSink._render("m", "1", s)
+        entry["coalesced"] = s.coalesced.to_dict()  # inferd's field (dataplane/statistics_api.py)
+        return [entry]
 
-    stats = merge_model_stats([answer(2, 1), answer(3, 4)])[0]["inference_stats"]
+    merged = merge_model_stats([answer(2, 1, 1), answer(3, 4, 2)])[0]
+    stats = merged["inference_stats"]
     assert stats["cache_hit"] == {"count": 5, "ns": 25}
     assert stats["cache_miss"] == {"count": 5, "ns": 35}
+    assert merged["coalesced"] == {"count": 3, "ns": 33}
 
 
 def test_response_statistics_of_workers_add_up_per_position() -> None:
