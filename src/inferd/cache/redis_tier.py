@@ -11,6 +11,8 @@ critical path.
 - With `pool_size` the connections are bounded and a caller waits for a free one (within
   `wait_timeout` and `timeout_ms`); without it the pool opens what concurrency needs.
 - Lookups made in one turn of the event loop go out as one MGET (redis_calls.py).
+- The tier's `entries` and `bytes` are counted in Redis in the background (redis_usage.py),
+  unknown (-1) until a walk of its keys has finished.
 - Inserts never delay an answer: they go through a bounded queue (full: dropped, counted)
   to one background task that writes them on a connection of its own in pipelined batches,
   `SET key value PX ttl` (up to 64 values or 256 KiB a batch), each bounded by
@@ -44,6 +46,7 @@ from inferd.cache.cache_settings import CacheConfigError, RedisSettings
 from inferd.cache.entry import CachedResponse, frozen, make_entry
 from inferd.cache.keys import CacheKey
 from inferd.cache.redis_calls import LookupBatcher, cancels, reraise_swallowed_cancel
+from inferd.cache.redis_usage import RedisUsage
 from inferd.cache.tier_stats import TierStats
 
 log = logging.getLogger("inferd.cache")
@@ -96,9 +99,11 @@ class RedisTier:
         self.key_prefix = key_prefix
         self.wall_clock = wall_clock
         self.queue_items = queue_items
-        # What is in Redis is shared and expires there: this process cannot know it.
+        # What is in Redis is shared and expires there: counted there (`usage`), in the
+        # background; unknown (-1) until then.
         self.stats = TierStats("redis", bytes=-1, entries=-1)
         self.stats.dropped_by_reason.update(dict.fromkeys(DROP_REASONS, 0))  # series from 0
+        self.usage: RedisUsage | None = None
         self._client: Any = None
         self._writer: Any = None  # the inserts' connection (start)
         self._pool: Any = None
@@ -151,6 +156,11 @@ class RedisTier:
             self.lookup_breaker.clock,
             lambda started, exc: self._call_ended(LOOKUP, started, exc),
         )
+        # The size walk reads, as lookups do: it rests while their breaker is open.
+        self.usage = RedisUsage(
+            redis.asyncio.Redis(**writer), self.key_prefix, self.stats, self.lookup_breaker
+        )
+        self.usage.start()
         self._queue = asyncio.Queue(self.queue_items)
         self._worker = asyncio.create_task(self._insert_loop(), name="inferd-cache-redis")
 
@@ -164,6 +174,9 @@ class RedisTier:
         if self._lookups is not None:
             await self._lookups.close()
             self._lookups = None
+        if self.usage is not None:
+            await self.usage.close()
+            self.usage = None
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)

@@ -46,8 +46,10 @@ class TierStats:
     evictions: int = 0  # local: entries removed to make room (bytes or per-model bound)
     inserts: int = 0
     dropped_inserts: int = 0  # redis: not written (dropped_by_reason says why)
-    bytes: int = 0  # current (redis: what this process wrote, or -1 if unknown)
-    entries: int = 0  # current (redis: -1, unknown)
+    # Current. Redis: the whole tier's, as of the last count in Redis (redis_usage.py); -1
+    # while unknown.
+    bytes: int = 0
+    entries: int = 0
     lookup_seconds: LatencyHistogram = field(default_factory=LatencyHistogram)
     insert_seconds: LatencyHistogram = field(default_factory=LatencyHistogram)
     hits_by_model: dict[str, int] = field(default_factory=dict)

@@ -115,11 +115,14 @@ class CacheCollector(Collector):
         yield from self._breakers()
         for name, (doc, read) in _TIER_GAUGES.items():
             gauge = GaugeMetricFamily(
-                name, doc + " Redis: what this process wrote.", labels=("tier",)
+                name,
+                doc + " Redis: every process's entries under the tier's key prefix, as of "
+                "the last count in Redis (absent while unknown).",
+                labels=("tier",),
             )
             for stats in tiers:
                 value = read(stats)
-                if value >= 0:  # -1: unknown (another process's writes to Redis)
+                if value >= 0:  # -1: unknown (Redis not counted yet, or could not be)
                     gauge.add_metric([stats.tier], value)
             yield gauge
         lookups = HistogramMetricFamily(
