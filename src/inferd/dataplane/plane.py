@@ -5,7 +5,7 @@ checks, scheduling, output conformance) happens here, once. The DataPlane is mad
 each owning its state, built together in one phase from what the server passes:
 
     gate        requests in flight, the server-wide bound, draining      request_gate.py
-    unary       start, admit, infer, respond                             unary.py
+    unary       start, admit, refusal, infer, respond                    unary.py
     streaming   start_stream, admit_stream, stream                       decoupled.py
     internal    ensembles' steps and BLS requests, through those steps   internal_requests.py
     health      live, ready, model_ready                                 health.py
@@ -124,6 +124,7 @@ class DataPlane:
         # internal calls (`ModelCalls`) call.
         self.start = self.unary.start
         self.admit = self.unary.admit
+        self.refusal = self.unary.refusal
         self.infer = self.unary.infer
         self.respond = self.unary.respond
         self.start_stream = self.streaming.start_stream

@@ -2,7 +2,8 @@
 
     with dataplane.start(model, version, ctx) as call:   # counted in flight; told to telemetry
         dataplane.admit(call)                              # before the body is read
-        request = <the adapter decodes its wire message>
+        request = <the adapter decodes its wire message>   # failing: raise await
+                                                           #   dataplane.refusal(call, exc)
         response = dataplane.respond(call, await dataplane.infer(call, request))
         <the adapter encodes `response`>
 
@@ -87,6 +88,11 @@ class UnarySteps:
         """The checks before a request's body is read (a shed request is refused unread)."""
         if self.admit_version(call.model_name, call.version, call.ctx, call.record).decoupled:
             raise unary_to_decoupled(call.model_name, call.ctx)
+
+    async def refusal(self, call: InferCall, exc: InferdError) -> InferdError:
+        """`exc` itself: in one process admission ran before the body was read. (A front end
+        of `--engine` asks the engine's admission first: engine/engine_client.py.)"""
+        return exc
 
     async def infer(self, call: InferCall, request: InferRequest) -> InferResponse:
         """Check, schedule and answer an admitted request: its degradation tier and its

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from inferd.dataplane.access import AccessPolicy
+from inferd.errors import InferdError
 from inferd.events import CallContext
 from inferd.types import InferRequest, InferResponse
 
@@ -22,6 +23,12 @@ class UnaryPlane(Protocol):
         ...
 
     def admit(self, call: Any) -> None: ...
+
+    async def refusal(self, call: Any, exc: InferdError) -> InferdError:
+        """The error to answer an admitted request with that failed before `infer` (its
+        body, or a header, could not be decoded): `exc`, unless admission, which comes
+        first, refuses it (docs/reliability.md, "Which refusal comes first")."""
+        ...
 
     async def infer(self, call: Any, request: InferRequest) -> InferResponse: ...
 

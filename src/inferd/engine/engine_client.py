@@ -9,8 +9,15 @@ as tensors read in place from the response slab, which the adapter encodes. An e
 engine comes back as the same `InferdError` (kind and message), so both answer alike.
 
 Before the hop, each request is checked against its model's signature here, with the engine's
-own code (model_table.py: the table the engine pushes): a bad request is answered without
-crossing it, exactly as the engine would answer it.
+own code (model_table.py: the table the engine pushes): a bad request's tensors never cross
+it. A request found malformed here (its body, a header, the signature) is answered as one
+process answers it, where admission comes before the body is read: the front end asks the
+engine (a small REFUSED note, answered at once), which runs its admission on it, counts it,
+and says which error is the answer: a shed (429) or unavailable (503) first, else the front
+end's own (400). At most MAX_REFUSALS notes are unanswered by the engine (a client that
+leaves takes no note back); past that (a flood of bad requests, an engine that does not
+read) a malformed request is answered its own error at once and counted as dropped, so a
+flood never grows a front end's memory.
 
 While no engine is connected (starting, restarting after a crash) every request fails at
 once with UNAVAILABLE (HTTP 503): never a hang. A request whose engine dies before answering
@@ -40,6 +47,7 @@ from inferd.types import InferRequest, InferResponse
 log = logging.getLogger("inferd.engine")
 
 RECONNECT_S = 0.05  # between attempts to reach an engine that is (re)starting
+MAX_REFUSALS = 64  # REFUSED notes awaiting the engine's answer, at most
 _ENGINE_GONE = "the engine process is restarting; retry in a moment"
 
 
@@ -91,6 +99,13 @@ class EngineClient(asyncio.Protocol):
         )
         self.index = index  # which front end this is (its metrics' `front_end` label)
         self.refused = 0  # requests answered 503 here for want of an engine
+        # Malformed requests: the notes the engine has not answered yet (by seq: a client
+        # that leaves does not take its note out of the hop), and those answered here alone
+        # (their note dropped: MAX_REFUSALS were unanswered); how many of those the engine
+        # has been told.
+        self.refusals_unanswered: set[int] = set()
+        self.refusals_dropped = 0
+        self._dropped_told = 0
         self.table = FrontTable()  # the engine's signatures, as of its latest push
         self.socket_path = socket_path
         self.slab_directory = slab_directory
@@ -129,7 +144,12 @@ class EngineClient(asyncio.Protocol):
         requests = Slab(self.slab_directory / f"{stem}-req", self.slab_bytes, create=True)
         responses = Slab(self.slab_directory / f"{stem}-resp", self.slab_bytes, create=True)
         writer = hop.FrameWriter(transport)
-        counts = {"refused": self.refused, "engine_lost": self.engine_restarts_seen}
+        counts = {
+            "refused": self.refused,
+            "engine_lost": self.engine_restarts_seen,
+            "refusals_dropped": self.refusals_dropped,
+        }
+        self._dropped_told = self.refusals_dropped
         hello = (hop.HELLO, str(requests.path), requests.size, str(responses.path), responses.size)
         writer.send((*hello, self.index, counts))
         self._allocator = SlabAllocator(self.slab_bytes)
@@ -145,6 +165,7 @@ class EngineClient(asyncio.Protocol):
             link[2].unlink()
             link[3].unlink()
         pending, self._pending = self._pending, {}
+        self.refusals_unanswered.clear()
         for future, _ in pending.values():
             if not future.done():
                 future.set_exception(unavailable(_ENGINE_GONE))
@@ -165,6 +186,8 @@ class EngineClient(asyncio.Protocol):
             if p is None:
                 continue
             future, regions = p
+            if message[0] != hop.ANSWER:  # FAILED, or REFUSED: maybe a note's answer
+                self._refusal_answered(message[1])
             for offset in regions:  # the engine is done reading the inputs
                 self._allocator.free(offset)
             if not future.done():
@@ -201,8 +224,7 @@ class EngineClient(asyncio.Protocol):
         try:
             request.signature_generation = self.table.check(request)  # raises as the engine would
         except InferdError as exc:
-            writer.send(hop.refused_message(request, call.ctx, exc))  # counted there
-            raise
+            raise await self.refusal(call, exc, request.id) from None
         seq = next(self._seq)
         regions: list[int] = []
         try:
@@ -227,6 +249,44 @@ class EngineClient(asyncio.Protocol):
         response = hop.response_from(message, responses)
         call.released = message[7]
         return response
+
+    async def refusal(self, call: FrontCall, exc: InferdError, request_id: str = "") -> InferdError:
+        """The error to answer a request found malformed here with: admission's, if the
+        engine refuses it now (as one process refuses it before reading its body), else
+        `exc`; the engine counts it. `exc` at once, counted in `refusals_dropped`, while
+        MAX_REFUSALS notes are unanswered (whether their clients still wait or not)."""
+        link = self._link
+        if link is None:
+            return unavailable(_ENGINE_GONE)  # admission here: no engine
+        unanswered = self.refusals_unanswered
+        if len(unanswered) >= MAX_REFUSALS:
+            self.refusals_dropped += 1
+            return exc
+        writer = link[1]
+        seq = next(self._seq)
+        future: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = (future, [])
+        unanswered.add(seq)
+        writer.send(
+            hop.refused_message(seq, call.model_name, call.version, call.ctx, request_id, exc)
+        )
+        try:
+            message = await future
+        except InferdError as gone:  # the engine went away meanwhile
+            return gone
+        return exc if message[0] == hop.REFUSED else hop.error_from(message)
+
+    def _refusal_answered(self, seq: int) -> None:
+        """A note's answer came (its client may have left): one more may go; the engine is
+        told of the requests answered here alone meanwhile."""
+        unanswered = self.refusals_unanswered
+        if seq not in unanswered:
+            return
+        unanswered.discard(seq)
+        link = self._link
+        if link is not None and self.refusals_dropped != self._dropped_told:
+            self._dropped_told = self.refusals_dropped
+            link[1].send((hop.DROPPED, self.refusals_dropped))
 
     def respond(self, call: FrontCall, response: InferResponse) -> InferResponse:
         return response  # the engine's DataPlane.respond checked it already

@@ -12,6 +12,7 @@ registry changes what serves, so it checks requests against the signatures befor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +22,6 @@ from inferd.engine import hop
 from inferd.engine.model_table import ModelTable
 from inferd.engine.slab import Slab, SlabAllocator
 from inferd.errors import ErrorKind, InferdError, unavailable
-from inferd.events import RequestRecord, note_failure
 
 log = logging.getLogger("inferd.engine")
 
@@ -49,21 +49,29 @@ class EngineHop:
         for link in self.links:
             link.send_table(table)
 
-    def front_end_refused(self, front_end: int, message: tuple[Any, ...]) -> None:
-        """A request a front end refused on the model's signature: told to telemetry as one
-        process tells its failed request (statistics, metrics, the request log; no inputs)."""
-        model, version, ctx, request_id, exc, duration_ns = hop.refusal_from(message)
+    def front_end_refused(self, front_end: int, message: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A request a front end found malformed (its body, a header, the signature), met as
+        one process meets it: admission first, as if its body were unread (shutting down,
+        --max-inflight-requests, a full queue, an unknown model...), then the front end's
+        error; told to telemetry as one process tells its failed request (statistics,
+        metrics, the request log; no inputs). The answer for the front end: its own error
+        (REFUSED), or admission's refusal (FAILED)."""
+        seq, model, version, ctx, request_id, exc = hop.refusal_from(message)
         self.invalid[front_end] = self.invalid.get(front_end, 0) + 1
-        record = RequestRecord("", "", ctx, duration_ns, request_id)
-        registry = self.dataplane.registry
-        if model in registry.models:
-            record.model = model
-            try:  # the version one process names: the one it routed the request to
-                record.version = registry.get(model, version, ctx.routing_key or request_id).version
-            except InferdError:  # gone meanwhile
-                record.version = version
-        note_failure(record, exc)
-        self.dataplane.telemetry.request(record)
+        dp = self.dataplane
+        try:
+            with dp.start(model, version, ctx) as call:
+                call.record.request_id = request_id
+                dp.admit(call)
+                if request_id:  # refused on the signature: where one process routed it
+                    with contextlib.suppress(InferdError):  # (gone meanwhile: admit's)
+                        routed = dp.registry.get(model, version, ctx.routing_key or request_id)
+                        call.record.version = routed.version
+                raise exc
+        except InferdError as answer:
+            if answer is exc:
+                return (hop.REFUSED, seq)
+            return hop.failure_message(seq, answer)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -115,7 +123,9 @@ class _FrontEndLink(asyncio.Protocol):
                 for offset in message[1]:
                     self.allocator.free(offset)
             elif kind == hop.REFUSED:
-                self.owner.front_end_refused(self.front_end, message)
+                self.writer.send(self.owner.front_end_refused(self.front_end, message))
+            elif kind == hop.DROPPED:
+                self.owner.reported.setdefault(self.front_end, {})["refusals_dropped"] = message[1]
             elif kind == hop.CANCEL:
                 task = self.tasks.get(message[1])
                 if task is not None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from inferd.engine.engine_client import MAX_REFUSALS
 from inferd.engine.engine_hop import EngineHop
 
 
@@ -35,13 +36,24 @@ class FrontEndCollector(Collector):
         yield requests
         invalid = CounterMetricFamily(
             "inferd_front_end_invalid",
-            "Infer requests a front end refused itself on the model's signature, before the "
-            "hop (also counted as failed requests of their model)",
+            "Infer requests a front end found malformed (its body, a header, the model's "
+            "signature) and noted to the engine, their tensors never crossing the hop (also "
+            "counted as failed requests of their model)",
             labels=["front_end"],
         )
         for index, count in sorted(self.hop.invalid.items()):
             invalid.add_metric([str(index)], count)
         yield invalid
+        dropped = CounterMetricFamily(
+            "inferd_front_end_refusals_dropped",
+            "Malformed infer requests a front end answered alone, at once, because "
+            f"{MAX_REFUSALS} of its notes were unanswered by the engine: neither counted by the "
+            "engine nor checked by its admission first",
+            labels=["front_end"],
+        )
+        for index, counts in sorted(self.hop.reported.items()):
+            dropped.add_metric([str(index)], counts.get("refusals_dropped", 0))
+        yield dropped
         inflight = GaugeMetricFamily(
             "inferd_front_end_inflight",
             "Infer requests from a front end in the engine now",

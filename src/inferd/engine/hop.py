@@ -21,10 +21,16 @@ Messages (the first item says which):
     TABLE    engine -> front end   (TABLE, {model: entry}): the signatures a front end checks
                                     requests against (model_table.py); sent after the HELLO
                                     and again on every change of the models' versions
-    REFUSED  front end -> engine   (REFUSED, model, version, ctx, request id, ErrorKind value,
-                                    message, duration ns): a request the front end refused on
-                                    the signature, no tensors; the engine counts it as one
-                                    process counts a failed request (statistics, metrics, log)
+    REFUSED  front end -> engine   (REFUSED, seq, model, version, ctx, request id, ErrorKind
+                                    value, message): a request the front end found malformed
+                                    (its body, a header, the signature), no tensors; the
+                                    engine meets it as one process would, admission first,
+                                    counts it as one process counts a failed request
+                                    (statistics, metrics, log), and answers
+             engine -> front end   (REFUSED, seq): answer your own error, or
+                                   (FAILED, seq, ...): admission's refusal instead
+    DROPPED  front end -> engine   (DROPPED, count): the malformed requests this front end has
+                                    answered alone so far (too many REFUSED awaiting answers)
 """
 
 from __future__ import annotations
@@ -32,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import marshal
 import struct
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,7 +50,7 @@ from inferd.events import CallContext
 from inferd.tensors.wire_format import NO_DATA
 from inferd.types import InferRequest, InferResponse, RequestedOutput, SharedMemoryRef, Tensor
 
-HELLO, REQUEST, CANCEL, RELEASE, ANSWER, FAILED, TABLE, REFUSED = range(8)
+HELLO, REQUEST, CANCEL, RELEASE, ANSWER, FAILED, TABLE, REFUSED, DROPPED = range(9)
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME = 1 << 30  # a descriptor with inline tensors; past it the peer is broken
@@ -150,26 +155,26 @@ def _context(ctx: CallContext) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def refused_message(request: InferRequest, ctx: CallContext, exc: InferdError) -> tuple[Any, ...]:
-    duration_ns = time.perf_counter_ns() - ctx.start_ns  # the clock is the machine's (monotonic)
+# A REFUSED note carries at most this much of the client's text (the error's message, which
+# may quote it, and the request id): more than the log keeps of either (log_safety.py).
+NOTE_MESSAGE_CHARS = 2048
+NOTE_ID_CHARS = 256
+
+
+def refused_message(
+    seq: int, model: str, version: str, ctx: CallContext, request_id: str, exc: InferdError
+) -> tuple[Any, ...]:
     return (
-        REFUSED, request.model_name, request.model_version, _context(ctx), request.id,
-        exc.kind.value, exc.message, duration_ns,
+        REFUSED, seq, model, version, _context(ctx), request_id[:NOTE_ID_CHARS], exc.kind.value,
+        exc.message[:NOTE_MESSAGE_CHARS],
     )  # fmt: skip
 
 
-def refusal_from(message: tuple[Any, ...]) -> tuple[str, str, CallContext, str, InferdError, int]:
-    """The engine's side of `refused_message`: (model, version, ctx, request id, the error,
-    duration in ns)."""
-    _, model, version, context, rid, kind, text, duration_ns = message
-    return (
-        model,
-        version,
-        CallContext(*context),
-        rid,
-        InferdError(ErrorKind(kind), text),
-        duration_ns,
-    )
+def refusal_from(message: tuple[Any, ...]) -> tuple[int, str, str, CallContext, str, InferdError]:
+    """The engine's side of `refused_message`: (seq, model, version, ctx, request id, the
+    error). The context's start is the front end's: the clock is the machine's (monotonic)."""
+    _, seq, model, version, context, rid, kind, text = message
+    return seq, model, version, CallContext(*context), rid, InferdError(ErrorKind(kind), text)
 
 
 def request_from(message: tuple[Any, ...], slab: Slab) -> tuple[int, InferRequest, CallContext]:

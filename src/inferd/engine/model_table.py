@@ -19,8 +19,9 @@ What a front end never checks, leaving it to the engine as one process orders it
 naming shared-memory regions (their data is the engine's to map), decoupled versions (refused
 for a unary call first) and models with a circuit breaker (an open circuit answers first).
 What one process checks before the body is read (shutting down, --max-inflight-requests, a
-full queue) the engine checks after the front end's check: a request that is both malformed
-and shed gets the 400 rather than the 429.
+full queue) the engine checks for a request the front end refused too, before the front end
+answers (engine_client.py, `refusal`): a request that is both malformed and shed gets the 429
+as in one process.
 """
 
 from __future__ import annotations

@@ -2,12 +2,20 @@
 before the hop (engine/model_table.py): a bad request gets the status and message one
 process gives it, over HTTP and gRPC (tritonclient), and never reaches the engine (its
 per-front-end request counter does not move); after a reload with another signature the
-front ends check the new one; a canary whose signature differs is left to the engine.
+front ends check the new one; a canary whose signature differs is left to the engine. A
+malformed request to a model that sheds gets the shed's 429, as in one process (admission
+first), and a flood of malformed requests at a stopped engine leaves at most 64 notes per
+front end unanswered, clients that leave included: the rest are answered at once and
+counted as dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import re
+import signal
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -15,17 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.support.fault_models import RECORDING_PY, param, write_model
 from tests.support.metrics_scrape import scrape_url, value
 from tests.support.models import builders
-from tests.support.servers import free_port, run_cli_server
+from tests.support.servers import CliServer, free_port, run_cli_server
 
 PAIR_CONFIG = """
 name: "{name}"
@@ -61,6 +73,24 @@ class Served:
     grpc_address: str
     metrics: str
     models: Path
+    cli: CliServer
+
+    @property
+    def gate(self) -> Path:
+        """While this file exists, `held` holds its (one) instance on each request."""
+        return self.models.parent / "gate"
+
+    def engine_pid(self) -> int:
+        """The engine's pid (child 2 of `--workers 2 --engine`), from the log."""
+        found = re.findall(r"worker 2 started \(pid (\d+)\)", self.cli.output())
+        assert found, self.cli.output()
+        return int(found[-1])
+
+    def gauge(self, name: str, model: str) -> float:
+        samples = scrape_url(self.metrics)
+        return sum(
+            v for (n, labels), v in samples.items() if n == name and ("model", model) in labels
+        )
 
     def hop_requests(self, family: str = "inferd_front_end_requests_total") -> float:
         """Infer requests the front ends passed to the engine, all front ends together (or
@@ -79,14 +109,19 @@ def _serve(root: Path, *args: str) -> Iterator[Served]:
     _write_pair(models, "pair", [1])
     _write_pair(models, "swap", [1])
     _write_pair(models, "canary", [1, 2])
+    # One instance, held while root/gate exists, and a queue of one: full behind a held run.
+    held = "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
+    held += "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n"
+    write_model(models, "held", RECORDING_PY, held + param("gate_path", root / "gate"))
     grpc_port, metrics_port = free_port(), free_port()
     with run_cli_server(
         models, root / "server.log", "--model-control-mode", "explicit",
         "--load-model", "pair", "--load-model", "swap", "--load-model", "canary",
+        "--load-model", "held",
         "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), *args,
     ) as cli:  # fmt: skip
         metrics = f"http://127.0.0.1:{metrics_port}/metrics"
-        yield Served(cli.url, f"127.0.0.1:{grpc_port}", metrics, models)
+        yield Served(cli.url, f"127.0.0.1:{grpc_port}", metrics, models, cli)
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +270,190 @@ def test_a_canary_whose_signature_differs_is_checked_by_the_engine(engine: Serve
         status, message = _infer(engine, protocol, "canary", three, version="2")
         assert (status in ("400", "INVALID_ARGUMENT"), message) == (True, refused)
         assert engine.hop_requests() == before + 3
+
+
+# -- malformed and shed: admission first, as in one process -----------------------------------
+
+
+def _malformed(served: Served) -> list[tuple[str, str, str]]:
+    """(case, status, message) of each malformed request to `held`: a body that is not JSON,
+    a wrong shape (the signature), gRPC tensor data of the wrong size, a wrong shape over
+    gRPC."""
+    outcomes = []
+    with httpx.Client(base_url=served.url, timeout=30) as c:
+        r = c.post("/v2/models/held/infer", content=b'{"inputs": [', headers=_JSON)
+        outcomes.append(("http body", str(r.status_code), r.json()["error"]))
+        wrong = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+        r = c.post("/v2/models/held/infer", json=wrong)
+        outcomes.append(("http shape", str(r.status_code), r.json()["error"]))
+    channel = grpc.insecure_channel(served.grpc_address)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    for case, shape, raw in (("grpc data", [1, 1], b"\0" * 3), ("grpc shape", [1, 3], b"\0" * 12)):
+        request = pb.ModelInferRequest(model_name="held")
+        request.inputs.add(name="IN", datatype="FP32", shape=shape)
+        request.raw_input_contents.append(raw)
+        try:
+            stub.ModelInfer(request, timeout=30)
+            outcomes.append((case, "OK", ""))
+        except grpc.RpcError as exc:
+            outcomes.append((case, exc.code().name, exc.details() or ""))
+    channel.close()
+    return outcomes
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _while_held_queue_is_full(served: Served) -> tuple[list[tuple[str, str, str]], list[int]]:
+    """What `_malformed` answers while `held` runs one request and queues another (its queue
+    of one is full), and the statuses of those two once released."""
+
+    async def scenario() -> tuple[list[tuple[str, str, str]], list[int]]:
+        served.gate.touch()
+        try:
+            async with httpx.AsyncClient(base_url=served.url, timeout=60) as c:
+
+                def body(x: float) -> dict[str, Any]:
+                    return {
+                        "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 1], "data": [x]}]
+                    }
+
+                async def until(depth: float, inflight: float) -> None:
+                    deadline = time.monotonic() + 30
+                    while (
+                        await asyncio.to_thread(served.gauge, "inferd_queue_depth", "held"),
+                        await asyncio.to_thread(served.gauge, "inferd_inflight_requests", "held"),
+                    ) != (depth, inflight):
+                        assert time.monotonic() < deadline, "held never reached its state"
+                        await asyncio.sleep(0.01)
+
+                running = asyncio.create_task(c.post("/v2/models/held/infer", json=body(1.0)))
+                await until(0, 1)  # executing, held
+                queued = asyncio.create_task(c.post("/v2/models/held/infer", json=body(2.0)))
+                await until(1, 2)  # queued: the queue of one is full
+                outcomes = await asyncio.to_thread(_malformed, served)
+                served.gate.unlink()
+                replies = [await running, await queued]
+        finally:
+            served.gate.unlink(missing_ok=True)
+        return outcomes, [r.status_code for r in replies]
+
+    return asyncio.run(scenario())
+
+
+def test_a_malformed_request_to_a_model_that_sheds_gets_the_429_as_in_one_process(
+    engine: Served, single: Served
+) -> None:
+    shed = "model 'held' queue is full; retry later"
+    for served in (single, engine):
+        outcomes, held = _while_held_queue_is_full(served)
+        assert held == [200, 200]
+        assert outcomes == [
+            ("http body", "429", shed),
+            ("http shape", "429", shed),
+            ("grpc data", "RESOURCE_EXHAUSTED", shed),
+            ("grpc shape", "RESOURCE_EXHAUSTED", shed),
+        ], served
+    # Not shedding: the same requests are malformed, 400, the same words on both servers.
+    refused = _malformed(single)
+    assert [o[1] for o in refused] == ["400", "400", "INVALID_ARGUMENT", "INVALID_ARGUMENT"]
+    assert _malformed(engine) == refused
+
+
+# -- a flood of malformed requests at an engine that does not read -----------------------------
+
+FLOOD = 400  # malformed requests
+CONNECTIONS = 200  # at once: more than the notes both front ends may keep unanswered
+MAX_UNANSWERED = 2 * 64  # engine_client.MAX_REFUSALS per front end
+WRONG = {
+    "inputs": [
+        {"name": "A", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]},
+        {"name": "B", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]},
+    ]
+}
+
+
+async def _until_done(calls: list[asyncio.Task[httpx.Response]], count: int) -> None:
+    deadline = time.monotonic() + 60
+    while sum(t.done() for t in calls) < count:
+        assert time.monotonic() < deadline, f"{sum(t.done() for t in calls)} of {count} answered"
+        await asyncio.sleep(0.01)
+
+
+def _flood(engine: Served, leave: bool) -> list[int]:
+    """FLOOD malformed requests to `pair` over CONNECTIONS at once while the engine is stopped
+    (it reads no note). Those past the bound are answered by the front ends at once. With
+    `leave`, the clients still waiting then leave, and CONNECTIONS more are sent on new
+    connections: a client that left frees no room, so those are answered at once too. The
+    statuses of the requests answered."""
+
+    def client() -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
+        return httpx.AsyncClient(base_url=engine.url, timeout=120, limits=limits)
+
+    async def scenario() -> list[int]:
+        answered = []
+        async with client() as c:
+            pid = engine.engine_pid()
+            os.kill(pid, signal.SIGSTOP)  # the engine reads nothing: notes can only wait
+            try:
+                path = "/v2/models/pair/infer"
+                calls = [asyncio.create_task(c.post(path, json=WRONG)) for _ in range(FLOOD)]
+                await _until_done(calls, FLOOD - MAX_UNANSWERED)
+                if leave:
+                    waiting = [t for t in calls if not t.done()]
+                    for t in waiting:
+                        t.cancel()
+                    await asyncio.gather(*waiting, return_exceptions=True)
+                    calls = [t for t in calls if not t.cancelled()]
+                    async with client() as again:
+                        more = [
+                            asyncio.create_task(again.post(path, json=WRONG))
+                            for _ in range(CONNECTIONS)
+                        ]
+                        await _until_done(more, CONNECTIONS)
+                    answered += [t.result().status_code for t in more]
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            answered += [r.status_code for r in await asyncio.gather(*calls)]
+        return answered
+
+    return asyncio.run(scenario())
+
+
+def _counts(engine: Served) -> tuple[int, int]:
+    """Failed requests of `pair` (the notes the engine read), and requests the front ends
+    answered alone (told to the engine once a note is answered)."""
+    alone = engine.hop_requests("inferd_front_end_refusals_dropped_total")
+    return engine.failures("pair"), int(alone)
+
+
+def test_a_flood_of_malformed_requests_keeps_at_most_64_notes_unanswered_per_front_end(
+    engine: Served,
+) -> None:
+    (failed, dropped), invalid = (
+        _counts(engine),
+        engine.hop_requests("inferd_front_end_invalid_total"),
+    )
+    assert _flood(engine, leave=False) == [400] * FLOOD
+
+    def counted() -> tuple[int, int]:
+        (noted, alone) = _counts(engine)
+        return noted - failed, alone - dropped
+
+    # Every request is counted once: by the engine, as a failure of `pair` (its note was
+    # read), or by its front end as answered alone.
+    _eventually(lambda: sum(counted()) == FLOOD, within_s=30)
+    noted, alone = counted()
+    assert noted <= MAX_UNANSWERED and alone >= FLOOD - MAX_UNANSWERED, (noted, alone)
+    assert engine.hop_requests("inferd_front_end_invalid_total") - invalid == noted
+
+
+def test_clients_that_leave_free_no_room_for_more_notes(engine: Served) -> None:
+    failed, dropped = _counts(engine)
+    answered = _flood(engine, leave=True)  # every request of the second wave answered at once
+    assert set(answered) == {400} and len(answered) >= FLOOD - MAX_UNANSWERED + CONNECTIONS
+    # Every answer came while the engine was stopped: from a front end alone, counted.
+    _eventually(lambda: _counts(engine)[1] - dropped == len(answered), 30)
+    # The notes of the clients that left are read (and counted) all the same: at most 128.
+    assert 0 < _counts(engine)[0] - failed <= MAX_UNANSWERED

@@ -73,7 +73,10 @@ class ModelInferMethod:
         with plane.start(msg.model_name, msg.model_version, ctx) as call:
             plane.admit(call)
             max_elements = self.limits.max_bytes_elements
-            request = await self.offload.run(size, decode_infer_request, msg, max_elements)
+            try:
+                request = await self.offload.run(size, decode_infer_request, msg, max_elements)
+            except InferdError as exc:  # admission first, as in one process
+                raise await plane.refusal(call, exc) from None
             response = plane.respond(call, await plane.infer(call, request))
             return await self.offload.run(
                 min_wire_bytes(response.outputs),

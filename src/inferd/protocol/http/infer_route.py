@@ -136,18 +136,21 @@ class InferEndpoint:
                 )
             with self.dp.start(model, version, ctx) as call:
                 self.dp.admit(call)
-                ctx.deadline_ns = deadline_ns(headers.get("timeout_ms"), start_ns)
-                json_length = header_length(headers.get("header_length"))  # before the body
-                body = await read()
-                # Small messages are decoded and encoded inline, without a coroutine per
-                # step (Offload.run's own threshold, compared here): most requests.
                 threshold = self.offload.threshold_bytes
-                if len(body) >= threshold:  # a thread, or a process for large JSON
-                    request = await self._decode(body, json_length, model, version)
-                else:
-                    request = decode_request(
-                        body, json_length, model, version, self.max_bytes_elements
-                    )
+                try:
+                    ctx.deadline_ns = deadline_ns(headers.get("timeout_ms"), start_ns)
+                    json_length = header_length(headers.get("header_length"))  # before the body
+                    body = await read()
+                    # Small messages are decoded and encoded inline, without a coroutine per
+                    # step (Offload.run's own threshold, compared here): most requests.
+                    if len(body) >= threshold:  # a thread, or a process for large JSON
+                        request = await self._decode(body, json_length, model, version)
+                    else:
+                        request = decode_request(
+                            body, json_length, model, version, self.max_bytes_elements
+                        )
+                except InferdError as exc:  # admission first, as in one process
+                    raise await self.dp.refusal(call, exc) from None
                 if on_decoded is not None:
                     on_decoded()
                 response = self.dp.respond(call, await self.dp.infer(call, request))
