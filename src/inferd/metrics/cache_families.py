@@ -144,8 +144,11 @@ class CacheCollector(Collector):
             "waited for instead of running (neither a hit nor a miss), per model.",
             labels=("model",),
         )
-        for model, count in sorted(items(self._cache.coalesced_by_model)):
-            coalesced.add_metric([model], count)
+        # Every model the cache has looked up, at 0 until one of its requests waits.
+        counts = dict(items(self._cache.coalesced_by_model))
+        looked_up = {m for s in tiers for m in list(s.misses_by_model)}
+        for model in sorted(looked_up.union(counts)):
+            coalesced.add_metric([model], counts.get(model, 0))
         yield coalesced
 
     def _breakers(self) -> Iterator[Metric]:
