@@ -17,8 +17,10 @@ INFERD_PARAMETERS: dict[str, str] = {
     "batching_policy": "`work_conserving` (default), `window` or `none` (docs/batching.md)",
     "auto_warmup": "`false` turns the automatic warm-up off (docs/lifecycle.md)",
     "unready_after_failures": (
-        "readiness turns false after this many failed executions in a row; default 5, 0 never "
-        "(docs/reliability.md)"
+        "after this many failed executions in a row, an input the model served (or its "
+        "warm-up sample) is executed again: readiness turns false only if that fails too "
+        "(at once for a model with nothing to probe with); default 5, 0 never "
+        "(docs/reliability.md#failing-or-fed-garbage)"
     ),
     "execution_timeout_ms": (
         "how long one execution may take before its requests fail with 504 and its instance "

@@ -19,8 +19,10 @@ class Health:
     def ready(self) -> bool:
         """Ready means able to serve: not draining, every model has a version that loaded,
         whose circuit is closed, whose workers are alive, that has an instance not stuck
-        past its execution timeout and that isn't failing every execution. Not merely "the
-        process is up"."""
+        past its execution timeout and that isn't failing (a run of failed executions, and
+        then the probe that re-runs an input it took: scheduling/readiness_probe.py; one
+        client's bad inputs fail that run but not the probe). Not merely "the process is
+        up"."""
         if self.gate.is_shutting_down or not self.registry.is_ready():
             return False
         for model in self.registry.models.values():
@@ -43,10 +45,7 @@ class Health:
             return "an instance is down (its worker process died, or its is_ready() said no)"
         if not batcher.serving_instances():
             return "every instance is stuck in an execution past its execution timeout"
-        limit = mv.spec.unready_after_failures
-        if limit and batcher.consecutive_failures >= limit:
-            return f"its last {batcher.consecutive_failures} executions failed"
-        return ""
+        return batcher.readiness_problem()
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:

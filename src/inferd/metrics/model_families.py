@@ -24,6 +24,7 @@ from inferd.config.model_config import backend_name
 from inferd.metrics.model_series import HISTOGRAMS, Series
 from inferd.repository.model_state import State
 from inferd.repository.registry import ModelRegistry
+from inferd.scheduling.batcher import DynamicBatcher
 from inferd.scheduling.sequence.sequence_batcher import SequenceBatcher
 from inferd.telemetry.snapshots import items
 
@@ -206,6 +207,13 @@ class StateCollector(Collector):
             "(max_sequence_idle_microseconds without a request), unload.",
             labels=(*MV, "reason"),
         )
+        probes = CounterMetricFamily(
+            "inferd_readiness_probes",
+            "Probes readiness ran after a run of failed executions, by result: passed (the "
+            "model served an input it took before: the failures were their inputs') or "
+            "failed (the model is not ready until an execution succeeds).",
+            labels=(*MV, "result"),
+        )
         live: set[tuple[str, str]] = set()
         for name, model in sorted(items(self._registry.models)):
             load_failures.add_metric([name], model.load_failures)
@@ -231,6 +239,10 @@ class StateCollector(Collector):
                     depth.add_metric(labels, mv.batcher.queue_depth())
                     inflight.add_metric(labels, mv.batcher.inflight())
                     unhealthy.add_metric(labels, mv.batcher.unhealthy_instances())
+                if isinstance(mv.batcher, DynamicBatcher):
+                    readiness = mv.batcher.readiness
+                    probes.add_metric([*labels, "passed"], readiness.passed)
+                    probes.add_metric([*labels, "failed"], readiness.failed)
                 if isinstance(mv.batcher, SequenceBatcher):
                     sequences.add_metric(labels, mv.batcher.active_sequences())
                     backlog.add_metric(labels, mv.batcher.backlog())
@@ -241,7 +253,7 @@ class StateCollector(Collector):
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
         self._sink.keep_windows(live)
         yield from (depth, inflight, unhealthy, state, load, warmup, info, health)
-        yield from (sequences, backlog, released)
+        yield from (sequences, backlog, released, probes)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)
         yield CounterMetricFamily(
             "inferd_process_memory_returned_bytes",

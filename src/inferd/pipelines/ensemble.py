@@ -193,9 +193,8 @@ class Ensemble:
 
     # -- the Scheduler protocol -------------------------------------------------------------
 
-    @property
-    def consecutive_failures(self) -> int:
-        return 0
+    def readiness_problem(self) -> str:
+        return ""  # its steps' models answer for their own failures
 
     async def submit(
         self,

@@ -100,6 +100,7 @@ async def load_version(
             mv.version,
             telemetry,
             execution_timeout_s=mv.execution_timeout_s,
+            unready_after_failures=mv.spec.unready_after_failures,
         )
     else:
         mv.batcher = DynamicBatcher(
@@ -110,6 +111,8 @@ async def load_version(
             telemetry,
             mv.signature.ragged,
             execution_timeout_s=mv.execution_timeout_s,
+            unready_after_failures=mv.spec.unready_after_failures,
+            probe_sample=warmed.probe,
         )
     if drift is not None and isinstance(mv.batcher, DynamicBatcher | SequenceBatcher):
         drift.start()

@@ -24,6 +24,7 @@ from inferd.config.model_paths import confined
 from inferd.datatypes import CONFIG_TO_V2, V2_TO_NUMPY
 from inferd.errors import InferdError
 from inferd.scheduling.merge import merged_inputs
+from inferd.scheduling.readiness_probe import PROBE_ID
 from inferd.scheduling.sequence.sequence_config import SequenceOptions
 from inferd.streams import CollectingSink
 from inferd.tensors.conformance import OutputMismatchError, conform_output
@@ -119,6 +120,9 @@ def _configured(w: mc.ModelWarmup, config: mc.ModelConfig, model_dir: Path, wher
 class WarmupResult:
     samples: int
     warning: str = ""  # why an automatic warm-up did not finish; the version serves anyway
+    # The first sample, which the model took: what readiness's probe executes until a
+    # request succeeds (scheduling/readiness_probe.py). None: none to probe with.
+    probe: BoundRequest | None = None
 
 
 class WarmupError(Exception):
@@ -150,8 +154,9 @@ def warm_up(
     where = f"{config.name}/config.pbtxt"
     samples = warmup_samples(config, model_dir, sequence, auto)
     flags = SEQUENCE_START | SEQUENCE_END if sequence is not None else 0
+    decoupled = config.model_transaction_policy.decoupled
     try:
-        run_warmup(instances, samples, signature, flags, config.model_transaction_policy.decoupled)
+        run_warmup(instances, samples, signature, flags, decoupled)
     except _SampleFailedError as exc:
         if config.model_warmup:
             raise WarmupError(
@@ -164,7 +169,20 @@ def warm_up(
             "model_warmup section with inputs the model accepts, or turn it off with "
             'parameters { key: "auto_warmup" value: { string_value: "false" } }',
         )
-    return WarmupResult(len(samples))
+    probe = None if sequence is not None or decoupled else _probe_sample(samples, signature)
+    return WarmupResult(len(samples), probe=probe)
+
+
+def _probe_sample(samples: list[Sample], signature: ModelSignature) -> BoundRequest | None:
+    """The first sample as one request, as a probe executes it; None when there is none, or
+    when a ragged model takes it as several requests (run_warmup)."""
+    if not samples:
+        return None
+    _, inputs, _ = samples[0]
+    rows = next(iter(inputs.values())).shape[0] if signature.is_batched and inputs else 1
+    if signature.ragged.active and rows > 1:
+        return None
+    return BoundRequest(inputs, rows, (), list(signature.outputs), PROBE_ID)
 
 
 def _file_data(

@@ -32,6 +32,7 @@ from inferd.scheduling.formation import Formation, FormationOptions, form_batch
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import BatchClose, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
+from inferd.scheduling.readiness_probe import ReadinessProbe
 from inferd.tensors.signature import BoundRequest
 from inferd.types import Array
 
@@ -66,7 +67,11 @@ class DynamicBatcher:
         telemetry: Telemetry | None = None,
         ragged: RaggedPlan = NO_RAGGED,
         execution_timeout_s: float = 0.0,
+        unready_after_failures: int = 0,
+        probe_sample: BoundRequest | None = None,
     ):
+        """`unready_after_failures` (0: never) and `probe_sample` (the warm-up sample the
+        model took, or None): readiness's rule on failed executions (readiness_probe.py)."""
         self.name = name
         self.version = version
         self._runner = BatchRunner(
@@ -78,6 +83,7 @@ class DynamicBatcher:
             ragged,
             execution_timeout_s,
             on_all_stuck=self._fail_queued,
+            readiness=ReadinessProbe(unready_after_failures, probe_sample, keeps=True),
         )
         self._instances = self._runner.instances
         self._opts = options
@@ -99,8 +105,17 @@ class DynamicBatcher:
 
     @property
     def consecutive_failures(self) -> int:
-        """Executions in a row that failed (readiness)."""
-        return self._runner.consecutive_failures
+        """Executions in a row that failed since one succeeded or a probe passed."""
+        return self._runner.readiness.streak
+
+    @property
+    def readiness(self) -> ReadinessProbe:
+        """Failed executions in a row and the probes' verdicts (readiness, metrics)."""
+        return self._runner.readiness
+
+    def readiness_problem(self) -> str:
+        """Why its failed executions make the model unready, or ""."""
+        return self._runner.readiness.problem()
 
     def inflight(self) -> int:
         """Requests queued or executing."""

@@ -32,6 +32,7 @@ from inferd.scheduling.instance_runs import InstanceRun, wake
 from inferd.scheduling.isolate import RequestFailedAloneError, can_isolate, run_isolating
 from inferd.scheduling.load_signal import LoadWindow
 from inferd.scheduling.pending import BatchClose, Finish, Pending, Result
+from inferd.scheduling.readiness_probe import ReadinessProbe, run_probe
 from inferd.scheduling.run_batch import Timings, unloading
 
 log = logging.getLogger("inferd.scheduling")
@@ -68,10 +69,12 @@ class BatchRunner:
         ragged: RaggedPlan = NO_RAGGED,
         execution_timeout_s: float = 0.0,
         on_all_stuck: Callable[[], None] | None = None,
+        readiness: ReadinessProbe | None = None,
     ) -> None:
         """`execution_timeout_s` (0: none): how long one execution may take before its
         requests fail with DEADLINE_EXCEEDED and its instance is taken out of service;
-        `on_all_stuck` is called when that leaves no instance to serve."""
+        `on_all_stuck` is called when that leaves no instance to serve; `readiness` counts
+        failed executions and probes the model after a run of them (default: counts only)."""
         self.name = name
         self.version = version
         self.instances = list(instances)
@@ -88,7 +91,8 @@ class BatchRunner:
         )
         self.exec_s: float | None = None  # moving average of a batch's execution time
         self.measured_at = 0.0  # monotonic time exec_s last took an execution in
-        self.consecutive_failures = 0  # executions in a row that failed (readiness)
+        # Failed executions in a row, and the probe that says whose failures they are.
+        self.readiness = readiness if readiness is not None else ReadinessProbe()
         self.executing = 0  # requests in batches that are executing now
         # Busy time and demand over a recent window: the autoscaling signal (load_signal.py).
         self.load = LoadWindow(len(self.instances))
@@ -193,18 +197,27 @@ class BatchRunner:
         try:
             if not await self._returns_in_time(instance, call):
                 timed_out = True
+                self.readiness.streak += 1  # counted; no probe on a stuck instance
                 self._time_out(instance, call, batch)
                 return False
             results, timings, extra = call.result()
-        except InferdError as exc:
-            self._fail(batch, InferdError(exc.kind, f"model '{self.name}': {exc.message}"))
         except Exception as exc:
-            self._fail(batch, InferdError(ErrorKind.MODEL_ERROR, f"model '{self.name}': {exc}"))
+            if isinstance(exc, InferdError):
+                error = InferdError(exc.kind, f"model '{self.name}': {exc.message}")
+            else:
+                error = InferdError(ErrorKind.MODEL_ERROR, f"model '{self.name}': {exc}")
+            probe = self.readiness.failed_execution(not self._closed, time.monotonic())
+            if probe is not None:  # before the answers: readiness is decided when they leave
+                await self._probe(instance, probe)
+            self._fail(batch, error)
         else:
             failed = False
             exec_s = sum(timings) / 1e9
             self.exec_s = exec_s if self.exec_s is None else 0.8 * self.exec_s + 0.2 * exec_s
-            self.measured_at = time.monotonic()
+            self.measured_at = now = time.monotonic()
+            readiness = self.readiness
+            readiness.streak = 0
+            readiness.failure = ""
             if finish is not None:
                 results = finish(batch, results)
             for p, out in zip(batch, results, strict=True):
@@ -218,10 +231,11 @@ class BatchRunner:
                         dequeued_ns - p.enqueued_ns, *timings, rows, requests, dequeued_ns
                     )
                     p.future.set_result((out, times))
+            if now >= readiness.keep_after:  # at most once a minute
+                readiness.keep(batch, results, now)
             if self.observer is not None:
                 self.observer.on_executed(batch, results)
         finally:
-            self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
             self.executing -= requests
             self.load.finished(slot, dequeued_ns, time.perf_counter_ns(), rows)
             self._telemetry.batch(
@@ -238,6 +252,65 @@ class BatchRunner:
                 )
             )
         return not failed
+
+    @property
+    def consecutive_failures(self) -> int:
+        """Executions in a row that failed since one succeeded or a probe passed."""
+        return self.readiness.streak
+
+    async def _probe(self, instance: AnyInstance, probe: Pending) -> None:
+        """Execute readiness's probe on `instance`, which has just failed an execution, and
+        record what it says (readiness_probe.py). Bounded by the execution timeout as an
+        execution is; it is no request's, so nothing counts it but the probe's metric."""
+        readiness = self.readiness
+        call: InstanceRun[None] = InstanceRun(
+            asyncio.get_running_loop(), (self.name, self.version, self._index[id(instance)])
+        )
+        try:
+            self._executor.submit(
+                call.run,
+                run_probe,
+                instance,
+                probe,
+                self.batched,
+                self._takes_request_lists,
+                self._takes_request_info,
+                self.ragged,
+            )
+        except RuntimeError:  # the executor is shut down: the version is unloading
+            return
+        error = ""
+        if not await self._returns_in_time(instance, call):
+            self._time_out(instance, call, [])
+            error = "it did not finish within the execution timeout"
+        else:
+            try:
+                call.result()
+            except Exception as exc:
+                error = str(exc) or type(exc).__name__
+        last, what = readiness.last(), readiness.what()
+        readiness.probed(error)
+        if error:
+            log.error(
+                "model %s version %s: %s failed, and so did %s when executed again to "
+                "check it (%s): the model is not ready until an execution succeeds",
+                self.name,
+                self.version,
+                last,
+                what,
+                error,
+                extra={"model": self.name, "event": "readiness_probe"},
+            )
+        else:
+            log.warning(
+                "model %s version %s: %s failed, but %s succeeded when executed again: "
+                "the failures are their inputs', the model stays ready",
+                self.name,
+                self.version,
+                last,
+                what,
+                extra={"model": self.name, "event": "readiness_probe"},
+            )
 
     async def _returns_in_time(self, instance: AnyInstance, call: InstanceRun[Any]) -> bool:
         """Wait for `call`, up to the execution timeout; False if it is still running then.

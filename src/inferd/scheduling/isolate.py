@@ -13,7 +13,8 @@ effects of its own (a log it writes) happen again for them.
 Who is at fault: when some requests of the batch succeed, the model demonstrably serves,
 and the requests that fail alone fail with `RequestFailedAloneError` (500, the model raised), which
 readiness (`unready_after_failures`) and the circuit breaker do not count. When every request
-fails alone too, it is the model's failure, as in Triton, counted as before.
+fails alone too, it is a failed execution, as in Triton: the circuit breaker counts it, and
+readiness counts it towards its probe (readiness_probe.py).
 
 Not bisected (failed as a whole, as before): a broken batch contract (outputs without the
 batch's rows: the model's bug whatever the inputs), running out of memory (the batch is too

@@ -15,8 +15,9 @@ class Scheduler(Protocol):
     name: str
     version: str
 
-    @property
-    def consecutive_failures(self) -> int: ...
+    def readiness_problem(self) -> str:
+        """Why its failed executions make the version unready, or "" (readiness_probe.py)."""
+        ...
 
     async def submit(
         self,

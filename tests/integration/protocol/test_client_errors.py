@@ -205,13 +205,24 @@ def test_six_hundred_valid_requests_beside_forty_bad_ones_all_succeed(
         assert c.get("/v2/health/ready").status_code == 200
 
 
-def test_a_lone_failing_request_is_still_the_models_failure(server: RunningServer) -> None:
-    """Nothing in its batch succeeded: as in Triton, a model error (readiness counts it)."""
+def test_a_lone_failing_request_is_the_models_error_but_leaves_it_ready(
+    server: RunningServer,
+) -> None:
+    """Nothing in its batch succeeded: as in Triton, a model error (500, `model_error`). Whether
+    the model can serve is readiness's probe's to say (unready after 1 failure here): it
+    re-runs an input the model served, which succeeds, so the model stays ready."""
+    labels = {"model": "poison", "version": "1"}
+    before = scrape(server)
     with server.client() as c:
         assert _infer_http(server, -5.0)[0] == 500
-        assert c.get("/v2/models/poison/ready").status_code == 503
-        assert _infer_http(server, 5.0) == (200, 10.0)  # a success: ready again
         assert c.get("/v2/models/poison/ready").status_code == 200
+        assert _infer_http(server, 5.0) == (200, 10.0)
+    after = scrape(server)
+    for name, series in (
+        ("inferd_request_failure_total", {**labels, "reason": "model_error"}),
+        ("inferd_readiness_probes_total", {**labels, "result": "passed"}),
+    ):
+        assert value(after, name, **series) - value(before, name, **series) == 1, name
 
 
 BAD_UTF8 = b"\xff\xfe not text"

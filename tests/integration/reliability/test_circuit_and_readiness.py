@@ -200,6 +200,10 @@ def test_a_model_failing_every_execution_is_not_ready(
     flaky = f"flaky_{protocol}"
     with Client(protocol, server) as c:
         assert c.model_ready(flaky)
+        # It serves, then fails every input: the probe after the fourth failure re-runs an
+        # input it served, which fails too (it answers zeros, its warm-up sample: a model
+        # that has served nothing yet is probed with that, and would stay ready).
+        assert c.infer(flaky, 1).status == OK[protocol]
         flag.touch()
         try:
             assert [c.infer(flaky, 1).status for _ in range(4)] == [FAILED[protocol]] * 4

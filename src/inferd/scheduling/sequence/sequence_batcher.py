@@ -24,6 +24,7 @@ from inferd.events import Telemetry
 from inferd.scheduling.execution import BatchObserver, BatchRunner
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import Outcome, Pending, Result
+from inferd.scheduling.readiness_probe import ReadinessProbe
 from inferd.scheduling.sequence.sequence_batches import (
     FormedBatch,
     attach_controls,
@@ -57,7 +58,11 @@ class SequenceBatcher:
         version: str = "",
         telemetry: Telemetry | None = None,
         execution_timeout_s: float = 0.0,
+        unready_after_failures: int = 0,
     ) -> None:
+        """`unready_after_failures` (0: never): readiness turns false after that many failed
+        executions in a row. No probe tells a sequence model's failures from its inputs':
+        executing a request again would advance its sequence's state (readiness_probe.py)."""
         self.name = name
         self.version = version
         self.options = options
@@ -68,6 +73,7 @@ class SequenceBatcher:
             options.batched,
             telemetry or Telemetry(),
             execution_timeout_s=execution_timeout_s,
+            readiness=ReadinessProbe(unready_after_failures),
         )
         self.table = SequenceTable(
             name, len(self._runner.instances), options.slots, options.idle_s, time.monotonic
@@ -85,7 +91,10 @@ class SequenceBatcher:
 
     @property
     def consecutive_failures(self) -> int:
-        return self._runner.consecutive_failures
+        return self._runner.readiness.streak
+
+    def readiness_problem(self) -> str:
+        return self._runner.readiness.problem()
 
     def load_sample(self) -> LoadSample:
         """Busy time and demand of the instances over the recent window (autoscaling)."""
