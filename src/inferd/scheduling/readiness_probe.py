@@ -14,9 +14,9 @@ of inputs) or, until one has, the warm-up sample the model took at load.
 - It fails: the model fails what it served before. Not ready until an execution succeeds.
 - At most one probe a second: within a second of a probe that passed, failures are counted
   but neither probe again nor make the model unready.
-- Nothing to probe with (no request has succeeded yet, and no warm-up sample the model took:
-  `auto_warmup` off or refused, a decoupled or sequence model): the plain count decides, as
-  before.
+- Nothing to probe with (a decoupled or sequence model, or one that has answered no request
+  yet and took no warm-up sample: `auto_warmup` off, or refused): the plain count decides,
+  as before.
 
 The probe runs as an execution of no request: it is not in the statistics or the execution
 metrics; `inferd_readiness_probes_total{result}` counts it. Executions that pass the execution

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from tests.support.fault_models import SWITCHABLE_PY, param, write_model
 from tests.support.metrics_scrape import scrape, value
 from tests.support.protocol_clients import PROTOCOLS, Client
-from tests.support.servers import RunningServer, run_server
+from tests.support.servers import RunningServer, batcher_of, run_server, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "models"
 THRESHOLD = 5  # unready_after_failures' default
@@ -43,6 +43,22 @@ class Model:
         if os.path.exists(self.flag):
             raise RuntimeError("the model is broken on purpose")
         return {"OUT": inputs["IN"] + 1}
+"""
+
+# In a worker process of its own (isolation: process), which it kills on a negative value
+# (one client's hostile input), or on every input while `flag_path` exists.
+CRASHING_PY = """
+import os
+
+class Model:
+    def load(self, context):
+        self.flag = context.parameters["flag_path"]
+
+    def predict(self, inputs):
+        x = inputs["IN"]
+        if (x < 0).any() or os.path.exists(self.flag):
+            os._exit(1)
+        return {"OUT": x + 1}
 """
 
 
@@ -65,13 +81,18 @@ def server(tmp_path_factory: pytest.TempPathFactory, flags: Path) -> Iterator[Ru
     for protocol in PROTOCOLS:
         for case in ("fresh", "served"):
             _text_model(repo, f"text_{case}_{protocol}")
-        for name, code in (("broken", BROKEN_PY), ("switchable", SWITCHABLE_PY)):
+        for name, code, extra in (
+            ("broken", BROKEN_PY, ""),
+            ("switchable", SWITCHABLE_PY, ""),
+            ("crash_one", CRASHING_PY, param("isolation", "process")),
+            ("crash_all", CRASHING_PY, param("isolation", "process")),
+        ):
             model = f"{name}_{protocol}"
             write_model(
                 repo,
                 model,
                 code,
-                "dynamic_batching { }\n" + param("flag_path", flags / model),
+                "dynamic_batching { }\n" + param("flag_path", flags / model) + extra,
                 max_batch_size=8,
             )
     with run_server(repo) as running:
@@ -219,6 +240,57 @@ def test_a_model_failing_every_request_is_not_ready(
     finally:
         (flags / model).unlink()
     # Fixed: the next request succeeds, and the model is ready again.
+    status, result = _value(client, model, 3.0)
+    assert status == "ok", result
+    assert _ready(client, model) == (True, True)
+
+
+@dataclass(frozen=True)
+class Crash:
+    """Requests that kill a process-isolated model's worker: after the fifth, the probe
+    waits for the new worker and executes there."""
+
+    id: str
+    name: str
+    value: float  # what the requests send
+    broken: bool  # the model crashes on every input (else only on this one's)
+
+    def model(self, protocol: str) -> str:
+        return f"{self.name}_{protocol}"
+
+
+CRASHES = [
+    Crash("one-clients-input", "crash_one", -1.0, broken=False),
+    Crash("every-input", "crash_all", 2.0, broken=True),
+]
+
+
+@pytest.mark.parametrize("case", CRASHES, ids=[c.id for c in CRASHES])
+def test_a_worker_killed_by_requests_is_probed_once_restarted(
+    server: RunningServer, flags: Path, client: Client, case: Crash
+) -> None:
+    """Readiness is false while the worker restarts (its rule, docs/reliability.md); asked
+    once the worker is back, it says whether the model fails."""
+    model = case.model(client.protocol)
+    batcher = batcher_of(server, model)
+    status, result = _value(client, model, 1.0)
+    assert status == "ok", result
+    if case.broken:
+        (flags / model).touch()
+    try:
+        for i in range(THRESHOLD):
+            status, message = _value(client, model, case.value)
+            assert status == FAILED[client.protocol], message
+            assert "worker process died" in message, message
+            wait_for(batcher, lambda b: b.instances_alive(), "the worker restarted")
+            expected = not case.broken or i < THRESHOLD - 1
+            assert _ready(client, model) == (expected, expected), f"after {i + 1} crashes"
+        assert _probes(server, model) == {
+            "passed": 0 if case.broken else 1,
+            "failed": 1 if case.broken else 0,
+        }
+    finally:
+        (flags / model).unlink(missing_ok=True)
     status, result = _value(client, model, 3.0)
     assert status == "ok", result
     assert _ready(client, model) == (True, True)
