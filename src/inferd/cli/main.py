@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[MODE,]SETTING=VALUE",
         help="tracing, as Triton's flag (repeatable, one setting each): triton,file=PATH "
         "(a Triton JSON trace file), triton,log-frequency=N (write PATH.<n> every N traces), "
-        "rate=N (one request in N; default 1000), level=TIMESTAMPS|OFF (default OFF), "
+        "rate=N (one request in N; 1000 unless set), level=TIMESTAMPS|OFF (OFF unless set), "
         "count=N (-1: no limit), mode=triton|opentelemetry, opentelemetry,url=HOST:PORT/PATH "
         "(docs/observability-logs-traces.md)",
     )

@@ -13,7 +13,14 @@ class Model(PythonModel):
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         text = inputs["text"]  # shape [batch, 1], bytes elements
         decoded = np.char.decode(text.astype(np.bytes_), self.encoding)
+        # Element by element as Python strings: upper-casing may lengthen one ("ß" -> "SS"),
+        # which a fixed-width numpy string array would cut to its width.
+        upper = _upper(decoded.astype(object))
         return {
-            "upper": np.char.encode(np.char.upper(decoded), self.encoding).astype(object),
+            "upper": _encode(upper, self.encoding),
             "length": np.char.str_len(decoded).astype(np.int32),
         }
+
+
+_upper = np.frompyfunc(str.upper, 1, 1)
+_encode = np.frompyfunc(str.encode, 2, 1)
