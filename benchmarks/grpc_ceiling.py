@@ -7,6 +7,7 @@ parsing, no model, no inferd code. perf_analyzer (C++ client, concurrency 64) lo
 and alternating order each round, inferd over HTTP binary, inferd over gRPC, and the stub.
 
     .venv/bin/python benchmarks/grpc_ceiling.py [--rounds 3] [--duration-s 5] [--concurrency 64]
+        [--stub-uvloop] [--stability 50]
 
 The stub's throughput is the most any server built on grpcio's asyncio server can answer on
 this machine with this client; divided by inferd's HTTP binary figure it bounds what inferd's
@@ -52,7 +53,8 @@ def stub(source: str, model: str, port: int, use_uvloop: bool) -> None:
         "ModelReady": pb.ModelReadyResponse(ready=True),
         "ModelMetadata": client.get_model_metadata(model),
         "ModelConfig": client.get_model_config(model),
-        "ServerMetadata": client.get_server_metadata(),
+        # No extensions named: perf_analyzer then asks for no statistics (the stub keeps none)
+        "ServerMetadata": pb.ServerMetadataResponse(name="bare-grpc-aio", version="0"),
     }
     (tensor,) = answers["ModelMetadata"].inputs
     shape = [1 if d < 0 else d for d in tensor.shape]
@@ -103,6 +105,10 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--stub-uvloop", action="store_true")
+    parser.add_argument(
+        "--stability", type=int, default=50,
+        help="perf_analyzer's --stability-percentage (raise it on a busy machine)",
+    )  # fmt: skip
     parser.add_argument("--stub", nargs=2, metavar=("SOURCE", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.model = "tiny"
