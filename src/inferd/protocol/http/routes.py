@@ -6,10 +6,9 @@ Each route only translates; its failures answer through `errors_mapped`
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -34,13 +33,15 @@ CUDA_SHM = "/v2/cudasharedmemory"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def json_response(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_response(
+    doc: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
     return Response(
         orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers
     )
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     return json_response({"error": message}, status, headers)
 
 
@@ -189,10 +190,12 @@ class HttpAdapter:
         for key, value in raw.items():
             if key.startswith("file:"):
                 # Triton's HTTP form: file contents travel base64-encoded.
+                if not isinstance(value, str):
+                    raise invalid(f"parameter '{key[:200]}' must be a base64 string")
                 try:
-                    parameters[key] = base64.b64decode(str(value), validate=True)
-                except binascii.Error:
-                    raise invalid(f"parameter '{key}' must be base64") from None
+                    parameters[key] = base64.b64decode(value, validate=True)
+                except ValueError:  # binascii.Error, and non-ASCII text
+                    raise invalid(f"parameter '{key[:200]}' must be base64") from None
             else:
                 parameters[key] = value
         await self.dp.admin.load_model(request.path_params["model"], parameters)
@@ -296,5 +299,9 @@ class HttpAdapter:
 
 
 async def http_exception_response(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route: 404; a route without this method: 405),
+    as every error: `{"error": ...}`, with the headers they carry (405's `Allow`)."""
     assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
+    return error_response(
+        exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", exc.headers
+    )
