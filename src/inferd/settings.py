@@ -54,6 +54,7 @@ class Settings:
     workers: int = 1  # processes serving the repository, sharing the ports (SO_REUSEPORT)
     engine: bool = False  # with workers > 1: they are front ends of one engine (inferd.engine)
     admin_api: bool | None = None  # repository load/unload and routing; None: explicit only
+    docs_ui: bool = True  # GET /docs: Swagger UI over GET /v2/openapi.json (docs/openapi.md)
     # Security (docs/security.md).
     http_restricted_api: tuple[str, ...] = ()  # Triton's "API[,API]:KEY=VALUE" restrictions
     grpc_restricted_protocol: tuple[str, ...] = ()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fault_models import write_gated_counter
+from tests.support.models import build_example_repository
 from tests.support.servers import RunningServer, run_server
 
 
@@ -23,3 +24,9 @@ def gated_server(tmp_path_factory: pytest.TempPathFactory, gate: Path) -> Iterat
     write_gated_counter(repo, gate)
     with run_server(repo) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/models, built: the repository a user serves first."""
+    return build_example_repository(tmp_path_factory.mktemp("examples") / "models")

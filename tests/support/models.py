@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -128,6 +129,15 @@ def _write(path: Path, text: str) -> None:
 def write_counter(repo: Path, name: str = "counter", delay_ms: int = 0) -> None:
     _write(repo / name / "config.pbtxt", COUNTER_CONFIG.format(name=name, delay_ms=delay_ms))
     _write(repo / name / "1" / "model.py", COUNTER_PY)
+
+
+def build_example_repository(repo: Path) -> Path:
+    """A copy of examples/models with its model files built (the ones git does not hold)."""
+    shutil.copytree(
+        EXAMPLES / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.pt", "__pycache__")
+    )
+    builders.build(repo)
+    return repo
 
 
 def build_good_repository(repo: Path) -> None:

@@ -157,6 +157,20 @@ def build_parser() -> argparse.ArgumentParser:
         "mode, off otherwise)",
     )
     serve.add_argument(
+        "--docs-ui",
+        choices=["on", "off"],
+        default="on" if defaults.docs_ui else "off",
+        help="GET /docs: Swagger UI over GET /v2/openapi.json, to try each model from a "
+        "browser (the metadata API's access rules apply to both; docs/openapi.md)",
+    )
+    serve.add_argument(
+        "--print-openapi",
+        action="store_true",
+        help="write the OpenAPI document the server would serve with these options (its "
+        "routes, and each model's request: the models are loaded, no port is opened) to "
+        "stdout, and exit",
+    )
+    serve.add_argument(
         "--workers",
         type=int,
         default=defaults.workers,
@@ -289,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
         ) as exc:
             print(f"inferd: {exc}", file=sys.stderr)
             return 2
+        if args.print_openapi:
+            from inferd.server.openapi_print import openapi_document
+
+            sys.stdout.buffer.write(openapi_document(settings) + b"\n")
+            sys.stdout.flush()
+            return 0
         try:
             if settings.engine:
                 from inferd.engine import supervisor as engine_supervisor
@@ -325,6 +345,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         repository_poll_s=args.repository_poll_secs,
         load_models=tuple(args.load_model),
         admin_api=None if args.admin_api is None else args.admin_api == "on",
+        docs_ui=args.docs_ui == "on",
         exit_timeout_s=args.exit_timeout_secs,
         execution_timeout_ms=args.execution_timeout_ms,
         verbose_errors=args.verbose_errors,

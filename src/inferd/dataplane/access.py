@@ -162,6 +162,12 @@ class AccessPolicy:
         headers by name)."""
         return [c.header for c in self._rules[protocol].get(group, ())]
 
+    def credentials(self, protocol: str, group: ApiGroup) -> list[tuple[str, bool]]:
+        """How each credential `group` accepts arrives, never what it holds: (header,
+        whether it is a bearer token), for documents that describe the API (OpenAPI's
+        security schemes)."""
+        return [(c.header, c.bearer) for c in self._rules[protocol].get(group, ())]
+
     def check(self, protocol: str, group: ApiGroup, header: Lookup) -> None:
         """Raise UNAUTHENTICATED unless the call presents a credential `group` accepts."""
         credentials = self._rules[protocol].get(group)

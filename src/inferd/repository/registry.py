@@ -73,6 +73,13 @@ class ModelRegistry:
         self.on_retire: Callable[[str], None] | None = None  # the cache's invalidate_model
         # After each change of what serves: --engine pushes its model table (engine/).
         self.changed: Callable[[], None] = lambda: None
+        # Counts those changes (loads, unloads, reloads, routing): what is derived from the
+        # models (the HTTP adapter's OpenAPI document) is rebuilt when it moves.
+        self.generation = 0
+
+    def _changed(self) -> None:
+        self.generation += 1
+        self.changed()
 
     # -- lookups on the request path ----------------------------------------------------
 
@@ -220,7 +227,7 @@ class ModelRegistry:
             raise
         finally:
             self._refresh_ensembles()
-            self.changed()
+            self._changed()
 
     async def _load_locked(
         self, model: Model, model_dir: Path, override: mc.ModelConfig | None
@@ -321,7 +328,7 @@ class ModelRegistry:
             held = model.circuit.held  # a degradation tier's hold outlives a new policy
             model.circuit = CircuitBreaker(model.name, spec.circuit, held=held)
         configure_degradation(model, spec.degrade)
-        self.changed()  # now, not after the old versions drained
+        self._changed()  # now, not after the old versions drained
         if retired:
             await self._retire(retired)
         elif failed:
@@ -377,10 +384,10 @@ class ModelRegistry:
             configure_degradation(model, None)  # a later load starts from tier 0
             if forget:
                 del self.models[name]
-            self.changed()
+            self._changed()
             await self._retire([v for v in retired if v.batcher is not None])
         self._refresh_ensembles()
-        self.changed()
+        self._changed()
 
     async def unload_all(self) -> None:
         """At shutdown: every version drains and closes (no trim: the process exits)."""
@@ -393,14 +400,14 @@ class ModelRegistry:
         model = self._model(name)
         weights = parse_weights(raw, f"model '{name}' routing")
         model.router.set_weights(weights, ready_versions(model), name)
-        self.changed()
+        self._changed()
         log.info("model %s routing weights set to %s", name, weights)
         return weights
 
     def promote(self, name: str, version: str) -> dict[str, int]:
         model = self._model(name)
         model.router.promote(version, ready_versions(model), name)
-        self.changed()
+        self._changed()
         log.info("model %s routing weights set to %s", name, model.router.weights)
         return dict(model.router.weights)
 
@@ -408,7 +415,7 @@ class ModelRegistry:
         """Undo the last step forward (`Router.rollback`)."""
         model = self._model(name)
         model.router.rollback(version, name)
-        self.changed()
+        self._changed()
         log.info("model %s rolled back; routing weights now %s", name, model.router.weights)
         return dict(model.router.weights)
 

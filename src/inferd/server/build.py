@@ -147,6 +147,7 @@ class InferenceServer:
             offload=self.offload,
             max_response_bytes=settings.max_response_bytes,
             max_bytes_elements=settings.limits.max_bytes_elements,
+            docs_ui=settings.docs_ui,
         )
         self.grpc_server: grpc.aio.Server | None = None
         self.grpc_servicer: grpc_adapter.InferenceServicer | None = None
@@ -161,21 +162,7 @@ class InferenceServer:
             self.trace_file.start()
         if self.response_cache is not None:
             await self.response_cache.start()  # never fails on a Redis that is down
-        log.info("loading model repository %s", self.settings.model_repository)
-        if self.settings.model_control_mode == "explicit":
-            names = list(self.settings.load_models)
-            await self.registry.load_all(None if "*" in names else names)
-        else:
-            await self.registry.load_all()
-        for row in self.registry.index():
-            if row["state"] != "READY":
-                log.warning(
-                    "model %s%s is %s: %s",
-                    row["name"],
-                    f" version {row['version']}" if "version" in row else "",
-                    row["state"],
-                    row.get("reason", ""),
-                )
+        await self.load_models()
         # Field lesson 10: objects made while loading live forever; keep them out of GC scans.
         gc.collect()
         gc.freeze()
@@ -236,6 +223,25 @@ class InferenceServer:
                 self.metrics.close()
             self.offload.close()
             self.shutdown.finished(drained)
+
+    async def load_models(self) -> None:
+        """The models the settings say to serve at start (explicit mode: --load-model's);
+        one that fails is logged and listed, and the others load."""
+        log.info("loading model repository %s", self.settings.model_repository)
+        if self.settings.model_control_mode == "explicit":
+            names = list(self.settings.load_models)
+            await self.registry.load_all(None if "*" in names else names)
+        else:
+            await self.registry.load_all()
+        for row in self.registry.index():
+            if row["state"] != "READY":
+                log.warning(
+                    "model %s%s is %s: %s",
+                    row["name"],
+                    f" version {row['version']}" if "version" in row else "",
+                    row["state"],
+                    row.get("reason", ""),
+                )
 
     async def _start_grpc(self, port: int) -> None:
         address = self.role.grpc_address(self.settings, port)

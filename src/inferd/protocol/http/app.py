@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 from inferd.dataplane.plane import DataPlane
 from inferd.limits import DEFAULT_LIMITS
 from inferd.protocol.http.infer_route import InferEndpoint
+from inferd.protocol.http.openapi_document import OpenApiDocument
 from inferd.protocol.http.routes import HttpAdapter, error_response, http_exception_response
 from inferd.protocol.offload import Offload
 
@@ -24,9 +25,12 @@ _ENCODED_SLASH = re.compile(rb"%2f", re.IGNORECASE)
 class InferdApp:
     """The ASGI app: the infer route first, everything else (and lifespan) on Starlette."""
 
-    def __init__(self, routes: Starlette, infer: InferEndpoint) -> None:
+    def __init__(
+        self, routes: Starlette, infer: InferEndpoint, openapi: OpenApiDocument | None = None
+    ) -> None:
         self.routes = routes
         self.infer = infer
+        self.openapi = openapi  # the document of these routes (None: a front end's proxy)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw_path = scope.get("raw_path") or b""
@@ -54,8 +58,9 @@ def build_app(
     offload: Offload | None = None,
     max_response_bytes: int = 0,
     max_bytes_elements: int = DEFAULT_LIMITS.max_bytes_elements,
+    docs_ui: bool = True,
 ) -> InferdApp:
-    adapter = HttpAdapter(dataplane, max_request_bytes)
+    adapter = HttpAdapter(dataplane, max_request_bytes, docs_ui)
     routes = Starlette(
         routes=adapter.routes(),
         exception_handlers={HTTPException: http_exception_response},
@@ -64,4 +69,4 @@ def build_app(
     infer = InferEndpoint(
         dataplane, max_request_bytes, offload, max_response_bytes, max_bytes_elements
     )
-    return InferdApp(routes, infer)
+    return InferdApp(routes, infer, adapter.openapi)

@@ -21,9 +21,11 @@ from inferd.config.model_config import to_json
 from inferd.dataplane.access import AccessPolicy, ApiGroup
 from inferd.dataplane.plane import DataPlane
 from inferd.errors import InferdError, invalid
+from inferd.protocol.http.docs_page import ASSETS, CSP, PAGE, DocsPage
 from inferd.protocol.http.error_responses import http_error
 from inferd.protocol.http.generate import GenerateEndpoint
 from inferd.protocol.http.infer_route import read_body
+from inferd.protocol.http.openapi_document import OPENAPI_PATH, OpenApiDocument, ServedRoute
 from inferd.protocol.strict_values import deadline_ns
 
 log = logging.getLogger("inferd.http")
@@ -31,6 +33,7 @@ log = logging.getLogger("inferd.http")
 SYSTEM_SHM = "/v2/systemsharedmemory"
 CUDA_SHM = "/v2/cudasharedmemory"
 Endpoint = Callable[[Request], Awaitable[Response]]
+_PAGE_HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff"}
 
 
 def json_response(
@@ -73,9 +76,20 @@ def errors_mapped(endpoint: Endpoint, access: AccessPolicy, group: ApiGroup) -> 
 
 
 class HttpAdapter:
-    def __init__(self, dataplane: DataPlane, max_request_bytes: int) -> None:
+    def __init__(self, dataplane: DataPlane, max_request_bytes: int, docs_ui: bool = True) -> None:
+        """`docs_ui`: serve the Swagger UI page (`/docs`, `--docs-ui`)."""
         self.dp = dataplane
         self.max_request_bytes = max_request_bytes
+        self.docs = DocsPage() if docs_ui else None
+        # The OpenAPI document of the routes below (their table is passed in routes()).
+        self.openapi = OpenApiDocument(
+            dataplane.registry,
+            dataplane.access,
+            [],
+            admin_api=dataplane.admin.admin_api,
+            shared_memory="system_shared_memory" in dataplane.metadata.extensions,
+            assets=list(ASSETS) if docs_ui else [],
+        )
 
     def routes(self) -> list[Route]:
         m = "/v2/models/{model}"
@@ -125,20 +139,29 @@ class HttpAdapter:
             (mv + "/drift", self.drift, ["GET"], stats),
             (m + "/drift/reference", self.drift_reference, ["POST"], repo),
             (mv + "/drift/reference", self.drift_reference, ["POST"], repo),
+            (OPENAPI_PATH, self.openapi_document, ["GET"], meta),  # docs/openapi.md
         ]
+        if self.docs is not None:  # the page is the document's: the same access rule
+            table += [
+                ("/docs", self.docs_page, ["GET"], meta),
+                ("/docs/{asset}", self.docs_asset, ["GET"], meta),
+            ]
         access = self.dp.access
         routes = [
             Route(path, errors_mapped(fn, access, group), methods=methods)
             for path, fn, methods, group in table
         ]
+        served: list[ServedRoute] = [(path, methods, group) for path, _, methods, group in table]
         # Triton's generate extension: ASGI apps of their own, since they stream (they
         # check the inference group's credential themselves).
         for suffix, streaming in (("/generate", False), ("/generate_stream", True)):
             endpoint = GenerateEndpoint(
                 self.dp, self.max_request_bytes, streaming, read_body, deadline_ns
             )
-            routes += [Route(m + suffix, endpoint, methods=["POST"])]
-            routes += [Route(mv + suffix, endpoint, methods=["POST"])]
+            for path in (m + suffix, mv + suffix):
+                routes += [Route(path, endpoint, methods=["POST"])]
+                served += [(path, ["POST"], infer)]
+        self.openapi.served = served
         return routes
 
     async def _infer_is_elsewhere(self, request: Request) -> Response:
@@ -280,6 +303,17 @@ class HttpAdapter:
             body = await self._read_body(request)
         doc = await self.dp.admin.set_drift_reference(p["model"], p.get("version", ""), body)
         return json_response(doc)
+
+    async def openapi_document(self, request: Request) -> Response:
+        return Response(self.openapi.json(), media_type="application/json")
+
+    async def docs_page(self, request: Request) -> Response:
+        return Response(PAGE, media_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
+
+    async def docs_asset(self, request: Request) -> Response:
+        assert self.docs is not None  # the route exists only with the page
+        data, media = await self.docs.asset(request.path_params["asset"])
+        return Response(data, media_type=media, headers=_PAGE_HEADERS)
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
         body = await self._read_body(request)
