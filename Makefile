@@ -38,14 +38,15 @@ models: $(VENV)/.serve-deps
 serve: models
 	$(BIN)/inferd serve --model-repository examples/models $(ARGS)
 
-# promtool and prometheus, for tests/integration/deploy/test_deploy.py, and nginx, for
-# test_replicas.py: Debian's `prometheus` and `nginx` packages through apt-get, with sudo
+# promtool and prometheus, for tests/integration/deploy/test_deploy.py, nginx, for
+# test_replicas.py, and Chromium with chromedriver, for test_docs_page.py: Debian's
+# `prometheus`, `nginx`, `chromium` and `chromium-driver` packages through apt-get, with sudo
 # when not root; and perf_analyzer (its own venv under benchmarks/,
 # about a minute the first time) for test_perf_analyzer.py. A no-op once installed. If they
 # cannot be installed the run goes on and those tests are skipped, saying why (CI makes the
-# Prometheus and nginx ones fail instead).
+# Prometheus, nginx and Chromium ones fail instead).
 test-tools:
-	@sh scripts/install-test-tools.sh || echo "make test: promtool/prometheus/nginx not installed" \
+	@sh scripts/install-test-tools.sh || echo "make test: promtool/prometheus/nginx/chromium not installed" \
 	  "(see above); the tests that need them will be skipped" >&2
 	@bash benchmarks/perf_analyzer.sh --install || echo "make test: perf_analyzer not" \
 	  "installed (see above); the tests that need it will be skipped" >&2

@@ -3,10 +3,13 @@
 # - Prometheus' `promtool` (checks deploy/prometheus/*.yaml) and `prometheus` itself (scrapes
 #   a live test server end to end): tests/integration/deploy/test_deploy.py;
 # - nginx, the balancer in front of three replicas: tests/integration/workers/test_replicas.py
-#   (the test writes its own config from deploy/nginx/ and runs it on loopback ports).
+#   (the test writes its own config from deploy/nginx/ and runs it on loopback ports);
+# - headless Chromium and its WebDriver, which drive the /docs page (Swagger UI) through
+#   Selenium: tests/integration/protocol/test_docs_page.py (never a downloaded browser).
 #
-# Idempotent: does nothing when all three are already installed. Otherwise installs
-# Debian's `prometheus` and `nginx` packages with apt-get, through sudo when not root.
+# Idempotent: does nothing when all of them are already installed. Otherwise installs
+# Debian's `prometheus`, `nginx`, `chromium` and `chromium-driver` packages with apt-get,
+# through sudo when not root.
 # `make test` runs this first; when it cannot install them (no apt-get, no sudo rights), it
 # says why and `make test` goes on: the tests that need them are skipped, each saying why.
 #
@@ -27,20 +30,24 @@ fi
 if ! have_nginx; then
     PACKAGES="$PACKAGES nginx"
 fi
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    PACKAGES="$PACKAGES chromium chromium-driver"
+fi
 if [ -z "$PACKAGES" ]; then
     exit 0
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install-test-tools: promtool/prometheus/nginx are missing and apt-get is not available;" >&2
-    echo "install Prometheus (https://prometheus.io/download/) so both are on PATH, and nginx." >&2
+    echo "install-test-tools: promtool/prometheus/nginx/chromium are missing and apt-get is not available;" >&2
+    echo "install Prometheus (https://prometheus.io/download/) so both are on PATH, nginx, and" >&2
+    echo "Chromium with its chromedriver." >&2
     exit 1
 fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     if ! command -v sudo >/dev/null 2>&1; then
-        echo "install-test-tools: promtool/prometheus/nginx are missing; installing them needs root" >&2
+        echo "install-test-tools: promtool/prometheus/nginx/chromium are missing; installing them needs root" >&2
         echo "or sudo: run 'apt-get install$PACKAGES' as root, or install Prometheus" >&2
         echo "(https://prometheus.io/download/) so both are on PATH." >&2
         exit 1
@@ -78,7 +85,7 @@ if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
 fi
 
 # Debian puts both in /usr/bin; check they are really reachable now.
-for tool in promtool prometheus; do
+for tool in promtool prometheus chromium chromedriver; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         echo "install-test-tools: $tool is still not on PATH after installing" >&2
         exit 1
