@@ -4,7 +4,9 @@ docs/security.md), each reproduced here as the request it sent:
 - a load whose `file:` parameter held text that is not ASCII (or no text at all) answered
   500: base64 decoding raised ValueError, which only binascii.Error was caught as;
 - a route asked with a method it lacks answered 405 without `Allow` (RFC 9110 requires it),
-  because the JSON error body replaced Starlette's answer and dropped its headers.
+  because the JSON error body replaced Starlette's answer and dropped its headers;
+- the repository index took any `ready` (`{"ready": "no"}` listed only ready versions):
+  found by Schemathesis' negative_data_rejection check.
 """
 
 from __future__ import annotations
@@ -59,3 +61,13 @@ def test_a_method_a_route_lacks_is_a_405_naming_the_allowed_ones(
     assert r.status_code == 405
     assert r.json() == {"error": f"Method Not Allowed: {method} {path}"}
     assert {m.strip() for m in r.headers["allow"].split(",")} >= allowed
+
+
+@pytest.mark.parametrize("ready", [{}, "no", 1, None])
+def test_the_repository_index_takes_ready_as_a_boolean_only(
+    admin_server: RunningServer, ready: Any
+) -> None:
+    """`{"ready": "no"}` listed only the ready versions (bool("no") is True)."""
+    r = httpx.post(f"{admin_server.url}/v2/repository/index", json={"ready": ready}, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"].startswith("'ready' must be true or false, got ")

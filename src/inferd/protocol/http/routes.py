@@ -202,7 +202,10 @@ class HttpAdapter:
 
     async def repository_index(self, request: Request) -> Response:
         doc = await self._json_body(request)
-        return json_response(self.dp.metadata.repository_index(bool(doc.get("ready", False))))
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise invalid(f"'ready' must be true or false, got {str(ready)[:40]!r}")
+        return json_response(self.dp.metadata.repository_index(ready))
 
     async def load_model(self, request: Request) -> Response:
         doc = await self._json_body(request)
