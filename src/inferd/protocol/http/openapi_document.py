@@ -162,12 +162,12 @@ class OpenApiDocument:
             "parameters": [_header_parameter(h) for h in base.headers],
             "requestBody": {
                 "required": True,
-                "content": {
-                    ops.JSON: {"schema": ref(schema), "example": request.example},
-                },
+                "content": {ops.JSON: {"schema": ref(schema)}},
             },
             "responses": self._responses(base, set(base.errors), ApiGroup.INFERENCE),
         }
+        if request.example is not None:
+            item["requestBody"]["content"][ops.JSON]["example"] = request.example
         self._secure(item, ApiGroup.INFERENCE)
         return f"/v2/models/{name}/{route}", item
 

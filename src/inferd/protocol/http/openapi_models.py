@@ -23,8 +23,8 @@ from inferd.repository.model_state import ModelVersion
 from inferd.tensors.signature import TensorSpec
 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
-# Large examples make a page nobody reads; past this many elements an input's example
-# data is left out of the page's example (the schema still says what it takes).
+# A model whose example would hold more elements than this gets none (its schema still says
+# what it takes): a megabyte of zeros makes a document nobody reads.
 MAX_EXAMPLE_ELEMENTS = 1 << 16
 
 
@@ -36,7 +36,7 @@ class ModelRequest:
     key: str  # its name in component keys and operation ids: [A-Za-z0-9_-]
     decoupled: bool  # answers through generate_stream, not infer
     schema: Schema  # the request body's schema
-    example: dict[str, Any]  # a request it accepts
+    example: dict[str, Any] | None  # a request it accepts; None: too large to show
 
 
 def component_key(name: str, taken: set[str]) -> str:
@@ -183,20 +183,24 @@ def _example_value(datatype: str) -> Any:
     return 0
 
 
-def _infer_example(mv: ModelVersion) -> dict[str, Any]:
+def _infer_example(mv: ModelVersion) -> dict[str, Any] | None:
     signature = mv.signature
     inputs = []
+    elements = 0
     for spec in signature.inputs.values():
         if spec.optional:
             continue
         shape = _example_shape(spec, signature.is_batched)
         count = math.prod(shape)
+        elements += count
+        if elements > MAX_EXAMPLE_ELEMENTS:
+            return None
         inputs.append(
             {
                 "name": spec.name,
                 "datatype": spec.datatype,
                 "shape": shape,
-                "data": [_example_value(spec.datatype)] * min(count, MAX_EXAMPLE_ELEMENTS),
+                "data": [_example_value(spec.datatype)] * count,
             }
         )
     example: dict[str, Any] = {"inputs": inputs}

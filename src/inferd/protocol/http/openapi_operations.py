@@ -207,7 +207,7 @@ _SHM_UNREGISTER = Operation(
     "shared memory",
     _STATUS_ONLY,
     (400, 413),
-    body="parameters",
+    body="ignored_body",
     needs="shm",
 )
 _CUDA_STATUS = Operation(
@@ -224,7 +224,7 @@ _CUDA_UNREGISTER = Operation(
     "shared memory",
     _STATUS_ONLY,
     (400, 413),
-    body="parameters",
+    body="ignored_body",
     needs="shm",
 )
 

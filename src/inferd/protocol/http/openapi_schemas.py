@@ -262,8 +262,15 @@ SCHEMAS: dict[str, Schema] = {
         },
     ),
     "repository_unload_request": _object(
-        [], {"parameters": ref("parameters")}, description="Triton's; nothing in it is acted on."
+        [],
+        {"parameters": {"type": "object"}},
+        description="Triton's (`unload_dependents`); the body is read and nothing in it is "
+        "acted on.",
     ),
+    "ignored_body": {
+        "description": "Read and ignored (Triton's clients send an empty body).",
+        "type": "object",
+    },
     "routing_response": _object(
         ["model", "weights", "rollbacks", "auto_rollback"],
         {
