@@ -1,10 +1,12 @@
 """What Schemathesis found against the served OpenAPI document (test_schemathesis.py,
-docs/security.md), each reproduced here as the request it sent:
+docs/security.md), and one thing seen by hand while checking the document's routes, each
+reproduced here as the request that showed it:
 
 - a load whose `file:` parameter held text that is not ASCII (or no text at all) answered
   500: base64 decoding raised ValueError, which only binascii.Error was caught as;
-- a route asked with a method it lacks answered 405 without `Allow` (RFC 9110 requires it),
-  because the JSON error body replaced Starlette's answer and dropped its headers;
+- (by hand) a route asked with a method it lacks answered 405 without `Allow` (RFC 9110
+  requires it), because the JSON error body replaced Starlette's answer and dropped its
+  headers;
 - the repository index took any `ready` (`{"ready": "no"}` listed only ready versions):
   found by Schemathesis' negative_data_rejection check.
 """

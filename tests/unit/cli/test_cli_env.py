@@ -76,6 +76,7 @@ READ = [
     ("INFERD_LOAD_MODEL", "mlp 'two words'", "load_models", ("mlp", "two words")),
     ("INFERD_GRPC_PORT", "0", "grpc_port", None),
     ("INFERD_ADMIN_API", "on", "admin_api", True),
+    ("INFERD_DOCS_UI", "off", "docs_ui", False),
     ("INFERD_ALLOW_MODEL_UPLOAD", "", "model_upload", "files"),  # as the bare flag
 ]
 
