@@ -27,11 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from ab_commits import ROOT, Run, _perf_analyzer, repository  # noqa: E402
-
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.ab_commits import ROOT, Run, _perf_analyzer, repository  # noqa: E402
 from tests.support.server_process import free_port, wait_until_serving  # noqa: E402
 
 METHODS = ("ServerLive", "ServerReady", "ModelReady", "ModelMetadata", "ModelConfig",

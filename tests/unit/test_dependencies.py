@@ -74,7 +74,7 @@ def imported_top_levels(files: Iterable[Path]) -> dict[str, Path]:
                 continue
             for name in names:
                 found.setdefault(name.split(".")[0], path)
-    local = {"inferd", "inferd_tools", "tests", "__future__"}
+    local = {"inferd", "inferd_tools", "tests", "benchmarks", "__future__"}  # this repo's
     return {
         name: path
         for name, path in found.items()
