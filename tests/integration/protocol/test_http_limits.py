@@ -5,6 +5,7 @@ ready and serves other clients."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -138,6 +139,56 @@ def test_idle_connections_are_closed_before_and_between_requests(limited: Runnin
     assert wire._fill() is False  # closed after the keep-alive timeout
     wire.close()
     serves_others(limited)
+
+
+STALL_KEEP_ALIVE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def kept_alive(good_repository: Path) -> Iterator[RunningServer]:
+    with run_server(good_repository, limits=Limits(keep_alive_timeout_s=STALL_KEEP_ALIVE_S)) as s:
+        yield s
+
+
+def test_a_request_sent_in_time_is_served_after_the_loop_stalled_past_the_keep_alive(
+    kept_alive: RunningServer,
+) -> None:
+    """A client's next request on a kept-alive connection, sent well inside the keep-alive
+    timeout, is answered even when the server's event loop stalls past that timeout while
+    handling other sockets' events (a long collection, a starved CPU). uvloop runs the
+    timers that fell due before it reads the sockets again, so the keep-alive timer closed
+    the connection with the request unread: the client got a reset (the soak saw three at
+    once under load)."""
+    wire = Wire(kept_alive)
+    wire.send(infer_request([1.0]))
+    assert wire.response()[0] == 200
+    answered = time.monotonic()  # the server armed its keep-alive timer about now
+    started, release = threading.Event(), threading.Event()
+    ours, theirs = socket.socketpair()
+
+    def stall() -> None:  # another socket's event, handled slowly: the loop stalls
+        asyncio.get_running_loop().remove_reader(ours.fileno())
+        started.set()
+        release.wait(STATE_DEADLINE_S)
+
+    async def watch() -> None:
+        asyncio.get_running_loop().add_reader(ours.fileno(), stall)
+
+    kept_alive.server.model_host.on_loop("stall", watch)
+    theirs.send(b"x")
+    assert started.wait(STATE_DEADLINE_S)
+    wire.send(infer_request([2.0]))
+    assert time.monotonic() - answered < STALL_KEEP_ALIVE_S / 2, "the client was late itself"
+    while time.monotonic() < answered + STALL_KEEP_ALIVE_S * 1.5:  # the timer falls due
+        time.sleep(0.02)
+    release.set()
+    try:
+        status, _, body = wire.response()
+        assert (status, outputs(body)) == (200, [2.0])
+    finally:
+        wire.close()
+        ours.close()
+        theirs.close()
 
 
 # -- the connection limit --------------------------------------------------------------------

@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
+import socket
 import time
 from typing import Any
 
@@ -134,6 +136,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             and not self.transport.is_closing()
         ):
             self.book.idle[self] = None  # serving nothing again: the newest idle one
+
+    def timeout_keep_alive_handler(self) -> None:
+        """The keep-alive timeout passed: close, unless the client's next request is already
+        here, unread. After the loop stalled past the timeout while handling other events (a
+        long collection, a starved CPU), uvloop runs the timers that fell due before it reads
+        the sockets again: closing then reset a connection whose client sent in time."""
+        if self.transport.is_closing():
+            return
+        if _has_unread_bytes(self.transport):
+            self.timeout_keep_alive_task = None  # reading them arms whichever timer applies
+            return
+        super().timeout_keep_alive_handler()
 
     def _busy_message(self) -> str:
         return (
@@ -401,3 +415,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         lines += (b"content-length: ", str(len(body)).encode(), b"\r\nconnection: close\r\n\r\n")
         lines.append(body)
         return b"".join(lines)
+
+
+def _has_unread_bytes(transport: asyncio.BaseTransport) -> bool:
+    """Whether the connection's socket holds received bytes the loop has not read yet: a
+    peek on a duplicate of its descriptor (uvloop's transports expose no socket to read
+    from), nothing consumed. Only a keep-alive timeout asks, never a request."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+            return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # BlockingIOError: nothing to read; anything else: nothing to keep
+        return False
