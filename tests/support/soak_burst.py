@@ -51,7 +51,11 @@ async def burst(
     stop_at = time.monotonic() + seconds
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=clients), timeout=timeout
+        # Idle connections dropped before the server's keep-alive (5 s) can close them: a
+        # busy client's reuse of one the server just closed would be lost, by no fault of
+        # the server's.
+        connector=aiohttp.TCPConnector(limit=clients, keepalive_timeout=2.0),
+        timeout=timeout,
     ) as session:
 
         async def client(n: int) -> None:

@@ -38,8 +38,13 @@ ALLOWED: dict[str, frozenset[str]] = {
 class Step:
     at_s: float
     action: str  # swap_linear, swap_text_stats, canary, promote, rollback, retire, burst,
-    # kill_redis, kill_worker
+    # kill_redis, restart_redis, kill_worker
     length_s: float = 0.0  # a burst's length; how long Redis stays down
+
+
+# Steps the soak takes on its main thread (each other step has a thread of its own): they
+# start a child that must die with the soak, whose parent-death signal is its thread's.
+MAIN_THREAD_STEPS = frozenset({"restart_redis"})
 
 
 def plan(duration_s: float) -> list[Step]:
@@ -58,15 +63,23 @@ def plan(duration_s: float) -> list[Step]:
                 Step(start + 320, "rollback"),
                 Step(start + 380, "retire"),
                 Step(start + 400, "kill_redis", fault_s),
+                Step(start + 400 + fault_s, "restart_redis"),
                 Step(start + 500, "kill_worker"),
             ]
         for start in range(150, int(duration_s) - 60, 300):
             steps.append(Step(start, "burst", fault_s))
     else:
         d, fault_s = duration_s, min(20.0, duration_s / 12)
-        steps += [Step(0.15 * d, "burst", fault_s), Step(0.30 * d, "canary"),
-                  Step(0.45 * d, "promote"), Step(0.60 * d, "rollback"), Step(0.75 * d, "retire"),
-                  Step(0.40 * d, "kill_redis", fault_s), Step(0.55 * d, "kill_worker")]  # fmt: skip
+        steps += [
+            Step(0.15 * d, "burst", fault_s),
+            Step(0.30 * d, "canary"),
+            Step(0.45 * d, "promote"),
+            Step(0.60 * d, "rollback"),
+            Step(0.75 * d, "retire"),
+            Step(0.40 * d, "kill_redis", fault_s),
+            Step(0.40 * d + fault_s, "restart_redis"),
+            Step(0.55 * d, "kill_worker"),
+        ]
     steps = [s for s in steps if s.at_s < duration_s]
     return sorted(steps, key=lambda s: s.at_s)
 

@@ -293,4 +293,3 @@ class Cases:
     def _check_words(self, case: Case, version: str, out: dict[str, np.ndarray]) -> str | None:
         got = [_utf8(v).decode() for v in out["text_output"].reshape(-1)]
         return None if got == list(case.texts) else f"words {got}, expected {list(case.texts)}"
-

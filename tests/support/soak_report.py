@@ -229,10 +229,19 @@ def judge_series(
     return report
 
 
+UNANSWERED_STREAK = 3  # probes in a row (5 s each) before silence is a finding
+
+
 def judge_readiness(tally: Tally, probes: list[Probe]) -> dict[str, Any]:
+    """Readiness false outside a kill is a finding at once. A probe not answered within its
+    5 s is counted, and a finding once UNANSWERED_STREAK of a protocol's probes in a row
+    outside a burst or kill went unanswered (a loaded host may miss one)."""
     counts: Counter[str] = Counter()
+    streak: Counter[str] = Counter()
     for p in probes:
         state = "ready" if p.ready else ("no_answer" if p.ready is None else "not_ready")
+        if state != "no_answer":
+            streak[p.protocol] = 0
         if state == "ready":
             counts[f"{p.protocol}:ready"] += 1
             continue
@@ -241,10 +250,19 @@ def judge_readiness(tally: Tally, probes: list[Probe]) -> dict[str, Any]:
                               else {WORKER_KILL, REDIS_KILL, BURST})  # fmt: skip
         if excused:
             counts[f"{p.protocol}:{state} in {','.join(sorted(excused))}"] += 1
-        else:
-            counts[f"{p.protocol}:{state}"] += 1
-            kind = "not_ready_outside_kill" if p.ready is False else "readiness_unanswered"
-            tally.find(kind, f"{p.protocol}: {p.detail}", p.at)
+            streak[p.protocol] = 0
+            continue
+        counts[f"{p.protocol}:{state}"] += 1
+        if p.ready is False:
+            tally.find("not_ready_outside_kill", f"{p.protocol}: {p.detail}", p.at)
+            continue
+        streak[p.protocol] += 1
+        if streak[p.protocol] == UNANSWERED_STREAK:
+            tally.find(
+                "readiness_unanswered",
+                f"{p.protocol}: {UNANSWERED_STREAK} probes in a row unanswered: {p.detail}",
+                p.at,
+            )
     return dict(counts)
 
 

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.redis_servers import OwnRedis
 from tests.support.server_process import free_port, listeners_of, wait_until_serving
 from tests.support.soak_hostile import MAX_REQUEST_MIB, SLOW_KINDS, Target, kinds, slow_client
 from tests.support.soak_plan import (
     BURST,
+    MAIN_THREAD_STEPS,
     REDIS_KILL,
     WORKER_KILL,
     Step,
@@ -52,6 +52,14 @@ from tests.support.soak_plan import (
     Window,
     Windows,
     plan,
+)
+from tests.support.soak_processes import (
+    SoakRedis,
+    die_with_the_soak,
+    family,
+    is_group_leader,
+    start_time,
+    workers_of,
 )
 from tests.support.soak_references import Cases, References
 from tests.support.soak_report import (
@@ -73,14 +81,7 @@ from tests.support.soak_repository import (
     write_repository,
 )
 from tests.support.soak_requests import CALL_TIMEOUT_S, MODES, Caller
-from tests.support.soak_watch import (
-    Watch,
-    family,
-    increase,
-    is_group_leader,
-    start_time,
-    workers_of,
-)
+from tests.support.soak_watch import Watch, increase
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 2
@@ -93,7 +94,7 @@ HEAVY_EVERY = 20  # one heavy (megabytes) hostile request per this many
 # What the server executes at once on mlp: a batch of its max_batch_size in each worker.
 # A burst sends burst_factor times as many requests at once (its queue holds 32 more).
 BURST_BASE = WORKERS * 32
-CACHE_FAILING = 0.01  # of the Redis lookups while Redis is up: errors and skips beyond it fail
+CACHE_FAILING = 0.05  # of the Redis lookups while Redis is up: errors and skips beyond it fail
 RECOVERY_S = 30.0  # after Redis is back, the cache must hit again within the rest of the run
 
 
@@ -127,14 +128,13 @@ class Soak:
         self.started = time.monotonic()
         self.tally = Tally(self.windows, self.book, self.started)
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.redis = OwnRedis()
+        self.redis = SoakRedis()
+        self.redis_window: Window | None = None
         self.server: subprocess.Popen[bytes] | None = None
         self.linear_version = self.text_version = 1
         self.seen: dict[int, int | None] = {}  # pid -> its start time, every process seen
         self.watch: Watch | None = None
-
-    def redis_pid(self) -> int | None:
-        return None if self.redis.process is None else self.redis.process.pid
+        self.burst: subprocess.Popen[bytes] | None = None
 
     def event(self, what: str) -> None:
         self.events.append({"t": round(time.monotonic() - self.started, 1), "what": what})
@@ -156,8 +156,9 @@ class Soak:
         log = (self.work / "server.log").open("ab")
         # Its own session: its process group is ours to kill, whatever happens to us.
         self.server = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_the_soak,
+        )  # fmt: skip
         log.close()
         wait_until_serving(
             self.server.pid, self.http_port, exit_code=self.server.poll,
@@ -191,7 +192,7 @@ class Soak:
         """Every process the soak started, by id: the server's family as seen during the run
         (the workers lead process groups of their own), each only while it is still the
         process that was seen (same start time: a pid may be reused by then); then the
-        server's own group, and Redis."""
+        server's own group, a burst still running, and Redis."""
         if self.server is not None:
             self.remember_family()
             for series in self.watch.processes.values() if self.watch else []:
@@ -209,6 +210,11 @@ class Soak:
                     os.killpg(self.server.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.server.wait(timeout=30)
+        if self.burst is not None and self.burst.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.burst.pid, signal.SIGKILL)  # not reaped: its group is ours
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.burst.wait(timeout=30)
         self.redis.kill()
 
     # -- traffic -------------------------------------------------------------------------------
@@ -330,8 +336,11 @@ class Soak:
             "--seed", str(self.options.seed),
         ]  # fmt: skip
         began = time.monotonic()
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                start_new_session=True)  # fmt: skip
+        # Its step's thread waits for it: the parent-death signal ends it with the soak.
+        proc = self.burst = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            start_new_session=True, preexec_fn=die_with_the_soak,
+        )  # fmt: skip
         try:
             out, err = proc.communicate(timeout=step.length_s + 120)
         except subprocess.TimeoutExpired:
@@ -373,20 +382,22 @@ class Soak:
         self.event(f"burst over: {total} answers in {took:.0f} s, {statuses}")
 
     def step_kill_redis(self, step: Step) -> None:
-        window = self.windows.open(REDIS_KILL)
+        self.redis_window = self.windows.open(REDIS_KILL)
+        self.redis.kill()
+        self.event(f"Redis killed (SIGKILL); down for {step.length_s:.0f} s")
+
+    def step_restart_redis(self, step: Step) -> None:
+        """On the soak's main thread (its child dies with the soak, not with a step)."""
         try:
-            self.redis.kill()
-            self.event(f"Redis killed (SIGKILL); down for {step.length_s:.0f} s")
-            self.stop.wait(step.length_s)
-            try:
-                self.redis.start()
-            except Exception as exc:  # it must come back on its port: anything else is a finding
-                self.tally.find("redis_restart_failed", f"{type(exc).__name__}: {exc}")
-                return
-            self.redis_restarts.append(time.monotonic())
-            self.event(f"Redis restarted on port {self.redis.port} (empty)")
+            self.redis.start()
+        except RuntimeError as exc:
+            self.tally.find("redis_restart_failed", str(exc))
+            return
         finally:
-            self.windows.close(window)
+            if self.redis_window is not None:
+                self.windows.close(self.redis_window)
+        self.redis_restarts.append(time.monotonic())
+        self.event(f"Redis restarted on port {self.redis.port} (empty)")
 
     def step_kill_worker(self, step: Step) -> None:
         assert self.server is not None
@@ -434,7 +445,7 @@ class Soak:
             self.server.pid, self.http_port, self.grpc_port, self.metrics_port,
             models=sorted(MODES), probe_every_s=0.5,
             sample_every_s=min(5.0, max(1.0, o.duration_s / 120)), scrape_every_s=10.0,
-            stop=self.stop, redis_pid=self.redis_pid,
+            stop=self.stop, redis_pid=lambda: self.redis.pid,
         )  # fmt: skip
         threads = [threading.Thread(target=self.steady_client, args=(n, cases), daemon=True)
                    for n in range(o.clients)]  # fmt: skip
@@ -453,6 +464,9 @@ class Soak:
                     "server_exited", f"status {self.server.returncode}: {self.log_tail(20)}"
                 )
                 break
+            if step.action in MAIN_THREAD_STEPS:
+                self.run_step(step)
+                continue
             thread = threading.Thread(target=self.run_step, args=(step,), daemon=True)
             thread.start()
             steps.append(thread)

@@ -22,6 +22,8 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.support.soak_processes import family, start_time
+
 PROBE_TIMEOUT_S = 5.0
 
 
@@ -95,22 +97,6 @@ def probe_grpc(port: int) -> tuple[bool | None, str]:
 # -- processes ---------------------------------------------------------------------------------
 
 
-def start_time(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot): with the pid, names one process for good
-    (a pid alone may be reused once its process is gone)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def is_group_leader(pid: int) -> bool:
-    try:
-        return os.getpgid(pid) == pid
-    except OSError:
-        return False
-
-
 @dataclass
 class ProcessSeries:
     pid: int
@@ -121,41 +107,6 @@ class ProcessSeries:
         default_factory=list
     )  # t, rss KiB, fds, threads
     gone: float | None = None
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def family(root: int) -> dict[int, str]:
-    """`root` and every process below it, by role: supervisor, worker (the supervisor's
-    spawned children), resource_tracker, helper (below a worker)."""
-    roles = {root: "supervisor"}
-    for child in _children(root):
-        cmd = _cmdline(child)
-        roles[child] = (
-            "worker" if b"spawn_main" in cmd
-            else "resource_tracker" if b"resource_tracker" in cmd
-            else "child"
-        )  # fmt: skip
-        todo = [] if roles[child] != "worker" else _children(child)
-        while todo:
-            pid = todo.pop()
-            roles[pid] = "helper"
-            todo += _children(pid)
-    return roles
 
 
 def read_process(pid: int) -> tuple[int, int, int] | None:
@@ -171,10 +122,6 @@ def read_process(pid: int) -> tuple[int, int, int] | None:
     except (OSError, ValueError):
         return None
     return rss, fds, threads
-
-
-def workers_of(root: int) -> list[int]:
-    return [p for p, role in family(root).items() if role == "worker"]
 
 
 # -- metrics -----------------------------------------------------------------------------------

@@ -194,13 +194,15 @@ def test_readiness_lost_outside_a_kill_fails() -> None:
     tally, windows = _tally()
     now = time.monotonic()
     probes = [Probe(now, "http", True), Probe(now, "grpc", False, "ServerReady false"),
-              Probe(now, "http", None, "ReadTimeout")]  # fmt: skip
+              Probe(now, "http", None, "timed out"), Probe(now, "http", True)]  # fmt: skip
+    probes += [Probe(now, "grpc", None, "no answer")] * 3  # a streak: the server is silent
     kill = windows.open(WORKER_KILL)
     probes.append(Probe(time.monotonic(), "http", False, "503"))
     windows.close(kill)
     counts = judge_readiness(tally, probes)
     assert dict(tally.findings) == {"not_ready_outside_kill": 1, "readiness_unanswered": 1}
     assert counts["http:not_ready in worker_kill"] == 1
+    assert counts["http:no_answer"] == 1  # one probe a loaded host missed: counted only
 
 
 def test_growth_after_warm_up_fails_and_a_restarted_process_warms_up_first() -> None:
