@@ -174,8 +174,6 @@ class Soak:
         """SIGTERM, the graceful stop; its exit status (None: it had to be killed)."""
         assert self.server is not None
         self.remember_family()
-        for series in self.watch.processes.values() if self.watch else []:
-            self.seen.setdefault(series.pid, series.started)
         if self.server.poll() is None:
             self.server.send_signal(signal.SIGTERM)
         try:
@@ -184,6 +182,9 @@ class Soak:
             return None
 
     def remember_family(self) -> None:
+        """Every process of the server's family, seen now or by the watch, by pid and start."""
+        for series in self.watch.processes.values() if self.watch else []:
+            self.seen.setdefault(series.pid, series.started)
         if self.server is not None and self.server.poll() is None:
             for pid in family(self.server.pid):
                 self.seen.setdefault(pid, start_time(pid))
@@ -195,8 +196,6 @@ class Soak:
         server's own group, a burst still running, and Redis."""
         if self.server is not None:
             self.remember_family()
-            for series in self.watch.processes.values() if self.watch else []:
-                self.seen.setdefault(series.pid, series.started)
             for pid, started in sorted(self.seen.items()):
                 if started is None or start_time(pid) != started:
                     continue  # gone, or the pid is someone else's now
