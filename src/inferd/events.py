@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from inferd.errors import DeadlineUnmeetableError, ErrorKind, InferdError
 
@@ -179,6 +179,33 @@ class RequestSink(Protocol):
     def on_request(self, record: RequestRecord) -> None: ...
 
 
+# (model, version) -> True when what is kept for it goes: a version no longer loaded nor
+# draining, or (version "") a model unloaded or gone from the repository
+# (ModelRegistry.holds says what stays).
+Gone = Callable[[str, str], bool]
+
+
+class VersionState(Protocol):
+    """A part that keeps something per model version or per model (counts, windows, series),
+    told by the registry, each time an unload completes, to drop what belongs to versions and
+    models that are gone (docs/metrics.md, "Series of unloaded versions")."""
+
+    def forget(self, gone: Gone) -> None: ...
+
+
+def forget_keys(shared: dict[Any, Any], gone: Gone, per_model: bool = False) -> None:
+    """Pop the keys of `shared` that are gone: (model, version, ...) tuples; with `per_model`,
+    keys a model alone names (a model name, or a (model, reason) pair). On the event loop; a
+    scrape thread reading `shared` meanwhile (telemetry/snapshots.py) skips them."""
+    for key in list(shared):
+        if per_model:
+            model = key if isinstance(key, str) else key[0]
+            if gone(model, ""):
+                shared.pop(key, None)
+        elif gone(key[0], key[1]):
+            shared.pop(key, None)
+
+
 class Telemetry:
     """Fans records out to the sinks; a failing sink is logged, never the request's problem.
 
@@ -188,12 +215,26 @@ class Telemetry:
     def __init__(self, sinks: Sequence[Sink] = ()) -> None:
         self.sinks = list(sinks)
         self.tier_sinks: list[RequestSink] = []
+        self.keepers: list[VersionState] = []
 
     def add(self, sink: Sink) -> None:
         self.sinks.append(sink)
 
     def watch(self, sink: RequestSink) -> None:
         self.tier_sinks.append(sink)
+
+    def keeps(self, part: VersionState) -> None:
+        """`part` keeps state per version: `forget` reaches it."""
+        self.keepers.append(part)
+
+    def forget(self, gone: Gone) -> None:
+        """Every part drops what it keeps for versions and models that are `gone` (the
+        registry calls it, on the loop, when an unload completes)."""
+        for part in self.keepers:
+            try:
+                part.forget(gone)
+            except Exception:
+                log.exception("forgetting unloaded versions failed in %s", type(part).__name__)
 
     def request(self, record: RequestRecord) -> None:
         for sink in self.sinks:

@@ -41,6 +41,7 @@ from inferd.cache.keys import CacheKey
 from inferd.cache.local_tier import LocalTier
 from inferd.cache.single_flight import LeaderCancelledError, SingleFlight
 from inferd.cache.tier_stats import TierStats
+from inferd.events import Gone, forget_keys
 from inferd.types import Tensor
 
 if TYPE_CHECKING:
@@ -224,6 +225,14 @@ class ResponseCache:
         shift = self.clock() - self.wall_clock()
         fresh_until, keep_until = until[0] + shift, until[1] + shift
         self.local.put_until(key, model, entry, fresh_until, keep_until, max_entries)
+
+    def forget(self, gone: Gone) -> None:
+        """The per-model counts of models that are gone (unloaded, or out of the
+        repository): their series go with them."""
+        for stats in self.stats:
+            forget_keys(stats.hits_by_model, gone, per_model=True)
+            forget_keys(stats.misses_by_model, gone, per_model=True)
+        forget_keys(self.coalesced_by_model, gone, per_model=True)
 
     def invalidate_model(self, model: str) -> None:
         """Drop the model's local entries (unload, version swap: keys hold the version, so

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inferd.errors import invalid, not_found
+from inferd.events import Gone, forget_keys
 from inferd.monitoring.accuracy import canary_is_worse
 from inferd.monitoring.capture_files import CapturedRequest
 from inferd.monitoring.capture_redis import RedisCaptureWriter
@@ -80,6 +81,12 @@ class Capture:
     def close(self) -> None:
         for writer in self.writers:
             writer.close()
+
+    def forget(self, gone: Gone) -> None:
+        """Unloaded versions' counts and feedback, and unloaded models' drops, go."""
+        forget_keys(self.captured, gone)
+        self.drops.forget(gone)
+        self.feedback.forget(gone)
 
     def observe(self, record: RequestRecord, response: InferResponse) -> None:
         """An answered request, before it is encoded: captured or not, by its version's rate."""

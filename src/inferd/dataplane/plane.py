@@ -105,6 +105,7 @@ class DataPlane:
         sink = StatisticsSink()
         telemetry.add(sink)
         self.statistics = Statistics(registry, sink, statistics)
+        telemetry.keeps(self.statistics)
         self.admin = Admin(
             registry,
             self.shared_memory,

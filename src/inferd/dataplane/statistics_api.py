@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inferd.errors import not_found
+from inferd.events import Gone
 from inferd.reliability.degrade.controller import degradation_statistics
 from inferd.repository.registry import ModelRegistry
 from inferd.telemetry.statistics import (
@@ -31,6 +32,11 @@ class Statistics:
         self.registry = registry
         self.sink = sink
         self.provider = provider(self.model_statistics)
+
+    def forget(self, gone: Gone) -> None:
+        """Versions unloaded: their counts here, and what the provider kept of them."""
+        self.sink.forget(gone)
+        self.provider.forget(gone)
 
     async def server_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """`model_statistics` of the whole server."""

@@ -23,11 +23,13 @@ class CaptureCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         capture = self._capture
+        held = capture.registry.holds  # what a late record brought back stays unseen
         captured = CounterMetricFamily(
             "inferd_captured", "Requests sampled for capture (capture_sample_rate).", labels=MV
         )
         for labels, count in sorted(items(capture.captured)):
-            captured.add_metric(labels, count)
+            if held(*labels):
+                captured.add_metric(labels, count)
         yield captured
         dropped = CounterMetricFamily(
             "inferd_capture_dropped",
@@ -52,7 +54,8 @@ class CaptureCollector(Collector):
             labels=(*MV, "outcome"),
         )
         for outcome_labels, count in sorted(items(feedback.counts)):
-            outcomes.add_metric(outcome_labels, count)
+            if held(outcome_labels[0], outcome_labels[1]):
+                outcomes.add_metric(outcome_labels, count)
         yield outcomes
         accuracy = GaugeMetricFamily(
             "inferd_online_accuracy",
@@ -65,6 +68,8 @@ class CaptureCollector(Collector):
             labels=MV,
         )
         for labels, window in sorted(items(feedback.windows)):
+            if not held(*labels):
+                continue
             right, rows = window.counts
             if rows:
                 accuracy.add_metric(labels, right / rows)

@@ -5,6 +5,8 @@ nothing on the request path pays for gauges. docs/metrics.md defines each metric
 Scrapes run on the metrics server's threads while the event loop records, so collectors
 read the dicts it adds keys to through snapshots.items() and the health windows through
 their lock (reliability/health_score.py), never by iterating a live container (issue #13).
+The loop drops an unloaded version's keys when its unload completes (`MetricsSink.forget`);
+a scrape exports only what the registry still holds (`holds`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class RecordedMetrics(Protocol):
 
     def health_score(self, model: str, version: str, baseline_s: float | None) -> float: ...
 
-    def keep_windows(self, live: set[tuple[str, str]]) -> None: ...
+    def holds(self, model: str, version: str) -> bool: ...
 
 
 class CountsCollector(Collector):
@@ -67,7 +69,10 @@ class CountsCollector(Collector):
             attr: HistogramMetricFamily(name, doc, labels=MV)
             for attr, (name, doc) in HISTOGRAMS.items()
         }
+        held = sink.holds
         for (model, version), series in sorted(items(sink.series)):
+            if not held(model, version):
+                continue
             labels = [model, version]
             success.add_metric(labels, series.success)
             inferences.add_metric(labels, series.inferences)
@@ -79,7 +84,8 @@ class CountsCollector(Collector):
             "inferd_request_failure", "Requests that failed, by reason.", labels=(*MV, "reason")
         )
         for key, count in sorted(items(sink.failures)):
-            failure.add_metric(list(key), count)
+            if held(key[0], key[1]):
+                failure.add_metric(list(key), count)
         close = CounterMetricFamily(
             "inferd_batch_close",
             "Why each batch left the queue: full, preferred_size, max_delay, "
@@ -87,14 +93,16 @@ class CountsCollector(Collector):
             labels=(*MV, "reason"),
         )
         for key, count in sorted(items(sink.batch_closes)):
-            close.add_metric(list(key), count)
+            if held(key[0], key[1]):
+                close.add_metric(list(key), count)
         timeouts = CounterMetricFamily(
             "inferd_execution_timeouts",
             "Executions that passed the model's execution timeout (their requests got 504).",
             labels=MV,
         )
         for (model, version), count in sorted(items(sink.execution_timeouts)):
-            timeouts.add_metric([model, version], count)
+            if held(model, version):
+                timeouts.add_metric([model, version], count)
         bisections = CounterMetricFamily(
             "inferd_batch_bisections",
             "Failed batches executed again in halves to find the requests the model fails on.",
@@ -105,7 +113,9 @@ class CountsCollector(Collector):
             "Executions those bisections took (at most 2N - 2 for a batch of N requests).",
             labels=MV,
         )
-        for (model, version), (batches, runs) in sorted(dict(sink.bisections).items()):
+        for (model, version), (batches, runs) in sorted(items(sink.bisections)):
+            if not held(model, version):
+                continue
             bisections.add_metric([model, version], batches)
             bisect_runs.add_metric([model, version], runs)
         sent = CounterMetricFamily(
@@ -118,7 +128,9 @@ class CountsCollector(Collector):
             "Responses decoupled models sent after their client had gone, dropped.",
             labels=MV,
         )
-        for (model, version), (count, lost) in sorted(dict(sink.stream_responses).items()):
+        for (model, version), (count, lost) in sorted(items(sink.stream_responses)):
+            if not held(model, version):
+                continue
             sent.add_metric([model, version], count)
             dropped.add_metric([model, version], lost)
         yield from (success, failure, inferences, executions, close, timeouts, bisections)
@@ -214,8 +226,9 @@ class StateCollector(Collector):
             "failed (the model is not ready until an execution succeeds).",
             labels=(*MV, "result"),
         )
-        live: set[tuple[str, str]] = set()
         for name, model in sorted(items(self._registry.models)):
+            if not self._registry.holds(name, ""):
+                continue  # unloaded on request: its series went with it
             load_failures.add_metric([name], model.load_failures)
             if model.circuit.policy.enabled or model.degrade is not None:  # a tier may hold it
                 circuit_open.add_metric([name], 1.0 if model.circuit.is_open else 0.0)
@@ -226,7 +239,6 @@ class StateCollector(Collector):
                 rollbacks.add_metric([name, v], count)
             for v, mv in sorted(items(model.versions)):
                 labels = [name, v]
-                live.add((name, v))
                 for s in State:
                     state.add_metric([*labels, s.value], 1.0 if mv.state is s else 0.0)
                 if mv.state is State.READY or mv.batcher is not None:
@@ -251,7 +263,6 @@ class StateCollector(Collector):
                 if mv.is_ready:
                     baseline = mv.spec.health_p99_baseline_s
                     health.add_metric(labels, self._sink.health_score(name, v, baseline))
-        self._sink.keep_windows(live)
         yield from (depth, inflight, unhealthy, state, load, warmup, info, health)
         yield from (sequences, backlog, released, probes)
         yield from (weight, rollbacks, load_failures, circuit_open, circuit_opens)

@@ -24,7 +24,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from inferd.events import BatchRecord, RequestRecord
+from inferd.events import BatchRecord, Gone, RequestRecord, forget_keys
 from inferd.metrics.drift_families import DriftCollector
 from inferd.metrics.host_families import GpuCollector, register_host_metrics
 from inferd.metrics.load_families import LoadCollector
@@ -53,6 +53,7 @@ class MetricsSink:
         """`host_metrics`: with `triton_names`, also the host's nv_cpu_* and nv_gpu_* (off in
         a --workers worker: the supervisor exports the host once)."""
         self.prometheus = prometheus or CollectorRegistry()
+        self._registry = registry
         r = self.prometheus
         self.series: dict[tuple[str, str], Series] = {}
         self.failures: dict[tuple[str, str, str], int] = {}
@@ -140,13 +141,19 @@ class MetricsSink:
             window = self._windows[key] = HealthWindow()
         return window
 
-    def keep_windows(self, live: set[tuple[str, str]]) -> None:
-        """Drop the health windows of versions that are gone (from a scrape thread): an
-        unloaded version's window would otherwise keep its samples for good, one more per
-        version number a model ever had. Popping a key is atomic; the loop only adds."""
-        for key in list(self._windows):
-            if key not in live:
-                self._windows.pop(key, None)
+    def forget(self, gone: Gone) -> None:
+        """Unloaded versions' series and health windows go (on the loop, as an unload
+        completes): otherwise every version a model ever had would stay on /metrics."""
+        for shared in (
+            self.series, self.failures, self.stream_responses, self.batch_closes,
+            self.execution_timeouts, self.bisections, self._windows,
+        ):  # fmt: skip
+            forget_keys(shared, gone)
+
+    def holds(self, model: str, version: str) -> bool:
+        """Whether (model, version)'s series are exported: the registry still holds it (a
+        record that ended after its version's unload is kept until the next one, unseen)."""
+        return self._registry.holds(model, version)
 
     def health_score(
         self, model: str, version: str, baseline_s: float | None, now: float | None = None

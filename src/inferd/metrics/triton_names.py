@@ -103,15 +103,17 @@ class TritonCollector(Collector):
         models = sorted(items(self._registry.models))
         ready = {(n, v) for n, m in models for v, mv in items(m.versions) if mv.is_ready}
         cached = {(n, v) for n, m in models for v, mv in items(m.versions) if mv.cache is not None}
-        counted = list(
-            self._statistics.versions
-        )  # keys only: list() is safe (telemetry/snapshots.py)
+        # Keys only: list() is safe (telemetry/snapshots.py); those the registry still holds
+        # (a record that ended after its version's unload waits for the next one, unseen).
+        held = self._registry.holds
+        counted = [key for key in list(self._statistics.versions) if held(*key)]
         failures: dict[tuple[str, str, str], int] = {}
         for (model, version, reason), count in items(self._failures):
             if model and version:  # as the statistics: only requests a version accepted
                 key = (model, version, TRITON_REASON.get(reason, "OTHER"))
                 failures[key] = failures.get(key, 0) + count
-        # Triton exports a version's series from its load on, at 0 until something happens.
+        # Triton exports a version's series from its load on, at 0 until something happens,
+        # and drops them at its unload.
         families = {name: Metric(name, doc, "counter") for name, (doc, _) in _COUNTERS.items()}
         failure = Metric(FAILURE, "Number of failed inference requests, all batch sizes", "counter")
         caches = {name: Metric(name, doc, "counter") for name, (doc, _) in _CACHE_COUNTERS.items()}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import orjson
 
+from inferd.events import Gone, forget_keys
 from inferd.monitoring.capture_files import (
     CapturedRequest,
     shard_arrays,
@@ -56,6 +57,11 @@ class DropCounts:
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._counts)
+
+    def forget(self, gone: Gone) -> None:
+        """The counts of models that are gone (unloaded, or out of the repository)."""
+        with self._lock:
+            forget_keys(self._counts, gone, per_model=True)
 
 
 class _Flush:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inferd.errors import ErrorKind, InferdError, invalid, not_found
+from inferd.events import Gone, forget_keys
 from inferd.monitoring.accuracy import AccuracyWindow
 from inferd.types import InferResponse, Tensor
 
@@ -91,6 +92,20 @@ class FeedbackIndex:
         )
         pending.move_to_end(request_id)
 
+    def forget(self, gone: Gone) -> None:
+        """Unloaded versions' accuracy and counts go, and their predictions still waiting
+        for a label (a label for one then answers as for an id never captured)."""
+        forget_keys(self.windows, gone)
+        forget_keys(self.counts, gone)
+        for model in list(self._pending):
+            if gone(model, ""):
+                del self._pending[model]
+                continue
+            pending = self._pending[model]
+            stale = [rid for rid, p in pending.items() if gone(model, p.version)]
+            for request_id in stale:
+                del pending[request_id]
+
     def join(self, model: str, doc: dict[str, Any]) -> dict[str, Any]:
         """The answer to a feedback call on `model` (known to the registry)."""
         request_id = doc.get("id")
@@ -107,7 +122,7 @@ class FeedbackIndex:
             raise not_found(
                 f"no captured prediction of model '{model}' has id '{request_id}': it was not "
                 f"sampled (capture_sample_rate), or is forgotten ({self.max_pending} newer "
-                "ones, or a server restart)"
+                "ones, its version unloaded, or a server restart)"
             )
         version = prediction.version
         if prediction.expires <= time.monotonic():

@@ -15,7 +15,7 @@ import json
 import random
 import time
 import zlib
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
 from inferd.errors import invalid
@@ -152,6 +152,16 @@ class Router:
         """The model unloaded: back to the default route."""
         self.weights = {}
         self.promoted = None
+        self._rollbacks = {}
+
+    def forget(self, gone: Callable[[str], bool]) -> None:
+        """Versions unloaded: their weights (which routed nothing: `pick` takes ready
+        versions only) and rollback counts go. The history a rollback restores keeps them
+        (ten entries at most); restored, they route nothing either."""
+        if any(gone(v) for v in self.weights):
+            self.weights = {v: w for v, w in self.weights.items() if not gone(v)}
+        if any(gone(v) for v in self._rollbacks):
+            self._rollbacks = {v: n for v, n in self._rollbacks.items() if not gone(v)}
 
     def _change(self, weights: dict[str, int]) -> None:
         self._history = [*self._history[-9:], dict(self.weights)]

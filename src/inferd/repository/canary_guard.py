@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from inferd.events import BatchRecord, RequestRecord
+from inferd.events import BatchRecord, Gone, RequestRecord, forget_keys
 from inferd.reliability.routing import Router
 from inferd.reliability.sliding_window import SlidingWindow
 
@@ -37,6 +37,12 @@ class CanaryGuard:
 
     def on_batch(self, record: BatchRecord) -> None:
         pass
+
+    def forget(self, gone: Gone) -> None:
+        """Unloaded versions' outcomes go (and an unloaded model's clock)."""
+        forget_keys(self._outcomes, gone)
+        forget_keys(self._last_check, gone, per_model=True)
+        forget_keys(self._unchecked, gone, per_model=True)
 
     def on_request(self, record: RequestRecord) -> None:
         model = self._registry.models.get(record.model)

@@ -12,6 +12,7 @@ attempt version_load.py, and the checks of a load call's name and files uploads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import tempfile
@@ -51,6 +52,8 @@ from inferd.tensors.signature import ModelSignature
 
 log = logging.getLogger("inferd.repository")
 
+UNLOADED = "unloaded"  # the reason of a model unloaded on request (the repository API)
+
 
 class ModelRegistry:
     def __init__(
@@ -64,6 +67,9 @@ class ModelRegistry:
         self.telemetry = telemetry or Telemetry()
         self.execution_timeout_ms = execution_timeout_ms
         self.models: dict[str, Model] = {}
+        # Versions swapped out or unloaded whose last requests are still draining: their
+        # series and per-version state stay until the unload completes (`holds`).
+        self.draining: set[tuple[str, str]] = set()
         # What Python models may ask of the server (pb_utils); set by the server.
         self.model_host: HostProvider | None = None
         self.memory = MemoryReleaser()
@@ -116,13 +122,43 @@ class ModelRegistry:
             )
         return mv
 
+    def holds(self, model: str, version: str) -> bool:
+        """Whether what is kept for (model, version) still belongs (/metrics' series, the
+        statistics, per-version windows): a version in the index (loaded, or failed to load)
+        or draining its last requests; for version "" (a request no version took) a model
+        of the registry that is not unloaded; for model "" (a name the repository lacks)
+        always. The rest goes when an unload completes (`_forget`), as Triton drops an
+        unloaded version's metrics."""
+        if not model:
+            return True
+        entry = self.models.get(model)
+        if entry is None:
+            return False
+        if not version:
+            return bool(entry.versions) or entry.reason != UNLOADED
+        return version in entry.versions or (model, version) in self.draining
+
+    def _forget(self) -> None:
+        """An unload completed: every part drops what it kept for versions and models that
+        are gone (this one's, and any a late request's record brought back since the last
+        unload). On the loop, with no await: nothing is recorded meanwhile."""
+        for model in self.models.values():
+            unloaded = functools.partial(self._gone, model.name)
+            model.router.forget(unloaded)
+            if model.degrade is not None:
+                model.degrade.forget_unloaded(unloaded)
+        self.telemetry.forget(self._gone)
+
+    def _gone(self, model: str, version: str) -> bool:
+        return not self.holds(model, version)
+
     def is_ready(self) -> bool:
         """Every model (but those unloaded on request, and ensembles waiting for one) can
         serve: it has a READY version."""
         return all(
             m.default_version() is not None
             for m in self.models.values()
-            if m.reason != "unloaded" and not ensembles.only_waits(m)
+            if m.reason != UNLOADED and not ensembles.only_waits(m)
         )
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -350,22 +386,31 @@ class ModelRegistry:
 
     async def _retire(self, versions: list[ModelVersion], release: bool = True) -> None:
         """Drain and close versions that no longer take new requests; then (`release`) give
-        their memory back to the operating system."""
+        their memory back to the operating system, and forget what was kept for them."""
         rss_before = rss_bytes()
+        keys = {(mv.name, mv.version) for mv in versions}
+        self.draining.update(keys)
         for mv in versions:
             if mv.is_ready:
                 mv.state = State.UNLOADING
-        await asyncio.gather(*(v.batcher.stop() for v in versions if v.batcher is not None))
-        for mv in versions:
-            mv.batcher = None
-            mv.state = State.UNAVAILABLE
-            mv.reason = "unloaded"
+        try:
+            await asyncio.gather(*(v.batcher.stop() for v in versions if v.batcher is not None))
+            for mv in versions:
+                mv.batcher = None
+                mv.state = State.UNAVAILABLE
+                mv.reason = "unloaded"
+            if self.on_retire is not None and versions:  # cache entries no key can reach
+                self.on_retire(versions[0].name)
+            if release and versions:
+                name = versions[0].name  # one model's versions: the callers hold its lock
+                await self._release(name, [mv.version for mv in versions], "unloaded", rss_before)
+        finally:
+            # Drained and answered: their series and statistics go now, as Triton's go
+            # with an unloaded version (docs/metrics.md, "Series of unloaded versions").
+            self.draining.difference_update(keys)
+            self._forget()
+        for mv in versions:  # drained, released and forgotten: the unload is complete
             log.info("unloaded model %s version %s", mv.name, mv.version)
-        if self.on_retire is not None and versions:  # cache entries no key can reach again
-            self.on_retire(versions[0].name)
-        if release and versions:
-            name = versions[0].name  # one model's versions: the callers hold its lock
-            await self._release(name, [mv.version for mv in versions], "unloaded", rss_before)
 
     async def _release(self, model: str, versions: list[str], why: str, rss_before: int) -> None:
         """Collect and trim in a worker thread: the memory goes back to the OS now, not at
@@ -373,18 +418,23 @@ class ModelRegistry:
         await asyncio.to_thread(self.memory.release, model, versions, why, rss_before)
 
     async def unload_model(self, name: str, forget: bool = False) -> None:
-        """Drain and unload every version; the model stays in the index as unloaded."""
+        """Drain and unload every version; the model stays in the index as unloaded (or,
+        `forget`, leaves it). What was counted for it starts again from zero at its next
+        load, as Triton's does."""
         model = self._model(name)
         async with model.lock:
             retired = list(model.versions.values())
             model.versions = {}
-            model.reason = "unloaded"
+            model.reason = UNLOADED
             model.config_checksum = ""
             model.router.clear()
+            model.load_failures = 0
+            model.circuit = CircuitBreaker(model.name, model.circuit.policy)
             configure_degradation(model, None)  # a later load starts from tier 0
             if forget:
                 del self.models[name]
             self._changed()
+            # (With nothing to drain too: the model's own series go.)
             await self._retire([v for v in retired if v.batcher is not None])
         self._refresh_ensembles()
         self._changed()

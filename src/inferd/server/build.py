@@ -118,7 +118,12 @@ class InferenceServer:
                 "--admin-token-file, --http-restricted-api, --grpc-restricted-protocol)",
                 " and ".join(open_to_all),
             )
-        self.telemetry.add(CanaryGuard(self.registry))
+        canary_guard = CanaryGuard(self.registry)
+        self.telemetry.add(canary_guard)
+        self.telemetry.keeps(canary_guard)
+        self.telemetry.keeps(self.capture)
+        if self.response_cache is not None:
+            self.telemetry.keeps(self.response_cache)
         self.telemetry.watch(DegradationGuard(self.registry))  # models with tiers only
         self.poller: RepositoryPoller | None = None
         self.metrics: MetricsSink | None = None
@@ -131,6 +136,7 @@ class InferenceServer:
                 host_metrics=role.exports_host,
             )
             self.telemetry.add(self.metrics)
+            self.telemetry.keeps(self.metrics)
             self.metrics.prometheus.register(self.custom_metrics)
             self.metrics.prometheus.register(CaptureCollector(self.capture))
             if self.response_cache is not None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from inferd.events import BatchRecord, RequestRecord, ResponseTimes
+from inferd.events import BatchRecord, Gone, RequestRecord, ResponseTimes, forget_keys
 
 
 @dataclass(slots=True)
@@ -153,6 +153,11 @@ class StatisticsSink:
         batch.compute_infer.add(record.compute_infer_ns)
         batch.compute_output.add(record.compute_output_ns)
 
+    def forget(self, gone: Gone) -> None:
+        """Unloaded versions' statistics go, as Triton's go with the unloaded model: loaded
+        again, a version counts from zero."""
+        forget_keys(self.versions, gone)
+
     def model_stats(self, name: str, versions: list[str]) -> list[dict[str, Any]]:
         """Triton's `model_stats` entries for the given versions of a model."""
         return [
@@ -205,6 +210,9 @@ class StatisticsProvider(Protocol):
 
     async def model_statistics(self, name: str, version: str) -> dict[str, Any]: ...
 
+    def forget(self, gone: Gone) -> None:
+        """Drop what is kept of versions that are gone (the registry's unloads)."""
+
 
 class ProcessStatistics:
     """One process: its own statistics are the server's."""
@@ -214,3 +222,6 @@ class ProcessStatistics:
 
     async def model_statistics(self, name: str, version: str) -> dict[str, Any]:
         return self.local(name, version)
+
+    def forget(self, gone: Gone) -> None:
+        pass  # keeps nothing of its own

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from inferd.events import Gone
 from inferd.telemetry.statistics import LocalStatistics
 from inferd.workers import peers
 
@@ -35,3 +36,10 @@ class WorkersStatistics:
             # answer: clients read deltas, and a total that drops would read as negative.
             lists.append(self._last.get(key, []))
         return {"model_stats": peers.merge_model_stats(lists)}
+
+    def forget(self, gone: Gone) -> None:
+        """The siblings' last answers about versions (and models) that are gone."""
+        for key in list(self._last):
+            _, name, version = key
+            if name and gone(name, version):
+                del self._last[key]

@@ -4,12 +4,15 @@ and what counts as a class output."""
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inferd.datatypes import BF16
+from inferd.errors import InferdError
 from inferd.monitoring.accuracy import AccuracyWindow
 from inferd.monitoring.capture_files import (
     CapturedRequest,
@@ -20,7 +23,7 @@ from inferd.monitoring.capture_files import (
 )
 from inferd.monitoring.capture_settings import CaptureSettings
 from inferd.monitoring.capture_writer import CaptureWriter, DropCounts
-from inferd.monitoring.feedback import predicted_classes
+from inferd.monitoring.feedback import FeedbackIndex, Prediction, predicted_classes
 from inferd.types import Tensor
 
 
@@ -118,3 +121,31 @@ def test_a_group_of_alike_requests_is_one_array_per_tensor(tmp_path: Path) -> No
     for i, x in enumerate(xs):
         np.testing.assert_array_equal(rows[f"r{i}"].inputs["x"], x)
     np.testing.assert_array_equal(rows["r7"].inputs["x"], wide)
+
+
+def test_forgetting_unloaded_versions_drops_their_feedback_and_their_models_drops() -> None:
+    index = FeedbackIndex()
+    index._pending["m"] = OrderedDict(
+        (rid, Prediction(version, [1], "", (), time.monotonic() + 60, 10))
+        for rid, version in (("a", "1"), ("b", "2"))
+    )
+    index._pending["gone"] = OrderedDict(a=Prediction("1", [1], "", (), 0.0, 10))
+    for version in ("1", "2"):
+        index.windows[("m", version)] = AccuracyWindow(10)
+        index.counts[("m", version, "joined")] = 1
+    index.counts[("m", "", "unknown_id")] = 1  # the model's, no version's
+    drops = DropCounts()
+    drops.add("m", "queue_full")
+    drops.add("gone", "queue_full")
+
+    def gone(model: str, version: str) -> bool:
+        return model == "gone" or version == "1"
+
+    index.forget(gone)
+    drops.forget(gone)
+    assert list(index._pending) == ["m"] and list(index._pending["m"]) == ["b"]
+    assert list(index.windows) == [("m", "2")]
+    assert sorted(index.counts) == [("m", "", "unknown_id"), ("m", "2", "joined")]
+    assert drops.snapshot() == {("m", "queue_full"): 1}
+    with pytest.raises(InferdError, match="its version unloaded"):
+        index.join("m", {"id": "a", "label": 1})  # version 1's prediction went with it

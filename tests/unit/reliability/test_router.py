@@ -72,3 +72,17 @@ def test_a_routing_key_always_lands_on_the_same_version() -> None:
     assert set(picks.values()) == {"1", "2"}
     assert all(router.pick(ready, key) == version for key, version in picks.items())
     assert router.pick({"1": None}, "user-0") == "1"  # only ready versions are candidates
+
+
+def test_forget_drops_unloaded_versions_weights_and_rollbacks() -> None:
+    router = Router()
+    router.set_weights({"3": 5, "2": 5, "1": 90}, READY, "m")
+    router.guard_rollback("3")
+    router.forget(lambda v: v == "3")  # version 3 was unloaded
+    assert router.weights == {"2": 5, "1": 90} and router.rollbacks == {}
+    before = router.weights
+    router.forget(lambda v: False)  # nothing gone: the very same weights
+    assert router.weights is before
+    router.guard_rollback("2")
+    router.clear()  # the model unloaded: its rollback counts go too
+    assert router.rollbacks == {}

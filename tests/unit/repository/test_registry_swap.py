@@ -2,7 +2,8 @@
 its default thread isolation) on a repository in a temporary folder.
 
 A new version swaps in; a broken one leaves the old one serving, the reason on its row; an
-unchanged reload keeps the very same version object; unload takes the model out of service.
+unchanged reload keeps the very same version object; unload takes the model out of service;
+what is kept per version goes when the version's unload completes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from inferd.errors import InferdError
+from inferd.events import Gone, Telemetry
 from inferd.repository.model_state import ModelVersion, State
 from inferd.repository.registry import ModelRegistry
 from inferd.tensors.signature import BoundRequest
@@ -197,5 +199,49 @@ def test_unload_takes_the_model_out_of_service(repo: Path) -> None:
         assert registry.index() == []
         with pytest.raises(InferdError, match="unknown model 'swap'"):
             registry.get("swap")
+
+    asyncio.run(scenario())
+
+
+class _Keeper:
+    """A part keeping state per version: what each `forget` said was gone."""
+
+    KEYS = (("swap", "1"), ("swap", "2"), ("swap", ""), ("", ""))
+
+    def __init__(self) -> None:
+        self.calls: list[set[tuple[str, str]]] = []
+
+    def forget(self, gone: Gone) -> None:
+        self.calls.append({key for key in self.KEYS if gone(*key)})
+
+
+def test_what_is_kept_for_a_version_goes_when_its_unload_completes(repo: Path) -> None:
+    async def scenario() -> None:
+        keeper = _Keeper()
+        telemetry = Telemetry()
+        telemetry.keeps(keeper)
+        registry = ModelRegistry(repo, telemetry)
+        await registry.load_model("swap")
+        router = registry.models["swap"].router
+        router.set_weights({"1": 100}, {"1"}, "swap")
+        router.guard_rollback("1")
+        # New files, same number: the version stays (its series go on).
+        _write_version(repo, 1, PLUS_MODEL.format(plus=5.0))
+        await registry.load_model("swap")
+        assert keeper.calls == [{("swap", "2")}]  # (never loaded)
+        assert registry.holds("swap", "1") and router.rollbacks == {"1": 1}
+
+        _write_version(repo, 2, PLUS_MODEL.format(plus=2.0))
+        await registry.load_model("swap")  # 1 swapped out, drained, unloaded
+        assert keeper.calls[-1] == {("swap", "1")}
+        assert router.weights == {} and router.rollbacks == {}
+
+        await registry.unload_model("swap")  # the whole model: its own series go too
+        assert keeper.calls[-1] == {("swap", "1"), ("swap", "2"), ("swap", "")}
+        assert not registry.holds("swap", "") and registry.holds("", "")
+        await registry.load_model("swap")
+        assert registry.holds("swap", "") and registry.holds("swap", "2")
+        await registry.unload_model("swap", forget=True)  # out of the repository
+        assert keeper.calls[-1] == {("swap", "1"), ("swap", "2"), ("swap", "")}
 
     asyncio.run(scenario())

@@ -215,3 +215,15 @@ def test_degradation_of_workers_merges_as_the_worst_tier_and_summed_counts() -> 
         "dwell_s": 20.0,  # the longest
         "trial": True,  # any worker's
     }
+
+
+def test_forgetting_unloaded_versions_drops_the_siblings_last_answers_about_them(
+    tmp_path: Path,
+) -> None:
+    statistics = WorkersStatistics(lambda n, v: {"model_stats": []}, WorkerSlot(0, 2, tmp_path))
+    keys = [(1, "m", "1"), (1, "m", "2"), (1, "m", ""), (1, "", "")]
+    statistics._last = {key: [] for key in keys}
+    statistics.forget(lambda model, version: version == "1")  # version 1 was unloaded
+    assert list(statistics._last) == keys[1:]
+    statistics.forget(lambda model, version: model == "m")  # then the whole model
+    assert list(statistics._last) == [(1, "", "")]

@@ -28,6 +28,7 @@ reads the plain attributes and `counts` through snapshots.items().
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,11 @@ class Degradation:
     @property
     def current(self) -> Tier | None:
         return self.policy.tiers[self.tier - 1] if self.tier else None
+
+    def forget_unloaded(self, gone: Callable[[str], bool]) -> None:
+        """Versions unloaded: their own windows (a rollback tier's) go."""
+        for version in [v for v in self._versions if gone(v)]:
+            del self._versions[version]
 
     def count(self, tier: int, action: str) -> None:
         key = (tier, action)

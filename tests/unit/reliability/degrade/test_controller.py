@@ -202,3 +202,13 @@ def test_without_a_rollback_tier_no_version_window_is_kept() -> None:
     d = make()
     d.observe("2", 0.3, 0.0)
     assert d.version_p99("2", 0.1) == (0.0, 0)
+
+
+def test_an_unloaded_versions_own_window_goes() -> None:
+    d = make("100: rollback", min_requests=3)
+    for version in ("1", "2"):
+        for i in range(3):
+            d.observe(version, 0.05, i * 0.01)
+    assert d.version_p99("1", 0.1)[1] == 3
+    d.forget_unloaded(lambda version: version == "1")
+    assert d.version_p99("1", 0.1) == (0.0, 0) and d.version_p99("2", 0.1)[1] == 3
