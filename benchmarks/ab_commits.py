@@ -117,8 +117,8 @@ def _perf_analyzer(args: argparse.Namespace, wire: str, port: int) -> Run:
             ["bash", str(ROOT / "benchmarks/perf_analyzer.sh"), "-m", args.model,
              "-u", f"127.0.0.1:{port}", "-i", protocol, "--concurrency-range",
              str(args.concurrency), "--measurement-interval", str(int(args.duration_s * 1000)),
-             "--stability-percentage", str(getattr(args, "stability", 50)), "--max-trials", "3",
-             "--percentile=99",
+             "--stability-percentage", str(getattr(args, "stability", 50)),
+             "--max-trials", str(getattr(args, "max_trials", 3)), "--percentile=99",
              "-f", str(out)],
             check=False, capture_output=True, text=True,
         )  # fmt: skip

@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--stub", nargs=2, metavar=("SOURCE", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.model = "tiny"
+    args.max_trials = 10  # windows perf_analyzer may take to find 3 stable ones
     if args.stub:
         stub(args.stub[0], args.model, int(args.stub[1]), args.stub_uvloop)
         return
