@@ -74,8 +74,21 @@ class Admin:
         except ConfigError as exc:
             raise invalid(str(exc)) from None
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Triton's unload: `unload_dependents` optional, and only false (inferd does not
+        unload the ensembles made of a model: they stay, UNAVAILABLE until it is back)."""
         self.require("the repository API")
+        for key, value in (parameters or {}).items():
+            if key != "unload_dependents":
+                raise invalid(
+                    f"unknown unload parameter '{key[:200]}'; expected 'unload_dependents'"
+                )
+            if value is not False:
+                raise invalid(
+                    "unload parameter 'unload_dependents' must be false: inferd does not "
+                    "unload the ensembles made of a model (they stay loaded, UNAVAILABLE "
+                    "until the model is back)"
+                )
         await self.registry.unload_model(name)
 
     # -- routing between versions (docs/lifecycle.md) --------------------------------------

@@ -6,9 +6,11 @@ import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.lifecycle_models import plus, write_plus_model
@@ -178,3 +180,39 @@ def test_repository_api_is_off_outside_explicit_mode(tmp_path: Path) -> None:
         assert info.value.status() == "StatusCode.PERMISSION_DENIED"
         assert client.is_model_ready("only")
         client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_unloading_dependents_is_refused_not_ignored(
+    explicit_server: RunningServer, protocol: str
+) -> None:
+    """Triton's `unload_dependents: true` would unload the ensembles made of the model;
+    inferd does not, so it refuses it (naming it) and unloads nothing, while tritonclient's
+    default (`false`) unloads as before."""
+    client: Any = (
+        httpclient.InferenceServerClient(explicit_server.url.removeprefix("http://"))
+        if protocol == "http"
+        else grpcclient.InferenceServerClient(explicit_server.grpc_address)
+    )
+    try:
+        client.load_model("third", headers=AUTH)
+        with pytest.raises(InferenceServerException) as info:
+            client.unload_model("third", headers=AUTH, unload_dependents=True)
+        assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+        assert "'unload_dependents' must be false" in str(info.value.message())
+        assert client.is_model_ready("third")
+        client.unload_model("third", headers=AUTH)  # unload_dependents=False, as sent
+        assert not client.is_model_ready("third")
+    finally:
+        client.close()
+
+
+def test_an_unknown_unload_parameter_is_a_400(explicit_server: RunningServer) -> None:
+    with explicit_server.client(headers=AUTH) as c:
+        r = c.post("/v2/repository/models/first/unload", json={"parameters": {"surprise": 1}})
+        assert r.status_code == 400
+        assert "unknown unload parameter 'surprise'" in r.json()["error"]
+        r = c.post("/v2/repository/models/first/unload", json={"parameters": []})
+        assert r.status_code == 400
+        assert "'parameters' must be an object" in r.json()["error"]
+        assert c.post("/v2/models/first/infer", json=BODY).status_code == 200

@@ -104,18 +104,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def RepositoryModelLoad(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelLoadResponse:
-        parameters: dict[str, Any] = {}
-        for key, value in request.parameters.items():
-            which = value.WhichOneof("parameter_choice")
-            parameters[key] = getattr(value, which) if which else None
-        await self.dp.admin.load_model(request.model_name, parameters)
+        await self.dp.admin.load_model(request.model_name, _parameters(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     @errors_mapped
     async def RepositoryModelUnload(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        await self.dp.admin.unload_model(request.model_name)
+        await self.dp.admin.unload_model(request.model_name, _parameters(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
     @errors_mapped
@@ -187,6 +183,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             else:
                 setting.string_param = value
         return response
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    """A repository call's ModelRepositoryParameter map as plain values."""
+    values: dict[str, Any] = {}
+    for key, value in parameters.items():
+        which = value.WhichOneof("parameter_choice")
+        values[key] = getattr(value, which) if which else None
+    return values
 
 
 # Triton's API group of each method (what --grpc-restricted-protocol names); the routing

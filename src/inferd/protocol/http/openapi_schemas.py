@@ -263,9 +263,15 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "repository_unload_request": _object(
         [],
-        {"parameters": {"type": "object"}},
-        description="Triton's (`unload_dependents`); the body is read and nothing in it is "
-        "acted on.",
+        {
+            "parameters": {
+                "type": "object",
+                "properties": {"unload_dependents": {"const": False}},
+                "additionalProperties": False,
+            }
+        },
+        description="Triton's; `unload_dependents` may only be false: inferd does not unload "
+        "the ensembles made of a model (400 otherwise).",
     ),
     "ignored_body": {
         "description": "Read and ignored (Triton's clients send an empty body).",

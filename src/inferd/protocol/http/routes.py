@@ -228,8 +228,11 @@ class HttpAdapter:
         return Response(status_code=200)
 
     async def unload_model(self, request: Request) -> Response:
-        await self._json_body(request)  # Triton's optional parameters: nothing to act on
-        await self.dp.admin.unload_model(request.path_params["model"])
+        doc = await self._json_body(request)
+        parameters = doc.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise invalid("'parameters' must be an object")
+        await self.dp.admin.unload_model(request.path_params["model"], parameters)
         return Response(status_code=200)
 
     async def routing(self, request: Request) -> Response:
