@@ -18,7 +18,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import orjson
@@ -32,6 +31,7 @@ from inferd.monitoring.capture_files import (
 )
 from inferd.monitoring.capture_settings import CaptureSettings
 from inferd.telemetry.request_log import input_fingerprint
+from inferd.telemetry.writer_thread import Flush, WriterThread
 
 log = logging.getLogger("inferd.capture")
 
@@ -64,14 +64,7 @@ class DropCounts:
             forget_keys(self._counts, gone, per_model=True)
 
 
-class _Flush:
-    """A marker in the queue: everything offered before it is on disk once `done` is set."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-
-
-class CaptureQueue:
+class CaptureQueue(WriterThread[CapturedRequest]):
     """The bounded queue and the thread that drains it in batches; a subclass says how a
     batch is stored (`store`) and what a failed store's drops are called (`error_reason`)."""
 
@@ -89,17 +82,11 @@ class CaptureQueue:
         self.batch_bytes = batch_bytes
         self.max_item_bytes = max_item_bytes  # None: no single capture is too large
         self.queue_items = queue_items
-        # A deque, not a queue.Queue: an append wakes no thread (the writer polls, or is
-        # woken once a batch is full), so the loop pays no handoff per capture.
-        self._items: deque[CapturedRequest | _Flush | None] = deque()
+        # The writer polls, or is woken once a batch is full.
+        super().__init__(self.thread_name, "its pending captures are lost")
         self._queued = (0, 0)  # (captures, bytes) offered and not yet taken
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._warned_at = -WARN_EVERY_S
-        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def store(self, requests: list[CapturedRequest]) -> None:
         """Store one batch, on the thread; an exception drops it (counted, logged)."""
@@ -124,24 +111,6 @@ class CaptureQueue:
         self._items.append(request)
         if queued_bytes + nbytes >= self.batch_bytes:
             self._wake.set()
-
-    # -- any thread -----------------------------------------------------------------------
-
-    def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait (never on the event loop) until what was offered so far is stored."""
-        marker = _Flush()
-        self._items.append(marker)
-        self._wake.set()
-        return marker.done.wait(timeout_s)
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Store what is pending and stop the thread."""
-        if self._thread.is_alive():
-            self._items.append(None)
-            self._wake.set()
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                log.warning("capture writer is stuck: its pending captures are lost")
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -172,7 +141,7 @@ class CaptureQueue:
                     pending, pending_bytes = [], 0
                 if item is None:
                     return
-                if isinstance(item, _Flush):
+                if isinstance(item, Flush):
                     item.done.set()
             if pending and time.monotonic() - oldest >= FLUSH_AFTER_S:
                 self._store(pending)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ import orjson
 from inferd.events import BatchRecord, RequestRecord
 from inferd.telemetry.trace_config import UNLIMITED
 from inferd.telemetry.trace_settings import TraceSettings
+from inferd.telemetry.writer_thread import Flush, WriterThread
 
 log = logging.getLogger("inferd.trace")
 
@@ -84,13 +84,6 @@ class TraceBatch:
     is_held: bool  # its count is limited: it waits, to be written when the count runs out
     is_last: bool  # it spent its scope's count to 0
     traces: list[Trace]
-
-
-class _Flush:
-    """A marker: every batch offered before it is written once `done` is set."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
 
 
 def timestamps(record: RequestRecord) -> tuple[int, ...]:
@@ -209,17 +202,14 @@ class _Waiting:
     traces: list[bytes] = field(default_factory=list)
 
 
-class TraceFileWriter:
+class TraceFileWriter(WriterThread[TraceBatch]):
     """The bounded queue and the thread that writes `path` and `path.<n>`."""
 
     def __init__(self, path: Path, queue_traces: int = QUEUE_TRACES) -> None:
         self.path = path
         self.queue_traces = queue_traces
-        # A deque, not a queue.Queue: an append wakes no thread (the writer polls), so the
-        # loop pays no handoff per trace. One producer (the loop): len() bounds it.
-        self._items: deque[TraceBatch | _Flush | None] = deque()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="inferd-trace-file", daemon=True)
+        # The writer polls. One producer (the loop): len() bounds the queue.
+        super().__init__("inferd-trace-file", "the traces it holds are lost")
         self._drops_lock = threading.Lock()
         self._drops: dict[str, int] = {}
         # The thread's own.
@@ -227,9 +217,6 @@ class TraceFileWriter:
         self._index = 0  # the next `path.<n>`
         self._main: BinaryIO | None = None  # `path`, once a trace went there
         self._warned_at = -WARN_EVERY_S
-
-    def start(self) -> None:
-        self._thread.start()
 
     # -- the event loop's side -----------------------------------------------------------
 
@@ -249,22 +236,6 @@ class TraceFileWriter:
         with self._drops_lock:
             return dict(self._drops)
 
-    # -- any thread -----------------------------------------------------------------------
-
-    def flush(self, timeout_s: float = 30.0) -> bool:
-        marker = _Flush()
-        self._items.append(marker)
-        self._wake.set()
-        return marker.done.wait(timeout_s)
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        if self._thread.is_alive():
-            self._items.append(None)
-            self._wake.set()
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                log.warning("trace file writer is stuck: the traces it holds are lost")
-
     # -- the thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -276,7 +247,7 @@ class TraceFileWriter:
                 if item is None:
                     self._finish()
                     return
-                if isinstance(item, _Flush):
+                if isinstance(item, Flush):
                     if self._main is not None:
                         self._write(self._main.flush, 0)
                     item.done.set()
