@@ -12,13 +12,9 @@ import contextlib
 import ctypes
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
-import redis
-
-from tests.support.server_process import free_port
+from tests.support.redis_servers import OwnRedis
 
 
 def die_with_the_soak() -> None:
@@ -83,42 +79,10 @@ def workers_of(root: int) -> list[int]:
     return [p for p, role in family(root).items() if role == "worker"]
 
 
-class SoakRedis:
-    """`redis-server` on a free port (no persistence), killed with SIGKILL and started again
-    on the same port. Start it from the soak's main thread (the parent-death signal is the
-    starting thread's)."""
+class SoakRedis(OwnRedis):
+    """`redis-server` on a free port, killed with SIGKILL and started again on the same
+    port, dying with the soak. Start it from the soak's main thread (the parent-death
+    signal is the starting thread's)."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_the_soak,
-        )  # fmt: skip
-        client = redis.Redis("127.0.0.1", self.port, socket_timeout=1)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while True:  # until it answers PING, or the deadline
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server on port {self.port} exited")
-                with contextlib.suppress(redis.ConnectionError):
-                    if client.ping():
-                        return
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} did not answer")
-                time.sleep(0.02)
-        finally:
-            client.close()
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(10)
-            self.process = None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
+        super().__init__(preexec_fn=die_with_the_soak)
