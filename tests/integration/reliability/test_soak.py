@@ -39,11 +39,15 @@ from tests.support.soak_watch import Probe, ProcessSeries, increase, slope_per_h
 
 ROOT = Path(__file__).resolve().parents[3]
 SOAK_S = 180
-# Per hour, over the 135 s after warm-up: 240 MiB/h is 9 MiB there (a 4 KiB leak per request
-# at the soak's rate, or a copy of mlp's weights per swap); 600 fds/h is 22 descriptors;
-# 120 threads/h is 4.5 threads; 2000 exported samples/h is 75 (a version's series are 113).
-SHORT_BOUNDS = ("--max-rss-slope-mib-h", "240", "--max-fd-slope-h", "600",
-                "--max-thread-slope-h", "120", "--max-series-slope-h", "2000")  # fmt: skip
+# Per hour, over the 135 s after warm-up. A slope over two minutes moves with warm-up (a
+# worker's RSS rose 11 MiB there in a clean CI run, 304 MiB/h; a model first served by a
+# worker after its sibling's kill adds its series, 2279 samples/h), so these bounds catch
+# gross growth only: 600 MiB/h is 22 MiB (a 10 KiB leak per request at the soak's rate);
+# 600 fds/h is 22 descriptors; 120 threads/h is 4.5 threads; 6000 samples/h is 225 (the
+# series of unloaded versions kept, the leak this bound was set for, read 9,494/h). The
+# 30-minute run (benchmarks/soak.py's own defaults) holds the tight bounds.
+SHORT_BOUNDS = ("--max-rss-slope-mib-h", "600", "--max-fd-slope-h", "600",
+                "--max-thread-slope-h", "120", "--max-series-slope-h", "6000")  # fmt: skip
 
 
 @pytest.mark.soak
