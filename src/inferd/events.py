@@ -145,6 +145,10 @@ class BatchRecord:
     failed: bool
     timed_out: bool = False  # failed by the execution timeout (execution_timeout_ms)
     bisect_executions: int = 0  # it failed and was executed again in parts (isolate.py)
+    # Models with pad_inputs: elements of the padded inputs its requests sent, and how many
+    # the model received once they were padded to the longest (merge.padding_counts).
+    real_elements: int = 0
+    padded_elements: int = 0
 
 
 def note_failure(record: RequestRecord, exc: BaseException) -> None:

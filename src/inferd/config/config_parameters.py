@@ -27,6 +27,16 @@ INFERD_PARAMETERS: dict[str, str] = {
         "is taken out of service; default `--execution-timeout-ms` (decoupled models: none), "
         "0 none (docs/reliability.md)"
     ),
+    "pad_inputs": (
+        "`input:pad_value, ...`: requests of any length in these inputs' one variable "
+        "dimension batch together, padded to the batch's longest (docs/batching.md#padding)"
+    ),
+    "padded_outputs": "outputs carrying the padded dimension, cut back to each request's length",
+    "pad_grouping_waste": (
+        "with pad_inputs: the padding a batch may carry, as a share of its real elements, when "
+        "batches are grouped by length; default 0.25, `off` keeps queue order"
+    ),
+    "pad_grouping_window": "queued requests looked at for a batch of similar length; 4 batches",
     "max_input_shape": "per-input bound on the non-batch dims, JSON (docs/limits.md)",
     "max_input_elements": "elements per input tensor (docs/limits.md)",
     "max_bytes_element_size": "bytes per BYTES element (docs/limits.md)",

@@ -14,6 +14,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.config.model_config import ConfigError
+from inferd.config.padding_config import PaddingPlan, read_padding_plan
 
 Kind = mc.BatchInput.Kind
 ELEMENT_COUNT = Kind.BATCH_ELEMENT_COUNT
@@ -51,10 +52,11 @@ class RaggedPlan:
 
     ragged: frozenset[str] = frozenset()  # inputs concatenated flat across the batch
     batch_inputs: tuple[BatchInputSpec, ...] = ()
+    padding: PaddingPlan | None = None  # inputs padded to the batch's longest member
 
     @property
     def active(self) -> bool:
-        return bool(self.ragged or self.batch_inputs)
+        return bool(self.ragged or self.batch_inputs or self.padding)
 
     def targets(self) -> dict[str, str]:
         """Batch input name -> what it is (for the error a client sending one gets)."""
@@ -68,9 +70,10 @@ def read_ragged_plan(config: mc.ModelConfig) -> RaggedPlan:
     """The config's ragged inputs and batch inputs; raises `ConfigError` naming the file and
     field when they are inconsistent (Triton's checks, and what inferd cannot honour)."""
     where = f"{config.name}/config.pbtxt"
+    padding = read_padding_plan(config)
     ragged = [i for i in config.input if i.allow_ragged_batch]
     if not ragged and not config.batch_input:
-        return NO_RAGGED
+        return NO_RAGGED if padding is None else RaggedPlan(padding=padding)
     if config.max_batch_size == 0:
         field = "input.allow_ragged_batch" if ragged else "batch_input"
         raise ConfigError(
@@ -105,7 +108,7 @@ def read_ragged_plan(config: mc.ModelConfig) -> RaggedPlan:
                     f"{where}: batch_input.target_name: '{target}' is named by two batch inputs"
                 )
             seen.add(target)
-    return RaggedPlan(frozenset(i.name for i in ragged), tuple(specs))
+    return RaggedPlan(frozenset(i.name for i in ragged), tuple(specs), padding)
 
 
 def _batch_input(

@@ -64,6 +64,8 @@ class Statistics:
                 mv = model.versions.get(entry["version"])
                 if mv is not None and mv.cache is not None:
                     entry["coalesced"] = self.sink.coalesced(n, entry["version"])
+                if mv is not None and mv.signature.ragged.padding is not None:
+                    entry["padding"] = self.sink.padding(n, entry["version"])
             degrade = model.degrade
             if degrade is not None:  # inferd's own field (HTTP; gRPC's message has none)
                 for entry in entries:

@@ -42,6 +42,7 @@ class RecordedMetrics(Protocol):
     batch_closes: dict[tuple[str, str, str], int]
     execution_timeouts: dict[tuple[str, str], int]
     bisections: dict[tuple[str, str], list[int]]
+    padding: dict[tuple[str, str], list[int]]
 
     def health_score(self, model: str, version: str, baseline_s: float | None) -> float: ...
 
@@ -89,7 +90,7 @@ class CountsCollector(Collector):
         close = CounterMetricFamily(
             "inferd_batch_close",
             "Why each batch left the queue: full, preferred_size, max_delay, "
-            "shape_mismatch, queue_empty.",
+            "shape_mismatch, length, queue_empty.",
             labels=(*MV, "reason"),
         )
         for key, count in sorted(items(sink.batch_closes)):
@@ -133,8 +134,23 @@ class CountsCollector(Collector):
                 continue
             sent.add_metric([model, version], count)
             dropped.add_metric([model, version], lost)
+        real = CounterMetricFamily(
+            "inferd_batch_real_elements",
+            "Models with pad_inputs: elements of the padded inputs that requests sent.",
+            labels=MV,
+        )
+        padded = CounterMetricFamily(
+            "inferd_batch_padded_elements",
+            "Models with pad_inputs: elements of those inputs the model received, padded to "
+            "each batch's longest (padded / real is the padding waste).",
+            labels=MV,
+        )
+        for (model, version), (sent_elements, received) in sorted(items(sink.padding)):
+            if held(model, version):
+                real.add_metric([model, version], sent_elements)
+                padded.add_metric([model, version], received)
         yield from (success, failure, inferences, executions, close, timeouts, bisections)
-        yield from (bisect_runs, sent, dropped)
+        yield from (bisect_runs, sent, dropped, real, padded)
         yield from histograms.values()
 
 

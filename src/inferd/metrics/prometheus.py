@@ -60,6 +60,8 @@ class MetricsSink:
         # Decoupled models: (responses sent to clients, responses dropped) per version.
         self.stream_responses: dict[tuple[str, str], list[int]] = {}
         self.batch_closes: dict[tuple[str, str, str], int] = {}
+        # Models with pad_inputs: [real, padded] elements of their padded inputs.
+        self.padding: dict[tuple[str, str], list[int]] = {}
         self.execution_timeouts: dict[tuple[str, str], int] = {}
         # Failed batches executed again in parts: [batches, executions] (scheduling/isolate.py).
         self.bisections: dict[tuple[str, str], list[int]] = {}
@@ -124,6 +126,10 @@ class MetricsSink:
         if record.timed_out:
             labels = (record.model, record.version)
             self.execution_timeouts[labels] = self.execution_timeouts.get(labels, 0) + 1
+        if record.padded_elements:
+            elements = self.padding.setdefault((record.model, record.version), [0, 0])
+            elements[0] += record.real_elements
+            elements[1] += record.padded_elements
         if record.bisect_executions:
             counts = self.bisections.setdefault((record.model, record.version), [0, 0])
             counts[0] += 1
@@ -146,7 +152,7 @@ class MetricsSink:
         completes): otherwise every version a model ever had would stay on /metrics."""
         for shared in (
             self.series, self.failures, self.stream_responses, self.batch_closes,
-            self.execution_timeouts, self.bisections, self._windows,
+            self.execution_timeouts, self.bisections, self.padding, self._windows,
         ):  # fmt: skip
             forget_keys(shared, gone)
 

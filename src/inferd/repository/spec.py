@@ -130,14 +130,55 @@ def batching_options(config: mc.ModelConfig) -> BatchingOptions:
         for level in range(1, max(1, levels) + 1)
     )
     default_level = int(db.default_priority_level) if levels else 1
+    waste, window = _length_grouping(config)
     return BatchingOptions(
         max_batch_size=int(config.max_batch_size),
         preferred_sizes=tuple(int(s) for s in db.preferred_batch_size),
         max_delay_s=db.max_queue_delay_microseconds / 1e6,
         policy=policy,
+        group_waste=waste,
+        group_window=window,
         queue_policies=policies,
         default_priority=max(0, default_level - 1),
     )
+
+
+def _length_grouping(config: mc.ModelConfig) -> tuple[float, int]:
+    """`pad_grouping_waste` and `pad_grouping_window` (length_groups.py): on by default for
+    a model that pads (`pad_inputs`), with a waste of 0.25 and a window of 4 batches."""
+    where = f"{config.name}/{CONFIG_FILE}: parameters"
+    raw_waste = parameter(config, "pad_grouping_waste").strip()
+    raw_window = parameter(config, "pad_grouping_window").strip()
+    if not parameter(config, "pad_inputs").strip():
+        for key, raw in (("pad_grouping_waste", raw_waste), ("pad_grouping_window", raw_window)):
+            if raw:
+                raise ConfigError(
+                    f"{where}.{key}: needs pad_inputs (length grouping batches "
+                    "requests a model pads)"
+                )
+        return -1.0, 0
+    if raw_waste.lower() == "off":
+        waste = -1.0
+    else:
+        try:
+            waste = float(raw_waste or "0.25")
+        except ValueError:
+            waste = math.nan
+        if not 0 <= waste < math.inf:
+            raise ConfigError(
+                f"{where}.pad_grouping_waste: must be a number >= 0 (the padding a batch may "
+                f"carry, as a share of its real elements) or `off`, got '{raw_waste}'"
+            )
+    window = int_parameter(config, "pad_grouping_window", 4 * int(config.max_batch_size))
+    if window < 1:
+        raise ConfigError(f"{where}.pad_grouping_window: must be >= 1, got {window}")
+    if waste >= 0 and config.dynamic_batching.preferred_batch_size:
+        raise ConfigError(
+            f"{config.name}/{CONFIG_FILE}: dynamic_batching.preferred_batch_size: not used "
+            "when batches are grouped by length (pad_inputs); remove it, or set "
+            "pad_grouping_waste to `off`"
+        )
+    return waste, window
 
 
 def _queue_policy(p: mc.ModelQueuePolicy) -> QueuePolicy:

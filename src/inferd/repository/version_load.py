@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy.random  # noqa: F401  (idem)
 
-from inferd.backends.base import Backend
+from inferd.backends.base import Backend, RequestListInstance
 from inferd.backends.python.pb_utils.host import HostProvider
 from inferd.config.model_config import backend_name
 from inferd.events import Telemetry
@@ -64,6 +64,16 @@ async def load_version(
             mv.spec,
             model_host,
         )
+        if mv.signature.ragged.padding is not None and any(
+            isinstance(inst, RequestListInstance) for inst in instances
+        ):
+            for inst in instances:
+                inst.close()
+            raise RuntimeError(
+                f"{mv.name}/config.pbtxt: parameters.pad_inputs: {mv.name}/{mv.version}/"
+                "model.py implements execute(requests), which sees each request at its own "
+                "length; padding is for a model that takes the merged batch"
+            )
     except Exception as exc:
         mv.state = State.UNAVAILABLE
         mv.reason = f"load failed: {exc}"

@@ -8,7 +8,8 @@ Policies (see docs/batching.md):
   or its oldest request has waited ``max_queue_delay_microseconds``.
 - ``none``: every request executes alone.
 
-Which requests leave together is `formation.form_batch`, a pure function of the queue;
+Which requests leave together is `formation.form_batch`, a pure function of the queue
+(`length_groups.form_length_group` for a model that pads and groups by length);
 admission (queue limits, priorities, deadlines) is `admission.py`; executing a batch on an
 instance is `execution.BatchRunner`. This module ties them to the event loop.
 """
@@ -29,6 +30,7 @@ from inferd.events import ExecutionTimes, Telemetry
 from inferd.scheduling.admission import admit, full, refuse_unmeetable_deadline, unconditional
 from inferd.scheduling.execution import BatchObserver, BatchRunner
 from inferd.scheduling.formation import Formation, FormationOptions, form_batch
+from inferd.scheduling.length_groups import form_length_group
 from inferd.scheduling.load_signal import LoadSample
 from inferd.scheduling.pending import BatchClose, Pending
 from inferd.scheduling.queues import PriorityQueues, QueuePolicy
@@ -87,6 +89,8 @@ class DynamicBatcher:
         )
         self._instances = self._runner.instances
         self._opts = options
+        # Which queued requests leave together: in queue order, or grouped by length.
+        self._form = form_length_group if options.groups_lengths else form_batch
         self._all_bounded = all(p.max_queue_size for p in options.queue_policies)
         self._unconditional = unconditional(options.queue_policies, options.default_priority)
         self._queue: PriorityQueues[Pending] = PriorityQueues(len(options.queue_policies))
@@ -286,10 +290,10 @@ class DynamicBatcher:
                 await self._arrived.wait()
                 continue
             instance = await self._idle.get()
-            formed = form_batch(self._queue, self._opts, time.perf_counter_ns())
+            formed = self._form(self._queue, self._opts, time.perf_counter_ns())
             while formed.wait_until_ns is not None:  # a window is open (policy `window`)
                 await self._wait_arrival(formed.wait_until_ns)
-                formed = form_batch(self._queue, self._opts, time.perf_counter_ns())
+                formed = self._form(self._queue, self._opts, time.perf_counter_ns())
             batch = self._take(formed)
             if not batch:
                 self._idle.put_nowait(instance)
@@ -311,6 +315,9 @@ class DynamicBatcher:
         """Pop what `formed` took off the queue; fail its expired requests."""
         for _ in range(formed.taken):
             self._unqueue(self._queue.popleft())
+        if formed.scattered:  # members further down the queue leave its counts now
+            for p in formed.batch:
+                self._unqueue(p)
         for p in formed.expired:
             if not p.future.done():
                 p.future.set_exception(

@@ -31,6 +31,7 @@ from inferd.events import BatchRecord, ExecutionTimes, Telemetry
 from inferd.scheduling.instance_runs import InstanceRun, wake
 from inferd.scheduling.isolate import RequestFailedAloneError, can_isolate, run_isolating
 from inferd.scheduling.load_signal import LoadWindow
+from inferd.scheduling.merge import padding_counts
 from inferd.scheduling.pending import BatchClose, Finish, Pending, Result
 from inferd.scheduling.readiness_probe import ReadinessProbe, run_probe
 from inferd.scheduling.run_batch import Timings, unloading
@@ -238,6 +239,12 @@ class BatchRunner:
         finally:
             self.executing -= requests
             self.load.finished(slot, dequeued_ns, time.perf_counter_ns(), rows)
+            padding = self.ragged.padding
+            real, padded = (
+                padding_counts([p.request for p in batch], padding)
+                if padding is not None and batch
+                else (0, 0)
+            )
             self._telemetry.batch(
                 BatchRecord(
                     self.name,
@@ -249,6 +256,8 @@ class BatchRunner:
                     failed,
                     timed_out,
                     extra,
+                    real,
+                    padded,
                 )
             )
         return not failed

@@ -31,6 +31,11 @@ class Shaped(Protocol):
     def rows(self) -> int: ...
 
     @property
+    def length(self) -> int:
+        """Its padded dimension's size (models with `pad_inputs`; else 0)."""
+        ...
+
+    @property
     def shape_key(self) -> tuple[tuple[int, ...], ...]: ...
 
 
@@ -64,6 +69,15 @@ class FormationOptions:
     preferred_sizes: tuple[int, ...] = ()
     max_delay_s: float = 0.0
     policy: str = "work_conserving"  # or "window", "none"
+    # Length grouping (models with `pad_inputs`, length_groups.py): the padding a batch may
+    # carry, as a share of its real elements (negative: off, batches leave in queue order),
+    # and how many queued requests are looked at for members of similar length.
+    group_waste: float = -1.0
+    group_window: int = 0
+
+    @property
+    def groups_lengths(self) -> bool:
+        return self.group_waste >= 0 and self.batches
 
     @property
     def batches(self) -> bool:
@@ -85,6 +99,9 @@ class Formation(Generic[Q]):
     taken: int = 0
     expired: list[Q] = field(default_factory=list)
     wait_until_ns: int | None = None
+    # Members of `batch` may lie past the `taken` head of the queue (length grouping): the
+    # caller takes them out of the queue's counts where they are.
+    scattered: bool = False
 
 
 def form_batch(queue: Iterable[Q], options: FormationOptions, now_ns: int) -> Formation[Q]:

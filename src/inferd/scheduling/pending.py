@@ -23,6 +23,9 @@ class BatchClose(enum.Enum):
     PREFERRED_SIZE = "preferred_size"
     MAX_DELAY = "max_delay"
     SHAPE_MISMATCH = "shape_mismatch"
+    # Length grouping: the queued request nearest in length would have padded the batch past
+    # its bound (pad_grouping_waste).
+    LENGTH = "length"
     QUEUE_EMPTY = "queue_empty"
 
 

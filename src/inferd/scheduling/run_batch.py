@@ -12,6 +12,7 @@ from inferd.backends.executing import EXECUTING
 from inferd.config.ragged_config import NO_RAGGED, RaggedPlan
 from inferd.errors import ErrorKind, InferdError
 from inferd.scheduling.merge import merged_inputs
+from inferd.types import Array
 
 if TYPE_CHECKING:
     from inferd.scheduling.pending import Pending, Result
@@ -95,6 +96,9 @@ def _run_batch(
             )
     if len(batch) == 1:
         return [outputs], (t1 - t0, t2 - t1, clock() - t2)
+    cuts = ragged.padding.outputs if ragged.padding is not None else None
+    if cuts:
+        return _split_cut(batch, outputs, cuts), (t1 - t0, t2 - t1, clock() - t2)
     split: list[Result] = []
     offset = 0
     for p in batch:
@@ -102,3 +106,33 @@ def _run_batch(
         split.append({name: array[offset:end] for name, array in outputs.items()})
         offset = end
     return split, (t1 - t0, t2 - t1, clock() - t2)
+
+
+def _split_cut(
+    batch: list[Pending], outputs: dict[str, Array], cuts: dict[str, int]
+) -> list[Result]:
+    """The split of a padded batch: outputs in `cuts` (name -> axis) carry the padded
+    dimension, and each request gets them cut back to its own length."""
+    longest = max(p.request.length for p in batch)
+    for name, axis in cuts.items():
+        array = outputs.get(name)
+        if array is not None and (array.ndim <= axis or array.shape[axis] != longest):
+            size = array.shape[axis] if array.ndim > axis else "nothing"
+            raise ContractError(
+                f"output '{name}' holds {size} in dimension {axis}, the padded one "
+                f"(padded_outputs), for a batch padded to {longest}"
+            )
+    split: list[Result] = []
+    offset = 0
+    for p in batch:
+        end = offset + p.request.rows
+        mine = {name: array[offset:end] for name, array in outputs.items()}
+        length = p.request.length
+        for name, axis in cuts.items():
+            if name in mine and length != longest:
+                where = [slice(None)] * mine[name].ndim
+                where[axis] = slice(0, length)
+                mine[name] = mine[name][tuple(where)]
+        split.append(mine)
+        offset = end
+    return split

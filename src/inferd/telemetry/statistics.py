@@ -86,6 +86,9 @@ class VersionStats:
     # single flight): in success and queue (their wait), neither a hit, a miss nor an
     # execution. Rendered as the entry's `coalesced` field for versions with the cache.
     coalesced: Duration = field(default_factory=Duration)
+    # Models with pad_inputs: [batches, real, padded] elements of the padded inputs (the
+    # entry's inferd field `padding`).
+    padding: list[int] = field(default_factory=lambda: [0, 0, 0])
     inference_count: int = 0  # rows inferred
     execution_count: int = 0  # batches executed
     last_inference_ms: int = 0  # ms since the epoch
@@ -148,6 +151,11 @@ class StatisticsSink:
         # its requests' completion must never see an execution without its rows.
         stats.inference_count += record.rows
         stats.execution_count += 1
+        if record.padded_elements:
+            padding = stats.padding
+            padding[0] += 1
+            padding[1] += record.real_elements
+            padding[2] += record.padded_elements
         batch = stats.batches[record.rows]
         batch.compute_input.add(record.compute_input_ns)
         batch.compute_infer.add(record.compute_infer_ns)
@@ -168,6 +176,13 @@ class StatisticsSink:
         """inferd's `coalesced` field of a version's entry: {"count", "ns"}."""
         stats = self.versions.get((name, version))
         return (stats.coalesced if stats is not None else Duration()).to_dict()
+
+    def padding(self, name: str, version: str) -> dict[str, int]:
+        """inferd's `padding` field of a version's entry (a model with pad_inputs): batches
+        executed, and the elements of the padded inputs sent and received once padded."""
+        stats = self.versions.get((name, version))
+        batches, real, padded = stats.padding if stats is not None else (0, 0, 0)
+        return {"batches": batches, "real_elements": real, "padded_elements": padded}
 
     @staticmethod
     def _render(name: str, version: str, s: VersionStats) -> dict[str, Any]:

@@ -64,6 +64,9 @@ class BoundRequest:
     # SEQUENCE_END (2) flags, set by the data plane from the request parameters.
     correlation_id: int | str = 0
     flags: int = 0
+    # Models with `pad_inputs`: the size of its padded dimension (the batch pads to the
+    # longest; outputs in `padded_outputs` are cut back to it); 0 for other models.
+    length: int = 0
     # Its inputs are views of memory reused once it is answered (a shared-memory region, the
     # engine hop's slab): whoever keeps them past the answer copies them first (drift).
     borrowed: bool = False
@@ -93,11 +96,12 @@ class ModelSignature:
         # Inputs the server feeds the model itself (sequence control inputs, implicit state,
         # batch inputs): name -> what it is, for the error a client sending one gets.
         self.server_inputs: dict[str, str] = self.ragged.targets()
-        # Inputs whose shapes key a batch: all but the ragged ones (None: all of them).
+        # Inputs whose shapes key a batch: all but the ragged and padded ones (None: all).
+        padding = self.ragged.padding
+        self._padded = padding.inputs if padding is not None else ()
+        unkeyed = self.ragged.ragged | {p.name for p in self._padded}
         self._keyed: tuple[str, ...] | None = (
-            tuple(i.name for i in config.input if i.name not in self.ragged.ragged)
-            if self.ragged.ragged
-            else None
+            tuple(i.name for i in config.input if i.name not in unkeyed) if unkeyed else None
         )
         self.config_file = f"{config.name}/config.pbtxt"  # named in every mismatch message
         # Request parameters reach the model (the Python backend): checked and handed over.
@@ -165,12 +169,14 @@ class ModelSignature:
             # ones cannot be merged (two sending one each, of the same shape, failed with
             # KeyError in the merge, and 49 of 50 valid requests with it).
             shape_key += (tuple(int(n in inputs) for n in self._optional),)
+        length = self._length(inputs, model) if self._padded else 0
         bound = BoundRequest(
             inputs=inputs,
             rows=rows if self.is_batched else 1,
             shape_key=shape_key,
             output_names=self._output_names(request.outputs, model),
             request_id=request.id,
+            length=length,
             borrowed=request.uses_shared_memory or request.inputs_borrowed,
         )
         if request.parameters and self.model_parameters:
@@ -181,7 +187,9 @@ class ModelSignature:
         """Refuse what `bind` refuses, with its errors in its order, binding nothing: what a
         front end of `--engine` runs before the hop (engine/model_table.py)."""
         model = request.model_name
-        self._declared(self._given(request)[0], model)
+        inputs = self._declared(self._given(request)[0], model)
+        if self._padded:
+            self._length(inputs, model)
         self._output_names(request.outputs, model)
         if request.parameters and self.model_parameters:
             model_parameters(request.parameters)
@@ -195,6 +203,21 @@ class ModelSignature:
             elif not spec.optional:
                 raise invalid(f"missing input '{name}' for model '{model}'")
         return inputs
+
+    def _length(self, inputs: dict[str, Array], model: str) -> int:
+        """The request's length: its padded inputs' size in their padded dimension, which
+        they must agree on (they are padded together, and outputs cut back to it)."""
+        first, *others = self._padded
+        length = int(inputs[first.name].shape[first.axis])
+        for pad in others:
+            size = int(inputs[pad.name].shape[pad.axis])
+            if size != length:
+                raise invalid(
+                    f"input '{pad.name}' holds {size} in its padded dimension and input "
+                    f"'{first.name}' {length}: model '{model}' pads them together (pad_inputs "
+                    "in its config), so they must be of one length"
+                )
+        return length
 
     def _given(self, request: InferRequest) -> tuple[dict[str, Array], int]:
         """Each input checked against its spec (name, datatype, shape, batch size, the

@@ -131,6 +131,10 @@ def merge_model_stats(answers: Iterable[list[dict[str, Any]]]) -> list[dict[str,
             into["response_stats"] = dict(sorted(responses.items(), key=lambda kv: int(kv[0])))
             if "coalesced" in entry:  # inferd's own, for versions with the response cache
                 _add_durations(into, {"coalesced": entry["coalesced"]})
+            if "padding" in entry:  # inferd's own, for models with pad_inputs: counts add up
+                mine = into.setdefault("padding", dict.fromkeys(entry["padding"], 0))
+                for key, count in entry["padding"].items():
+                    mine[key] = mine.get(key, 0) + count
             if "degradation" in entry:  # each worker degrades on its own: the worst, and sums
                 _merge_degradation(into.setdefault("degradation", {}), entry["degradation"])
     return list(merged.values())

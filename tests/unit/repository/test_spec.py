@@ -58,6 +58,7 @@ def test_defaults() -> None:
 
 
 # (parameters, backend, what the spec reads, the value expected)
+PAD = {"pad_inputs": "x"}  # length grouping's keys need it
 Q = {"degrade_p99_ms": "100: queue=3"}  # tiers, for the other degrade_* keys to apply to
 PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     ({"batching_policy": "window"}, "onnxruntime", lambda s: s.batching.policy, "window"),
@@ -154,6 +155,17 @@ PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
         lambda s: s.degrade.rollback_within_s,
         60.0,
     ),
+    # pad_inputs and padded_outputs are checked and read into the model's signature
+    # (tests/unit/config/test_padding.py); here, that they turn length grouping on.
+    (
+        {**PAD},
+        "onnxruntime",
+        lambda s: (s.batching.group_waste, s.batching.group_window),
+        (0.25, 32),
+    ),
+    ({**PAD, "padded_outputs": "y"}, "onnxruntime", lambda s: s.batching.groups_lengths, True),
+    ({"pad_grouping_waste": "0.5", **PAD}, "onnxruntime", lambda s: s.batching.group_waste, 0.5),
+    ({"pad_grouping_window": "9", **PAD}, "onnxruntime", lambda s: s.batching.group_window, 9),
     (
         {"cache_text_normalize": "lower, strip"},
         "python",
@@ -299,6 +311,7 @@ SPEC_MODULES = {
     "repository/spec.py",
     "config/backend_parameters.py",
     "config/input_limits.py",
+    "config/padding_config.py",
     "monitoring/drift_spec.py",
     "cache/model_cache_spec.py",
     "reliability/degrade/tier_spec.py",

@@ -17,6 +17,7 @@ NOW = 1_000 * MS
 class Shape:
     rows: int
     shape_key: tuple[tuple[int, ...], ...]
+    length: int = 0
 
 
 @dataclass(slots=True)

@@ -76,6 +76,17 @@ def test_cache_statistics_of_workers_add_up() -> None:
     assert merged["coalesced"] == {"count": 3, "ns": 33}
 
 
+def test_padding_statistics_of_workers_add_up() -> None:
+    def answer(batches: int, real: int, padded: int) -> list[dict[str, object]]:
+        entry = StatisticsSink._render("m", "1", VersionStats())
+        # inferd's field for a model with pad_inputs (dataplane/statistics_api.py)
+        entry["padding"] = {"batches": batches, "real_elements": real, "padded_elements": padded}
+        return [entry]
+
+    merged = merge_model_stats([answer(2, 10, 12), answer(3, 20, 30)])[0]
+    assert merged["padding"] == {"batches": 5, "real_elements": 30, "padded_elements": 42}
+
+
 def test_response_statistics_of_workers_add_up_per_position() -> None:
     def answer(positions: int) -> list[dict[str, object]]:
         s = VersionStats()
