@@ -149,6 +149,26 @@ async def load_version(
         warmed.samples,
         "" if warmed.samples == 1 else "s",
     )
+    delay_us = mv.config.dynamic_batching.max_queue_delay_microseconds
+    batching = mv.spec.batching
+    if (
+        delay_us
+        and mv.sequence is None
+        and batching.batches
+        and batching.policy == "work_conserving"
+    ):
+        # Triton waits up to the delay for a fuller batch; inferd's default never waits. Said
+        # once per load, so that a config ported from Triton does not differ silently.
+        log.info(
+            "model %s version %s: notice: dynamic_batching.max_queue_delay_microseconds "
+            "(%d) is an upper bound under inferd's default batching_policy work_conserving: "
+            "a batch leaves at once when an instance is free. Triton waits up to the delay "
+            "for a fuller batch: parameters.batching_policy `window` does that "
+            "(docs/batching.md)",
+            mv.name,
+            mv.version,
+            delay_us,
+        )
 
 
 def _batching(mv: ModelVersion) -> str:

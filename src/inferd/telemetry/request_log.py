@@ -1,11 +1,12 @@
 """The request log: one structured line per failed request and per sampled success.
 
 A telemetry sink. Failures are always logged (WARNING for the client's or the load's
-doing, ERROR for the model's or inferd's); successes with probability `sample_rate`, at
-INFO. So are shed requests (429): under overload they come by the thousand per second,
-every one is counted in the metrics, and a log line each would make the overload worse.
-A line that is not sampled costs one random draw: everything else (the trace id, the input
-fingerprint) is computed only for lines actually written.
+doing, ERROR for the model's or inferd's, INFO for a client that went away, once, under
+the model it called); successes with probability `sample_rate`, at INFO. So are shed
+requests (429): under overload they come by the thousand per second, every one is counted
+in the metrics, and a log line each would make the overload worse. A line that is not
+sampled costs one random draw: everything else (the trace id, the input fingerprint) is
+computed only for lines actually written.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.events import BatchRecord, RequestRecord
+from inferd.events import CANCELLED, BatchRecord, RequestRecord
 from inferd.telemetry.tracing import parse_traceparent, server_span_id
 from inferd.types import Tensor
 
@@ -40,6 +41,13 @@ class RequestLogSink:
             if random() >= self.sample_rate:  # rate 0: never; rate 1: always (random() < 1)
                 return
             level = logging.INFO if failure is None else logging.WARNING
+        elif failure == CANCELLED:
+            # The client went away: not a fault of anyone's to warn about. A step of an
+            # ensemble is not logged: the ensemble's own line names the model the client
+            # called and the step it was in.
+            if record.ctx.caller is not None:
+                return
+            level = logging.INFO
         else:
             level = logging.ERROR if failure in _ERROR_REASONS else logging.WARNING
         logger = self.logger
@@ -52,6 +60,9 @@ class RequestLogSink:
         else:
             message = f"{what} failed ({failure}): {record.message}"
         if record.steps:
+            if failure is not None:
+                last = record.steps[-1]  # where it ended: appended as each step ends
+                message += f" (in step {last.number}, {last.model})"
             message += "; steps " + ", ".join(
                 f"{s.number} ({s.model}) {s.duration_ns / 1e6:.3f} ms" for s in record.steps
             )

@@ -226,7 +226,7 @@ def test_the_deadline_covers_the_pipeline_and_names_the_step(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_client_that_leaves_cancels_the_steps_not_yet_run(
-    server: RunningServer, root: Path, protocol: str
+    server: RunningServer, root: Path, protocol: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     tag = f"cancel_{protocol}"
     held = batcher_of(server, f"held_{tag}")
@@ -250,12 +250,21 @@ def test_a_client_that_leaves_cancels_the_steps_not_yet_run(
 
     gate.touch()
     try:
-        asyncio.run(go())
+        with caplog.at_level(logging.INFO, logger="inferd.requests"):
+            asyncio.run(go())
+            deadline = time.monotonic() + 30
+            while not [r for r in caplog.records if getattr(r, "reason", "") == "cancelled"]:
+                assert time.monotonic() < deadline, "the cancelled request was never logged"
+                time.sleep(0.005)
     finally:
         gate.unlink()
     wait_for(held, lambda b: b.inflight() == 0, "step 2's execution ended")
     assert calls(root, f"held_{tag}") == [[8.0]]  # it was already executing
     assert calls(root, f"last_{tag}") == []  # never started
+    # One line, at INFO, under the model the client called, naming the step it was in.
+    (line,) = [r for r in caplog.records if getattr(r, "reason", "") == "cancelled"]
+    assert (line.levelno, getattr(line, "model", "")) == (logging.INFO, f"pipe_{tag}")
+    assert f"(in step 2, held_{tag})" in line.getMessage()
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

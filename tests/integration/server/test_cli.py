@@ -198,6 +198,11 @@ def test_sigterm_exits_cleanly_and_logs(
     assert server.stop() == 0
     output = server.output()
     assert "loaded model mlp version 1" in output
+    # mlp's config sets Triton's delay, which the default policy reads as an upper bound: said
+    # once, with the setting that gives Triton's behaviour; add_sub sets none.
+    assert output.count("model mlp version 1: notice: dynamic_batching.max_queue_delay") == 1
+    assert "parameters.batching_policy `window` does that" in output
+    assert "model add_sub version 1: notice" not in output
     assert "HTTP server listening on http://127.0.0.1:" in output
     assert "gRPC server listening on 127.0.0.1:" in output
     assert "text_stats loaded from 1" in output  # the model's print, in the log
