@@ -63,14 +63,28 @@ def read_backend_settings(config: mc.ModelConfig) -> BackendSettings:
 
 
 def isolation_of(config: mc.ModelConfig) -> str:
-    """A Python model's `isolation`; needed before the spec too (its config completion)."""
-    isolation = parameter(config, "isolation", "thread") or "thread"
-    if isolation not in ISOLATIONS:
+    """A Python model's `isolation`; needed before the spec too (its config completion).
+    A model with its own environment (EXECUTION_ENV_PATH) runs in a process of its own."""
+    given = parameter(config, "isolation", "")
+    if given and given not in ISOLATIONS:
         raise ConfigError(
-            f"{config.name}/config.pbtxt: parameters: isolation '{isolation}' is not "
+            f"{config.name}/config.pbtxt: parameters: isolation '{given}' is not "
             'supported; use "process" (a worker process of its own) or "thread" (default)'
         )
-    return isolation
+    if execution_env_path(config):
+        if given == "thread":
+            raise ConfigError(
+                f"{config.name}/config.pbtxt: parameters: isolation 'thread' cannot run the "
+                "model in its own environment (EXECUTION_ENV_PATH): that needs a process of "
+                'its own; remove isolation or set it to "process"'
+            )
+        return "process"
+    return given or "thread"
+
+
+def execution_env_path(config: mc.ModelConfig) -> str:
+    """A Python model's EXECUTION_ENV_PATH as written ("" when it has none)."""
+    return parameter(config, "EXECUTION_ENV_PATH").strip()
 
 
 def _optional_int(config: mc.ModelConfig, keys: tuple[str, ...]) -> int | None:

@@ -21,7 +21,6 @@ from inferd.config.config_parameters import (
     BACKEND_PARAMETERS,
     INFERD_PARAMETERS,
     PASS_THROUGH_BACKENDS,
-    REFUSED_PARAMETERS,
 )
 
 
@@ -81,8 +80,6 @@ def parameters_table() -> str:
     ]
     for backend, keys in BACKEND_PARAMETERS.items():
         rows += [f"| `{k}` | {backend} | {_cell(v)} |" for k, v in keys.items()]
-    for backend, keys in REFUSED_PARAMETERS.items():
-        rows += [f"| `{k}` | refused for {backend} | {_cell(v)} |" for k, v in keys.items()]
     rows.append(
         f"| any other key | {', '.join(PASS_THROUGH_BACKENDS)}: passed to the model; "
         "other backends: refused | the load fails naming the key and the accepted ones |"

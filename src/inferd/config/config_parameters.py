@@ -128,22 +128,16 @@ BACKEND_PARAMETERS: dict[str, dict[str, str]] = {
     },
     "python": {
         "isolation": "`thread` (default) or `process`, its own worker (docs/python-models.md)",
+        "EXECUTION_ENV_PATH": (
+            "the model's own environment, as Triton's: a conda-pack archive or a virtual "
+            "environment's folder; its worker process runs that interpreter "
+            "(docs/python-models.md#the-models-own-environment)"
+        ),
     },
 }
 
 # Backends whose models receive the whole config and read custom keys themselves.
 PASS_THROUGH_BACKENDS = ("python",)
-
-# Keys a backend's Triton counterpart acts on and inferd does not: refused even where unknown
-# keys pass through.
-REFUSED_PARAMETERS: dict[str, dict[str, str]] = {
-    "python": {
-        "EXECUTION_ENV_PATH": (
-            "inferd runs Python models in the server's own environment, not a packed one; "
-            "install the model's packages there"
-        ),
-    },
-}
 
 
 def accepted_keys(backend: str) -> list[str]:
@@ -156,10 +150,7 @@ def refused_parameters(config: mc.ModelConfig, backend: str) -> list[tuple[str, 
     for key in sorted(config.parameters):
         if key in INFERD_PARAMETERS or key in BACKEND_PARAMETERS.get(backend, {}):
             continue
-        refused = REFUSED_PARAMETERS.get(backend, {}).get(key)
-        if refused:
-            found.append((key, refused))
-        elif backend not in PASS_THROUGH_BACKENDS:
+        if backend not in PASS_THROUGH_BACKENDS:
             found.append(
                 (
                     key,

@@ -4,7 +4,7 @@ by length, and each gets its own answer, its padded outputs cut back to its own 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from inferd.scheduling.batcher import DynamicBatcher
 from tests.support.fault_models import blocker_is_executing
 from tests.support.metrics_scrape import scrape, value
 from tests.support.padding_models import (
@@ -62,6 +63,10 @@ def padding_stats(protocol: str, server: RunningServer, model: str) -> dict[str,
 LENGTHS = (3, 30, 4, 29, 5)  # queued in this order behind the blocker
 
 
+def depth_is(count: int) -> Callable[[DynamicBatcher], bool]:
+    return lambda batcher: batcher.queue_depth() == count
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_queued_requests_leave_grouped_by_length(
     padding_server: RunningServer, gate: Path, protocol: str
@@ -79,10 +84,9 @@ def test_queued_requests_leave_grouped_by_length(
             blocker = pool.submit(infer, protocol, padding_server, PAD_PY, 1, -1)
             wait_for(batcher, blocker_is_executing, "the blocker to execute")
             futures = []
-            for n in LENGTHS:  # one at a time: the queue's order is the list's
-                depth = batcher.queue_depth()
+            for queued, n in enumerate(LENGTHS, 1):  # one at a time: the queue's order is ours
                 futures.append(pool.submit(infer, protocol, padding_server, PAD_PY, n))
-                wait_for(batcher, lambda b, d=depth: b.queue_depth() == d + 1, "one more queued")
+                wait_for(batcher, depth_is(queued), f"{queued} queued")
         finally:
             gate.unlink(missing_ok=True)  # open, even when failing
         blocker.result(timeout=60)

@@ -362,11 +362,14 @@ def test_python_models_receive_unknown_parameters(tmp_path: Path) -> None:
     assert config.parameters["greeting"].string_value == "hi"
 
 
-def test_python_execution_env_is_refused(tmp_path: Path) -> None:
-    extra = 'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "env.tar.gz" } }'
-    message = prepare_error(_python_model(tmp_path, extra))
-    assert message.startswith("m/config.pbtxt: parameters.EXECUTION_ENV_PATH: ")
-    assert "server's own environment" in message
+def test_an_execution_env_runs_in_a_process_and_not_in_a_thread(tmp_path: Path) -> None:
+    env = 'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "env.tar.gz" } }'
+    _, _, _, spec = prepare(_python_model(tmp_path / "implied", env))
+    assert spec.backend.isolation == "process"
+    thread = env + 'parameters { key: "isolation" value: { string_value: "thread" } }'
+    message = prepare_error(_python_model(tmp_path / "thread", thread))
+    assert message.startswith("m/config.pbtxt: parameters: isolation 'thread' cannot run")
+    assert "EXECUTION_ENV_PATH" in message
 
 
 def test_a_backend_specific_field_is_refused_for_other_backends(tmp_path: Path) -> None:

@@ -108,6 +108,8 @@ PARSED: list[tuple[dict[str, str], str, Callable[[ModelSpec], Any], Any]] = [
     ({"intra_op_thread_count": "5"}, "pytorch", lambda s: s.backend.intra_op_thread_count, 5),
     ({"torch_compile": "true"}, "pytorch", lambda s: s.backend.torch_compile, True),
     ({"isolation": "process"}, "python", lambda s: s.backend.isolation, "process"),
+    # its own environment runs in a process of its own (resolved at load: test_execution_env.py)
+    ({"EXECUTION_ENV_PATH": "env"}, "python", lambda s: s.backend.isolation, "process"),
     # A Python model's own keys are its own: inferd neither reads nor judges them.
     ({"execution_mode": "fast"}, "python", lambda s: s.backend.parallel_execution, False),
     ({"model_checksum": "abc"}, "onnxruntime", lambda s: s.batching.policy, "work_conserving"),

@@ -30,7 +30,7 @@ def completed_config(model_name: str, version_dir: Path, config: mc.ModelConfig)
     try:
         module = import_model_module(model_name, version_dir)
     except Exception as exc:
-        raise ConfigError(f"{where}: importing it for auto_complete_config failed: {exc}") from None
+        raise ConfigError(f"{where}: {import_failed(version_dir, exc)}") from None
     try:
         model_class = getattr(module, "TritonPythonModel", None)
         if hasattr(module, "Model") or not hasattr(model_class, "auto_complete_config"):
@@ -49,6 +49,28 @@ def completed_config(model_name: str, version_dir: Path, config: mc.ModelConfig)
         return json.dumps(result.as_dict())
     finally:
         sys.modules.pop(module.__name__, None)
+
+
+def import_failed(version_dir: Path, exc: BaseException) -> str:
+    """What importing model.py (to look for its `auto_complete_config`, as Triton does
+    before a load) failed on, and, for a package it lacks, where packages come from."""
+    try:
+        names_it = "auto_complete_config" in (version_dir / MODEL_FILE).read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        names_it = False
+    why = (
+        "importing it to run its auto_complete_config failed"
+        if names_it
+        else "importing it failed (it is imported before the load to find out whether its "
+        "TritonPythonModel defines auto_complete_config)"
+    )
+    message = f"{why}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, ModuleNotFoundError):
+        message += (
+            " (a model's packages must be in the environment it runs in: the server's, or "
+            "one of its own named by parameters.EXECUTION_ENV_PATH, docs/python-models.md)"
+        )
+    return message
 
 
 def apply_completion(config: mc.ModelConfig, completed: str, version: str) -> None:

@@ -14,6 +14,7 @@ from inferd.backends.base import LoadContext
 from inferd.backends.python.autocomplete import apply_completion, completed_config
 from inferd.backends.python.inferd_model import PythonInstance
 from inferd.backends.python.instantiate import instantiate
+from inferd.backends.python.isolated.execution_env import env_for
 from inferd.backends.python.isolated.isolated_instance import (
     ProcessInstance,
     TritonProcessInstance,
@@ -97,7 +98,7 @@ def start_process_instance(ctx: LoadContext) -> ProcessInstance:
     host = (
         ctx.host.for_instance(ctx.model_name, ctx.array_scope()) if ctx.host is not None else None
     )
-    spec = ProcessSpec.from_context(ctx)
+    spec = ProcessSpec.from_context(ctx, env=env_for(ctx.config, ctx.version_dir))
     try:
         worker, info = start_model_process(spec, lambda w: None, host)
     except BaseException:

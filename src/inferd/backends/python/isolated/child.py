@@ -18,6 +18,7 @@ import dataclasses
 import faulthandler
 import logging
 import pickle
+import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -184,6 +185,10 @@ def child_main(
 ) -> None:
     """The child process: load the model, then answer batches until told to stop."""
     faulthandler.enable()  # a segfault's traceback goes to the inherited stderr
+    if spec.env_paths:
+        # The model's own environment first (spawn gave the child the server's sys.path):
+        # model.py's imports find its packages; inferd's, already imported, stay the server's.
+        sys.path[:0] = [p for p in spec.env_paths if p not in sys.path]
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

@@ -43,6 +43,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferd.backends.base import LoadContext
 from inferd.backends.python.bls_request import current_callers
+from inferd.backends.python.isolated.execution_env import env_for
 from inferd.backends.python.isolated.pipe import (
     STOP_TIMEOUT_S,
     ModelProcess,
@@ -66,7 +67,8 @@ def auto_complete_in_process(config: mc.ModelConfig, version_dir: Path) -> str |
     """TritonPythonModel.auto_complete_config's config, run in a short-lived worker process
     (importing model.py could crash the server too); None when model.py defines none."""
     ctx = LoadContext(config.name, version_dir.name, version_dir, config, 0, 1)
-    worker = ModelProcess(ProcessSpec.from_context(ctx, "auto_complete"), lambda _: None)
+    spec = ProcessSpec.from_context(ctx, "auto_complete", env_for(config, version_dir))
+    worker = ModelProcess(spec, lambda _: None)
     try:
         message = worker.receive()
     except ModelProcessDiedError as exc:

@@ -25,6 +25,7 @@ import itertools
 import logging
 import multiprocessing
 import multiprocessing.sharedctypes  # noqa: F401  (imported up front: see below)
+import multiprocessing.spawn
 import os
 import pickle
 import signal
@@ -51,6 +52,7 @@ from inferd.backends.python.shared_array_store import SharedArrayError
 # imported by two threads at once.
 
 log = logging.getLogger("inferd.backends.python")
+_SPAWN_LOCK = threading.Lock()  # a start with another interpreter: one at a time
 
 _POLL_S = 0.1  # how often a waiting parent checks that the child is still alive
 # A worker that dies while loading (rather than raising) is started again, this many times in
@@ -118,7 +120,19 @@ class ModelProcess:
         )
         self._reap_lock = threading.Lock()
         self.stopping = False
-        self.process.start()
+        if spec.env_python:  # the model's own environment's interpreter (execution_env.py)
+            with _SPAWN_LOCK:
+                # spawn reads one interpreter for every context: set for this start alone.
+                # A start elsewhere racing it would run that interpreter too, of the same
+                # Python version (checked) and on the server's own sys.path (spawn's).
+                server = multiprocessing.spawn.get_executable()
+                ctx.set_executable(spec.env_python)
+                try:
+                    self.process.start()
+                finally:
+                    ctx.set_executable(server)
+        else:
+            self.process.start()
         # Our copies of the child's ends: closed, so that the child's death reads as EOF.
         child_conn.close()
         log_write.close()

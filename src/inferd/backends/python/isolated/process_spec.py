@@ -27,9 +27,15 @@ class ProcessSpec:
     instance_count: int
     log_level: int  # the parent's root level: records below it are not sent
     task: str = "serve"  # or "auto_complete": run auto_complete_config, answer, exit
+    # The model's own environment (EXECUTION_ENV_PATH, execution_env.py): the interpreter
+    # the process runs ("": the server's), and its paths, put first on the child's sys.path.
+    env_python: str = ""
+    env_paths: tuple[str, ...] = ()
 
     @classmethod
-    def from_context(cls, ctx: LoadContext, task: str = "serve") -> ProcessSpec:
+    def from_context(
+        cls, ctx: LoadContext, task: str = "serve", env: tuple[str, tuple[str, ...]] = ("", ())
+    ) -> ProcessSpec:
         return cls(
             ctx.model_name,
             ctx.version,
@@ -39,6 +45,7 @@ class ProcessSpec:
             ctx.instance_count,
             logging.getLogger().getEffectiveLevel(),
             task,
+            *env,
         )
 
     def load_context(self) -> LoadContext:
