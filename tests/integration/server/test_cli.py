@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support.models import EXAMPLES, builders
+from tests.support.models import build_example_repository
 from tests.support.servers import CliServer, free_port, run_cli_server
 
 
@@ -89,9 +88,7 @@ def example_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, str, CliServer]]:
     root = tmp_path_factory.mktemp("examples")
-    repo = root / "models"
-    shutil.copytree(EXAMPLES / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.pt"))
-    builders.build(repo)
+    repo = build_example_repository(root / "models")
     grpc_port = free_port()
     with run_cli_server(repo, root / "server.log", "--grpc-port", str(grpc_port)) as server:
         yield server.url.removeprefix("http://"), f"127.0.0.1:{grpc_port}", server
