@@ -88,6 +88,13 @@ def make_venv(root: Path) -> Path:
     package = Path(purelib) / PACKAGE
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(f'WHERE = "{root.name}"\nBATCH = 4\n')
+    if "coverage" in sys.modules:
+        # `make test` runs under coverage, which follows multiprocessing: the spawned worker
+        # unpickles coverage's start-up hook before anything else, so the environment needs
+        # coverage itself (only it: the model must still not see the server's packages).
+        import coverage
+
+        (Path(purelib) / "coverage").symlink_to(Path(coverage.__file__).parent)
     return root
 
 
