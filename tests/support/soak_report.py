@@ -154,12 +154,13 @@ def process_report(
         row["why_not"] = f"measured {span:.0f} s of the {until - since:.0f} s after warm-up"
         return row
     row["judged"] = True
-    row["rss_mib_per_h"] = round(slope_per_hour([(t, r / 1024) for t, r, _, _ in points]), 2)
-    row["fds_per_h"] = round(slope_per_hour([(t, f) for t, _, f, _ in points]), 2)
-    row["threads_per_h"] = round(slope_per_hour([(t, n) for t, _, _, n in points]), 2)
+    row["rss_mib_per_h"] = round(slope_per_hour([(t, r / 1024) for t, r, *_ in points]), 2)
+    row["fds_per_h"] = round(slope_per_hour([(t, f) for t, _, f, *_ in points]), 2)
+    row["threads_per_h"] = round(slope_per_hour([(t, n) for t, _, _, n, _ in points]), 2)
     row["rss_mib_window"] = [round(points[0][1] / 1024, 1), round(points[-1][1] / 1024, 1)]
     row["fds_window"] = [points[0][2], points[-1][2]]
     row["threads_window"] = [points[0][3], points[-1][3]]
+    row["client_connections_window"] = [points[0][4], points[-1][4]]  # not in fds: moved
     return row
 
 
@@ -302,14 +303,16 @@ def summary(result: dict[str, Any]) -> str:
     lines.append(f"shared cache (Redis tier): {m['cache']}")
     lines.append(f"samples exported by /metrics: {m['exported_samples']}")
     lines.append("")
-    lines.append("processes after warm-up (RSS MiB/h, fds/h, threads/h; least squares)")
+    lines.append("processes after warm-up (RSS MiB/h, fds/h, threads/h; least squares; fds count"
+                 " no open client connection, shown apart as clients)")  # fmt: skip
     for row in result["processes"]:
         if row["judged"]:
             lines.append(
                 f"  {row['role']:<16} pid {row['pid']:<7} RSS {row['rss_mib_window'][0]:>7.1f} -> "
                 f"{row['rss_mib_window'][1]:>7.1f} MiB  {row['rss_mib_per_h']:+8.1f} MiB/h  "
                 f"fds {row['fds_window']} {row['fds_per_h']:+.1f}/h  "
-                f"threads {row['threads_window']} {row['threads_per_h']:+.1f}/h"
+                f"threads {row['threads_window']} {row['threads_per_h']:+.1f}/h  "
+                f"clients {row['client_connections_window']}"
             )
         else:
             lines.append(f"  {row['role']:<16} pid {row['pid']:<7} not judged: {row['why_not']}")

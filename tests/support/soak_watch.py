@@ -103,14 +103,40 @@ class ProcessSeries:
     role: str
     first_seen: float
     started: int | None
-    samples: list[tuple[float, int, int, int]] = field(
-        default_factory=list
-    )  # t, rss KiB, fds, threads
+    # t, rss KiB, descriptors (open client connections not counted), threads, open client
+    # connections
+    samples: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     gone: float | None = None
 
 
-def read_process(pid: int) -> tuple[int, int, int] | None:
-    """(RSS KiB, open descriptors, threads), None once it is gone."""
+TCP_ESTABLISHED = "01"
+
+
+def client_connections(ports: set[int]) -> set[str]:
+    """The socket inodes of the established TCP connections accepted on `ports` (any process).
+
+    With `--workers N` a client's keep-alive connection stays with the worker that accepted
+    it: when a sibling is killed its clients reconnect, land on the survivors (the kernel's
+    SO_REUSEPORT choice) and stay there after it is back. Those are the clients' descriptors,
+    as many as the soak holds open, not the server's: counted apart, so that "descriptors
+    flat" is about what the server itself opens. A connection the client closed and the
+    server did not (CLOSE_WAIT) is not established and stays counted: that is a leak."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == TCP_ESTABLISHED and int(f[1].rsplit(":", 1)[1], 16) in ports:
+                inodes.add(f[9])
+    return inodes
+
+
+def read_process(pid: int, clients: set[str] | None = None) -> tuple[int, int, int, int] | None:
+    """(RSS KiB, open descriptors but the client connections in `clients`, threads, client
+    connections), None once it is gone."""
     try:
         rss = threads = 0
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -118,10 +144,17 @@ def read_process(pid: int) -> tuple[int, int, int] | None:
                 rss = int(line.split()[1])
             elif line.startswith("Threads:"):
                 threads = int(line.split()[1])
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        fds = os.listdir(f"/proc/{pid}/fd")
     except (OSError, ValueError):
         return None
-    return rss, fds, threads
+    connections = 0
+    if clients:
+        for fd in fds:
+            with contextlib.suppress(OSError):  # closed since the listing
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in clients:
+                    connections += 1
+    return rss, len(fds) - connections, threads, connections
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -236,8 +269,9 @@ class Watch:
     def _sample(self) -> None:
         now = time.monotonic()
         roles = family(self.supervisor_pid)
+        clients = client_connections({self.http_port, self.grpc_port, self.metrics_port})
         for pid, role in roles.items():
-            values = read_process(pid)
+            values = read_process(pid, clients)
             if values is None:
                 continue
             series = self.processes.get(pid)

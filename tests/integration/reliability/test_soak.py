@@ -13,6 +13,8 @@ outside a kill and memory that grows each fail the run; their allowed counterpar
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -35,7 +37,14 @@ from tests.support.soak_report import (
 from tests.support.soak_report import process_report as report_of
 from tests.support.soak_repository import write_repository
 from tests.support.soak_requests import MODES, Answer
-from tests.support.soak_watch import Probe, ProcessSeries, increase, slope_per_hour
+from tests.support.soak_watch import (
+    Probe,
+    ProcessSeries,
+    client_connections,
+    increase,
+    read_process,
+    slope_per_hour,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 SOAK_S = 180
@@ -218,10 +227,10 @@ def test_growth_after_warm_up_fails_and_a_restarted_process_warms_up_first() -> 
     young = ProcessSeries(3, "worker", first_seen=500.0, started=3)
     for t in range(0, 601, 5):
         noise = 2048 * ((t // 5) % 3)  # +-2 MiB of noise, no trend
-        flat.samples.append((t, 300 * 1024 + noise, 40 + (t // 5) % 7, 27))
-        leaking.samples.append((t, 300 * 1024 + t * 20, 40, 27))  # 20 KiB/s: 70 MiB/h
+        flat.samples.append((t, 300 * 1024 + noise, 40 + (t // 5) % 7, 27, 6))
+        leaking.samples.append((t, 300 * 1024 + t * 20, 40, 27, 6))  # 20 KiB/s: 70 MiB/h
         if t >= 500:
-            young.samples.append((t, 30 * 1024 + (t - 500) * 3000, 10, 2))  # starting up
+            young.samples.append((t, 30 * 1024 + (t - 500) * 3000, 10, 2, 0))  # starting up
     tally, _ = _tally()
     rows = [report_of(s, since=120.0, until=600.0, warmup_s=120.0, bounds=bounds)
             for s in (flat, leaking, young)]  # fmt: skip
@@ -230,6 +239,26 @@ def test_growth_after_warm_up_fails_and_a_restarted_process_warms_up_first() -> 
     assert "pid 2" in tally.examples["rss_growth"][0]
     assert not rows[2]["judged"]
     assert slope_per_hour([(0, 0), (1800, 16)]) == pytest.approx(32)
+
+
+def test_open_client_connections_are_counted_apart_and_one_left_half_closed_is_not() -> None:
+    """A worker's accepted keep-alive connections are its clients' (they move to a survivor
+    when a sibling is killed); one the client closed and the server kept is a server leak."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        before = read_process(os.getpid(), client_connections({port}))
+        assert before is not None
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        with accepted:
+            during = read_process(os.getpid(), client_connections({port}))
+            assert during is not None
+            assert during[3] == before[3] + 1  # the accepted one: a client's connection
+            assert during[1] == before[1] + 1  # the client's own end is this process's too
+            client.close()  # the server end is now half closed (CLOSE_WAIT): the server's
+            after = read_process(os.getpid(), client_connections({port}))
+            assert after is not None
+            assert (after[1], after[3]) == (before[1] + 1, before[3])
 
 
 def test_counter_increases_survive_a_restarted_worker() -> None:
