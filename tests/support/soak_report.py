@@ -161,6 +161,7 @@ def process_report(
     row["fds_window"] = [points[0][2], points[-1][2]]
     row["threads_window"] = [points[0][3], points[-1][3]]
     row["client_connections_window"] = [points[0][4], points[-1][4]]  # not in fds: moved
+    row["series"] = [list(p) for p in points]  # (t, RSS KiB, fds, threads, clients): --json
     return row
 
 

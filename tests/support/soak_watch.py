@@ -140,6 +140,8 @@ def read_process(pid: int, clients: set[str] | None = None) -> tuple[int, int, i
     try:
         rss = threads = 0
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:") and line.split()[1] in ("Z", "X"):
+                return None  # killed, not yet reaped: no memory, no descriptors; not a sample
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1])
             elif line.startswith("Threads:"):

@@ -261,6 +261,19 @@ def test_open_client_connections_are_counted_apart_and_one_left_half_closed_is_n
             assert (after[1], after[3]) == (before[1] + 1, before[3])
 
 
+def test_a_killed_process_not_yet_reaped_gives_no_sample() -> None:
+    """A zombie has no memory and no descriptors: read as a sample, its zeros would drag a
+    growing process's slope down (a leak hidden by the kill that ends it)."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert read_process(child.pid) is not None
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, left unreaped
+        assert read_process(child.pid) is None
+    finally:
+        child.wait()
+
+
 def test_counter_increases_survive_a_restarted_worker() -> None:
     series = [(0.0, 5.0), (10.0, 9.0), (20.0, 2.0), (30.0, 4.0)]  # reset at 20 s
     assert increase(series) == 4 + 2 + 2
