@@ -17,6 +17,7 @@ one setting never answer lookups made under another.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,9 @@ DIGEST_BYTES = 16  # 128-bit blake2b
 # Request parameters that change when or whether the answer comes, never what it is.
 # `inferd_degrade` (a request's opt-out of degradation tiers) never changes the answer either.
 KEY_EXEMPT_PARAMETERS = frozenset({"priority", "timeout", "inferd_degrade"})
-TEXT_NORMALIZATIONS = ("strip", "lower", "nfc")  # applied in this order
+# Applied in this order. `space`: every run of whitespace one space (a tokenizer that splits
+# on whitespace, as BERT's does, reads "a  b" and "a b" alike).
+TEXT_NORMALIZATIONS = ("strip", "space", "lower", "nfc")
 FLOAT_DATATYPES = frozenset({"FP16", "BF16", "FP32", "FP64"})
 _MAGIC = b"inferd-cache-key/1\n"
 _U32 = struct.Struct(">I")
@@ -53,7 +56,7 @@ class UncacheableRequestError(ValueError):
 @dataclass(frozen=True)
 class KeyOptions:
     float_decimals: int | None = None  # cache_float_decimals: round float inputs first
-    text_normalize: tuple[str, ...] = ()  # cache_text_normalize: any of strip, lower, nfc
+    text_normalize: tuple[str, ...] = ()  # cache_text_normalize: TEXT_NORMALIZATIONS
     encoded: bytes = field(init=False, repr=False, compare=False)  # in every description
 
     def __post_init__(self) -> None:
@@ -153,6 +156,9 @@ def _bytes_elements(
             parts += [b"b", _U64.pack(len(raw)), raw]
 
 
+_WHITESPACE = re.compile(r"\s+")
+
+
 def _normalized(element: Any, steps: tuple[str, ...]) -> Any:
     was_bytes = isinstance(element, bytes | bytearray | memoryview)
     if was_bytes:
@@ -166,6 +172,8 @@ def _normalized(element: Any, steps: tuple[str, ...]) -> Any:
         return element
     if "strip" in steps:
         text = text.strip()
+    if "space" in steps:
+        text = _WHITESPACE.sub(" ", text)
     if "lower" in steps:
         text = text.lower()
     if "nfc" in steps:

@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferd.cache.keys import KeyOptions
+from inferd.cache.keys import TEXT_NORMALIZATIONS, KeyOptions
 from inferd.config.model_config import CONFIG_FILE, ConfigError, parameter
 
 log = logging.getLogger("inferd.repository")
 
 DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
-TEXT_NORMALIZERS = ("strip", "lower", "nfc")  # applied in this order (cache/keys.py)
 CACHE_PARAMETERS = (
     "cache_ttl_seconds",
     "cache_max_entries",
@@ -137,10 +136,10 @@ def _normalizers(config: mc.ModelConfig, where: str) -> tuple[str, ...]:
     raw = parameter(config, "cache_text_normalize")
     names = [n.strip() for n in raw.split(",") if n.strip()]
     for name in names:
-        if name not in TEXT_NORMALIZERS:
+        if name not in TEXT_NORMALIZATIONS:
             raise ConfigError(
                 f"{where}.cache_text_normalize: '{name}' is not one of "
-                f"{', '.join(TEXT_NORMALIZERS)}, got '{raw}'"
+                f"{', '.join(TEXT_NORMALIZATIONS)}, got '{raw}'"
             )
     # Applied in one fixed order whatever the order written, so equal sets key alike.
-    return tuple(n for n in TEXT_NORMALIZERS if n in names)
+    return tuple(n for n in TEXT_NORMALIZATIONS if n in names)

@@ -107,7 +107,7 @@ INFERD_PARAMETERS: dict[str, str] = {
         "with response_cache: float inputs rounded to N decimals (0..15) before keying"
     ),
     "cache_text_normalize": (
-        "with response_cache: BYTES inputs normalised before keying, any of strip,lower,nfc"
+        "with response_cache: BYTES inputs normalised before keying, any of strip,space,lower,nfc"
     ),
     "model_checksum": (
         "set by inferd in the config it serves (the files' sha256); a value given is replaced"

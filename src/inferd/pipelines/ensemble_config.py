@@ -96,13 +96,28 @@ def is_ensemble(config: mc.ModelConfig) -> bool:
     return bool(config.platform == ENSEMBLE_PLATFORM)
 
 
+# The parameters an ensemble reads: its own cache's (the key of its answers: cache_ttl_seconds,
+# cache_text_normalize, ...; cache/model_cache_spec.py reads and checks them).
+ENSEMBLE_PARAMETER_PREFIX = "cache_"
+
+
 def check_ensemble_fields(config: mc.ModelConfig, where: str) -> None:
     """Refuse what an ensemble would ignore (never accept what is not honoured)."""
     for field, _ in config.ListFields():
+        if field.name == "parameters":
+            for key in sorted(config.parameters):
+                if not key.startswith(ENSEMBLE_PARAMETER_PREFIX):
+                    raise GraphError(
+                        f"{where}: parameters.{key}: not read for an ensemble (its steps' "
+                        f"models have their own); an ensemble reads only its cache's "
+                        f"{ENSEMBLE_PARAMETER_PREFIX}* parameters"
+                    )
+            continue
         if field.name not in ENSEMBLE_FIELDS:
             raise GraphError(
                 f"{where}: {field.name}: not read for an ensemble (its steps' models have "
-                "their own); an ensemble sets only " + ", ".join(sorted(ENSEMBLE_FIELDS))
+                "their own); an ensemble sets only "
+                + ", ".join(sorted(ENSEMBLE_FIELDS | {"parameters (cache_*)"}))
             )
     scheduling = config.ensemble_scheduling
     if scheduling.max_inflight_requests:

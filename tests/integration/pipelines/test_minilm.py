@@ -10,12 +10,15 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from inferd.cache.cache_settings import parse_cache_config
 from tests.support.models import EXAMPLES, builders
 from tests.support.protocol_clients import PROTOCOLS, Client
 from tests.support.servers import RunningServer, run_server
@@ -36,12 +39,24 @@ BAD_UTF8 = b"\xff\xfe not text"
 
 
 @pytest.fixture(scope="module")
-def minilm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def minilm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("minilm")
     for name in builders.MINILM_MODELS:
         shutil.copytree(EXAMPLES / "models" / name, repo / name, ignore=_not_in_git)
     builders.build_minilm(repo)
-    with run_server(repo) as running:
+    return repo
+
+
+@pytest.fixture(scope="module")
+def minilm_server(minilm_repo: Path) -> Iterator[RunningServer]:
+    """No server cache: the example's `response_cache` is then off (every request runs)."""
+    with run_server(minilm_repo) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def cached_server(minilm_repo: Path) -> Iterator[RunningServer]:
+    with run_server(minilm_repo, cache=parse_cache_config(["local,size=16M"])) as running:
         yield running
 
 
@@ -186,3 +201,40 @@ def test_the_encoder_reads_ids_outside_the_vocabulary_as_unknown(client: Client)
 
     unknown = encode([101, 100, 100, 102])  # [CLS] [UNK] [UNK] [SEP]
     np.testing.assert_allclose(encode([101, -5, 10**9, 102]), unknown, atol=1e-6)
+
+
+# The same text for the tokenizer (uncased BERT: it lower-cases and splits on whitespace).
+SPELLINGS = ("A man is playing a guitar.", "  a MAN is\tplaying   a Guitar.\n")
+
+
+def test_texts_differing_in_case_and_spacing_are_one_embedding(client: Client) -> None:
+    """Why the example may normalise its cache key so: the model itself reads them alike."""
+    plain, respelled = embed(client, SPELLINGS[0]), embed(client, SPELLINGS[1])
+    np.testing.assert_allclose(plain, respelled, atol=1e-6)
+
+
+def _executions(server: RunningServer, model: str) -> int:
+    stats = httpx.get(f"{server.url}/v2/models/{model}/stats").json()
+    return sum(int(entry["execution_count"]) for entry in stats["model_stats"])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_with_a_server_cache_respellings_share_one_answer(
+    cached_server: RunningServer, protocol: str
+) -> None:
+    client = Client(protocol, cached_server)
+    try:
+        # A sentence of this protocol's own: the other protocol's run filled none of it.
+        first = f"Cached over {protocol}: {SPELLINGS[0]}"
+        again = f"  CACHED   over {protocol.upper()}:{SPELLINGS[1]}"
+        before = _executions(cached_server, "minilm_encoder")
+        filled = embed(client, first)
+        assert _executions(cached_server, "minilm_encoder") == before + 1  # a miss runs
+        hit = embed(client, again)
+        assert _executions(cached_server, "minilm_encoder") == before + 1  # a hit does not
+        np.testing.assert_array_equal(hit, filled)
+        other = embed(client, f"Not cached over {protocol}.")
+        assert _executions(cached_server, "minilm_encoder") == before + 2  # other text runs
+        assert float(other[0] @ filled[0]) < 0.99
+    finally:
+        client.raw.close()

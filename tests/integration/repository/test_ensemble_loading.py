@@ -121,6 +121,19 @@ GRAPH_ERRORS = [
         chain("instances", ["double"]) + "instance_group [ { count: 2 } ]\n",
         "instances/config.pbtxt: instance_group: not read for an ensemble",
     ),
+    (  # an ensemble reads its cache's parameters only
+        "batch_param",
+        chain("batch_param", ["double"])
+        + "response_cache { enable: true }\n"
+        + 'parameters { key: "pad_inputs" value: { string_value: "IN" } }\n',
+        "batch_param/config.pbtxt: parameters.pad_inputs: not read for an ensemble",
+    ),
+    (  # ...and those only with its cache on
+        "cache_param",
+        chain("cache_param", ["double"])
+        + 'parameters { key: "cache_text_normalize" value: { string_value: "lower" } }\n',
+        "cache_param/config.pbtxt: parameters.cache_text_normalize is set but response_cache",
+    ),
     (
         "two_producers",
         ensemble_config(

@@ -296,6 +296,7 @@ def test_rounding_leaves_the_inputs_as_sent():
     ("step", "a", "b", "not_merged"),
     [
         ("strip", b"  hi\n", b"hi", (b"HI", b"hi")),
+        ("space", b"a \t  b\nc", b"a b c", (b"A b", b"a b")),
         ("lower", b"HeLLo", b"hello", (b" hello", b"hello")),
         ("nfc", "e\u0301".encode(), "\u00e9".encode(), (b"E", b"e")),
     ],
@@ -330,7 +331,7 @@ def test_options_are_part_of_the_key():
 def test_bad_options_and_unencodable_parameters_are_refused():
     with pytest.raises(ValueError, match="float_decimals"):
         KeyOptions(float_decimals=16)
-    with pytest.raises(ValueError, match="'upper'.*strip, lower, nfc"):
+    with pytest.raises(ValueError, match="'upper'.*strip, space, lower, nfc"):
         KeyOptions(text_normalize=("upper",))
     with pytest.raises(UncacheableRequestError, match="object"):
         key_of(tensor("x", "FP32", [1.0]), parameters={"p": object()})

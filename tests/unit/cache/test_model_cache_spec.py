@@ -46,7 +46,7 @@ BAD: list[tuple[dict[str, str], str, str]] = [
     ({"cache_float_decimals": "16"}, CACHED,
      P + "cache_float_decimals must be an integer within 0..15, got '16'"),
     ({"cache_text_normalize": "strip,upper"}, CACHED,
-     P + "cache_text_normalize: 'upper' is not one of strip, lower, nfc"),
+     P + "cache_text_normalize: 'upper' is not one of strip, space, lower, nfc"),
     ({"cache_size": "10"}, CACHED, P + "cache_size is not a cache parameter (typo?)"),
     ({"cache_ttl_seconds": "5"}, "",
      P + "cache_ttl_seconds is set but response_cache { enable: true } is not"),
