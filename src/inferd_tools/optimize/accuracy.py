@@ -136,7 +136,7 @@ class Accuracy:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "drop": self.drop,
+            "drop": self.drop if self.has_drop else None,  # None: only embeddings, no drop
             "label_accuracy": self.label_accuracy,
             "original_label_accuracy": self.original_label_accuracy,
             "outputs": [o.to_json() for o in self.outputs],
