@@ -102,7 +102,7 @@ class Evaluation:
             )
         try:
             return measure(runner, model.model_file, self.feeds, self.settings, progress)
-        except Exception as e:
+        except Exception as e:  # as above: the timing feeds are the validation rows
             raise OptimizeError(f"{model.model_file}: the original model does not run: {e}") from e
 
     def _check_embedding_basis(self) -> None:
@@ -131,8 +131,9 @@ class Evaluation:
                 "Embedding models)"
             )
         if self.validation.rows < 2:
+            option = "--samples" if self.validation.synthetic else "--validation"
             raise OptimizeError(
-                f"--validation: {self.validation.rows} sample; the nearest-neighbour agreement "
+                f"{option}: {self.validation.rows} sample; the nearest-neighbour agreement "
                 f"of embedding '{embeddings[0]}' needs at least 2"
             )
 
