@@ -180,3 +180,24 @@ def token_samples(count: int, seed: int, longest: int = 12) -> dict[str, np.ndar
         ids[row, :length] = rng.integers(1, EMBEDDING_VOCABULARY, length)
         mask[row, :length] = 1
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def write_unit_vectors(repo: Path, name: str = "unit", width: int = 16) -> Path:
+    """x FP32 [batch, width] -> MatMul -> L2 normalisation: an embedding of float inputs,
+    which synthetic samples can feed."""
+    w = np.random.default_rng(4).standard_normal((width, width)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["projected"]),
+            helper.make_node("LpNormalization", ["projected"], ["embedding"], axis=1, p=2),
+        ],
+        "unit_vectors",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", builders.OPSET)])
+    model.ir_version = 8
+    model_dir = repo / name
+    builders._save(model, model_dir / "1" / "model.onnx")
+    return model_dir  # no config: completed from the file (max_batch_size 4)

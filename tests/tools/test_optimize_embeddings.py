@@ -17,7 +17,12 @@ import onnxruntime as ort
 import pytest
 
 from tests.support.models import EXAMPLES, builders
-from tests.support.optimize_models import token_samples, write_embedding_encoder, write_mlp
+from tests.support.optimize_models import (
+    token_samples,
+    write_embedding_encoder,
+    write_mlp,
+    write_unit_vectors,
+)
 from tests.support.optimize_runs import Run, optimize
 
 SAMPLES = 64
@@ -111,9 +116,11 @@ def test_int8_that_turns_the_vectors_is_refused_and_fp16_within_the_bound_wins(
     write_embedding_encoder(repo, "outlier", outlier=True)
     run = optimize(
         repo, "outlier", "--try", "int8-dynamic,fp16", "--min-speedup", "0",
-        "--validation", str(validation), report=tmp_path / "report.json",
+        "--validation", str(validation), "--plot", str(tmp_path / "report.png"),
+        report=tmp_path / "report.json",
     )  # fmt: skip
     assert run.code == 0, run.stderr
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     refused = candidate(run, "int8-dynamic")
     assert refused["status"] == "measured" and not refused["eligible"]
     figures = embedding_figures(run, "int8-dynamic")
@@ -160,6 +167,20 @@ def test_token_ids_are_never_random_for_an_embedding_model(tmp_path: Path) -> No
     assert "input 'input_ids' has a variable dimension" in variable.stderr
     assert "(token ids: the tokenised sentences padded to one length" in variable.stderr
     assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == before
+
+
+def test_an_embedding_of_float_inputs_is_judged_on_synthetic_samples(tmp_path: Path) -> None:
+    """Random floats are a fair probe of a float model: only token ids are refused."""
+    repo = tmp_path / "repo"
+    write_unit_vectors(repo)
+    run = optimize(
+        repo, "unit", "--try", "fp16", "--min-speedup", "0", report=tmp_path / "report.json"
+    )
+    assert run.code == 0, run.stderr
+    figures = embedding_figures(run, "fp16")
+    assert figures["samples"] == 64  # optimize_runs' --samples
+    assert figures["cosine_min"] > 0.999 and figures["neighbour_agreement"] == 1.0
+    assert "warning" not in run.report["data"]
 
 
 def test_other_models_with_integer_inputs_are_warned_about_random_values(
@@ -229,6 +250,13 @@ BAD_INPUTS: list[tuple[str, str, Any, str]] = [
         "--min-neighbour-agreement 'most': expected a share in [0, 1] or a percentage, e.g. 95%",
     ),
     (
+        "one synthetic sample has no neighbour",
+        "unit",
+        lambda w: ["--samples", "1"],
+        "--samples: 1 sample; the nearest-neighbour agreement of embedding 'embedding' needs "
+        "at least 2",
+    ),
+    (
         "one sample has no neighbour",
         "encoder",
         lambda w: ["--validation", _samples(w / "one.npz", 1)],
@@ -247,7 +275,12 @@ def test_bad_embedding_options_exit_2_naming_them(
     tmp_path: Path, model: str, arguments: Any, message: str
 ) -> None:
     repo = tmp_path / "repo"
-    write_mlp(repo) if model == "mlp" else write_embedding_encoder(repo, model)
+    if model == "mlp":
+        write_mlp(repo)
+    elif model == "unit":
+        write_unit_vectors(repo)
+    else:
+        write_embedding_encoder(repo, model)
     before = sorted(p.relative_to(repo) for p in repo.rglob("*"))
     run = optimize(repo, model, "--try", "fp16", *arguments(tmp_path))
     assert run.code == 2, run.stdout
