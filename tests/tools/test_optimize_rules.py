@@ -1,6 +1,7 @@
-"""`inferd optimize`'s rules on small arrays: how each output kind's drop is computed, which
-candidate is eligible and which wins, the version policy checks, the timing loop's counts,
-and how data is cut into feeds."""
+"""`inferd optimize`'s rules on small arrays: how each output kind's drop is computed (an
+embedding's cosine similarity and nearest-neighbour agreement), which candidate is eligible
+and which wins, the version policy checks, the timing loop's counts, and how data is cut
+into feeds."""
 
 from __future__ import annotations
 
@@ -86,6 +87,96 @@ def test_output_kinds_from_values_and_options(mlp: OriginalModel) -> None:
         acc.output_kinds(mlp, reference, ["nope"])
 
 
+def test_embeddings_are_named_or_recognised_as_unit_vectors(mlp: OriginalModel) -> None:
+    unit = _circle(0, 45, 200, 300)
+    scaled = unit * 2
+    reference = {"probabilities": scaled, "label": np.zeros((4, 1), np.int64)}
+    assert acc.output_kinds(mlp, reference, [])["probabilities"] == "numeric"
+    named = acc.output_kinds(mlp, reference, [], ["probabilities"])
+    assert named["probabilities"] == "embedding"
+    reference["probabilities"] = unit
+    assert acc.output_kinds(mlp, reference, [])["probabilities"] == "embedding"
+    # A model without batching: [1, d] per sample is one vector too.
+    reference["probabilities"] = unit[:, np.newaxis, :]
+    assert acc.output_kinds(mlp, reference, [])["probabilities"] == "embedding"
+    # Probabilities stay class scores though a one-hot row has unit length.
+    reference["probabilities"] = np.eye(4)
+    assert acc.output_kinds(mlp, reference, [])["probabilities"] == "class"
+    tokens = {"probabilities": np.ones((4, 3, 2)), "label": np.zeros((4, 1), np.int64)}
+    with pytest.raises(OptimizeError, match=r"--embedding-output probabilities: the output is "
+                       r"\[3, 2\] per sample; an embedding is one vector"):  # fmt: skip
+        acc.output_kinds(mlp, tokens, [], ["probabilities"])
+    with pytest.raises(OptimizeError, match="--embedding-output label: the output is not float"):
+        acc.output_kinds(mlp, reference, [], ["label"])
+    with pytest.raises(OptimizeError, match="--embedding-output e: mlp has no such output"):
+        acc.output_kinds(mlp, reference, [], ["e"])
+
+
+def _circle(*degrees: float) -> np.ndarray:
+    radians = np.radians(degrees)
+    return np.stack([np.cos(radians), np.sin(radians)], axis=1)
+
+
+def test_embeddings_count_cosine_similarity_and_nearest_neighbour_agreement() -> None:
+    """Unit vectors at 0, 10, 90 and 100 degrees: 0 and 1 are each other's nearest, 2 and 3
+    too. The candidate turns sample 1 to 50 degrees: it stays sample 0's nearest, but its
+    own nearest is now sample 2 (40 degrees away, against 50)."""
+    original = _circle(0, 10, 90, 100)
+    candidate = _circle(0, 50, 90, 100)
+    assert acc.nearest_neighbours(original).tolist() == [1, 0, 3, 2]
+    assert acc.nearest_neighbours(candidate).tolist() == [1, 2, 3, 2]
+    [found] = acc.compare({"e": original}, {"e": candidate}, {"e": acc.EMBEDDING})
+    figures = found.embedding
+    assert figures is not None
+    assert figures.cosine_min == pytest.approx(math.cos(math.radians(40)))
+    assert figures.worst_sample == 1
+    assert figures.cosine_mean == pytest.approx((3 + math.cos(math.radians(40))) / 4)
+    assert figures.neighbours_agreeing == 3 and found.agreement == 0.75
+    assert found.drop == pytest.approx(1 - math.cos(math.radians(40)))
+    # Cosine, not distance: a vector scaled by 3 is the same embedding.
+    [scaled] = acc.compare({"e": original}, {"e": original * 3}, {"e": acc.EMBEDDING})
+    assert scaled.embedding is not None and scaled.embedding.cosine_min == pytest.approx(1.0)
+    assert scaled.embedding.neighbour_agreement == 1.0
+
+
+def test_the_nearest_neighbour_search_in_blocks_finds_what_a_full_search_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    vectors = np.random.default_rng(3).standard_normal((50, 8))
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    monkeypatch.setattr(acc, "NEIGHBOUR_BLOCK", 7)  # 8 blocks, the last one short
+    assert acc.nearest_neighbours(vectors).tolist() == np.argmax(similarity, axis=1).tolist()
+
+
+def test_an_embedding_that_is_not_finite_or_zero_loses() -> None:
+    original = _circle(0, 10, 90)
+    broken = original.copy()
+    broken[2] = np.nan
+    [found] = acc.compare({"e": original}, {"e": broken}, {"e": acc.EMBEDDING})
+    assert found.embedding is not None and not found.embedding.is_finite
+    assert math.isinf(found.drop)
+    zeroed = original.copy()
+    zeroed[0] = 0.0  # a zero vector points nowhere: its cosine to the original's is 0
+    [zero] = acc.compare({"e": original}, {"e": zeroed}, {"e": acc.EMBEDDING})
+    assert zero.embedding is not None and zero.embedding.cosine_min == 0.0
+
+
+def test_embeddings_take_no_part_in_the_accuracy_drop() -> None:
+    values = np.array([[1.0, 2.0], [2.0, 2.0]])
+    found = acc.compare(
+        {"e": _circle(0, 90), "y": values},
+        {"e": _circle(30, 90), "y": values * 1.1},
+        {"e": acc.EMBEDDING, "y": acc.NUMERIC},
+    )
+    accuracy = acc.Accuracy(found)
+    assert accuracy.drop == pytest.approx(0.1)  # y's; e lost 1 - cos(30 degrees) = 13%
+    assert [o.name for o in accuracy.embeddings] == ["e"]
+    only_embedding = acc.Accuracy([found[0]])
+    assert not only_embedding.has_drop and only_embedding.drop == 0.0
+
+
 def _speed(p50_ms: float, batch: int = 8) -> Speed:
     return Speed(0.0, 1, {batch: Latency(batch, 10, p50_ms, p50_ms, 1.0)})
 
@@ -131,6 +222,47 @@ def test_the_fastest_eligible_candidate_wins_and_the_others_say_why_not() -> Non
     assert pick_winner([_outcome("unjudged", 0.1, 0.0)]) is None
 
 
+def _embedding_outcome(name: str, p50_ms: float, cosines: list[float], agreeing: int) -> Outcome:
+    outcome = Outcome(name, MEASURED, built=Built(name, Path(name), ONNX, ""))
+    outcome.speed = _speed(p50_ms)
+    worst = int(np.argmin(cosines))
+    figures = acc.EmbeddingAgreement(len(cosines), cosines[worst], 0.0, worst, agreeing)
+    output = acc.OutputAgreement(
+        "embedding", acc.EMBEDDING, 0, 0, figures.neighbour_agreement, 1 - cosines[worst], figures
+    )
+    outcome.accuracy = acc.Accuracy([output])
+    return outcome
+
+
+def test_an_embedding_needs_the_cosine_similarity_and_the_neighbours_kept() -> None:
+    original = _speed(1.0)
+    rules = Rules(min_speedup=1.1)  # min_cosine 0.99, min_neighbour_agreement 95%
+    kept = _embedding_outcome("kept", 0.5, [0.999] * 19 + [0.9905], agreeing=19)
+    turned = _embedding_outcome("turned", 0.4, [0.999] * 19 + [0.98123], agreeing=20)
+    shuffled = _embedding_outcome("shuffled", 0.3, [0.999] * 20, agreeing=18)
+    almost = _embedding_outcome("almost", 0.2, [0.999] * 19 + [0.98999995], agreeing=20)
+    for outcome in (kept, turned, shuffled, almost):
+        judge(outcome, original, 8, rules, ONNX)
+    assert kept.eligible
+    assert turned.reason == (
+        "cosine similarity of 'embedding' 0.9812 < 0.99 (min over 20 samples, the least at "
+        "sample 19)"
+    )
+    assert shuffled.reason == (
+        "nearest-neighbour agreement of 'embedding' 90.00% < 95.00% (18 of 20 queries)"
+    )
+    assert almost.reason.startswith("cosine similarity of 'embedding' 0.9899999 < 0.99")
+    assert pick_winner([kept, turned, shuffled, almost]) is kept
+    assert kept.reason == (
+        "won: the fastest eligible candidate, 2.00x, cosine similarity of 'embedding' >= "
+        "0.9905, nearest-neighbour agreement 95.00%"
+    )
+    lenient = Rules(min_speedup=1.1, min_cosine=0.98, min_neighbour_agreement=0.9)
+    for outcome in (turned, shuffled):
+        judge(outcome, original, 8, lenient, ONNX)
+        assert outcome.eligible
+
+
 def _config(text: str) -> mc.ModelConfig:
     return text_format.Parse(text, mc.ModelConfig())
 
@@ -171,6 +303,9 @@ def test_a_canary_needs_both_versions_served_and_the_automatic_rollback(
 @pytest.mark.parametrize(("text", "share"), [("1%", 0.01), ("0.05", 0.05), ("100%", 1.0)])
 def test_drop_limits_are_shares_or_percentages(text: str, share: float) -> None:
     assert parse_share(text) == pytest.approx(share)
+    assert parse_share(text, "--min-neighbour-agreement") == pytest.approx(share)
+    with pytest.raises(OptimizeError, match="--min-neighbour-agreement '101%': expected a share"):
+        parse_share("101%", "--min-neighbour-agreement", "95%")
 
 
 def test_the_timing_loop_runs_past_the_duration_until_min_runs() -> None:

@@ -94,10 +94,16 @@ def synthetic_inputs(model: OriginalModel, rows: int, seed: int) -> Dataset:
     arrays = {}
     for spec in model.inputs:
         if any(d <= 0 for d in spec.dims):
+            tokens = (
+                " (token ids: the tokenised sentences padded to one length, with their "
+                "attention mask; docs/optimize.md, Embedding models)"
+                if spec.dtype.kind in "iu"
+                else ""
+            )
             raise OptimizeError(
                 f"{model.name}: input '{spec.name}' has a variable dimension (dims "
                 f"{list(spec.dims)}), so no synthetic input can be made: give --validation "
-                "(and --calibration) data, whose arrays fix it"
+                f"(and --calibration) data, whose arrays fix it{tokens}"
             )
         shape = (rows, *spec.dims)
         if spec.dtype.kind == "f":
@@ -108,6 +114,11 @@ def synthetic_inputs(model: OriginalModel, rows: int, seed: int) -> Dataset:
             arrays[spec.name] = rng.integers(0, SYNTHETIC_INT_HIGH, shape).astype(spec.dtype)
     source = f"synthetic ({rows} samples from the signature, seed {seed})"
     return Dataset(arrays, rows, source, synthetic=True)
+
+
+def integer_inputs(model: OriginalModel) -> list[str]:
+    """The inputs synthetic data fills with small random integers (token ids, categories)."""
+    return [spec.name for spec in model.inputs if spec.dtype.kind in "iu"]
 
 
 def load_labels(path: Path, rows: int) -> np.ndarray:

@@ -80,10 +80,35 @@ def add_optimize_parser(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "label_filename outputs and outputs that are probabilities)",
     )
     p.add_argument(
+        "--embedding-output",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an output holding one embedding vector per sample, judged by cosine similarity "
+        "and nearest-neighbour agreement (repeatable; default: float outputs whose every "
+        "vector has unit L2 length)",
+    )
+    p.add_argument(
         "--max-accuracy-drop",
         default="1%",
         metavar="X",
         help="largest accuracy drop a candidate may have: a share (0.01) or a percentage (1%%)",
+    )
+    p.add_argument(
+        "--min-cosine",
+        type=float,
+        default=None,
+        metavar="C",
+        help="embedding outputs: least cosine similarity of any validation sample's vector to "
+        "the original's (default: 0.99)",
+    )
+    p.add_argument(
+        "--min-neighbour-agreement",
+        default=None,
+        metavar="S",
+        help="embedding outputs: least share of validation samples whose nearest neighbour "
+        "among the others stays the original's, a share (0.95) or a percentage (95%%) "
+        "(default: 95%%)",
     )
     p.add_argument(
         "--min-speedup",
@@ -146,7 +171,11 @@ class Options:
     validation: Path | None
     labels: Path | None
     class_outputs: list[str]
+    embedding_outputs: list[str]
     max_accuracy_drop: float
+    # None: not given (the rules' default applies, and no embedding output is required)
+    min_cosine: float | None
+    min_neighbour_agreement: float | None
     min_speedup: float
     publish: bool
     canary: int | None
@@ -159,7 +188,7 @@ class Options:
     plot: Path | None
 
 
-def parse_share(text: str) -> float:
+def parse_share(text: str, option: str = "--max-accuracy-drop", example: str = "1%") -> float:
     from inferd_tools.optimize.errors import OptimizeError
 
     raw = text.strip()
@@ -169,7 +198,7 @@ def parse_share(text: str) -> float:
         value = -1.0
     if not 0 <= value <= 1:
         raise OptimizeError(
-            f"--max-accuracy-drop {text!r}: expected a share in [0, 1] or a percentage, e.g. 1%"
+            f"{option} {text!r}: expected a share in [0, 1] or a percentage, e.g. {example}"
         )
     return value
 
@@ -197,6 +226,18 @@ def options_from_args(args: argparse.Namespace) -> Options:
             raise OptimizeError(f"--canary {args.canary}: expected a percentage from 1 to 99")
     if args.min_speedup < 0:
         raise OptimizeError("--min-speedup must not be negative")
+    both = sorted(set(args.class_output) & set(args.embedding_output))
+    if both:
+        raise OptimizeError(
+            f"--embedding-output {both[0]}: also given as --class-output; an output is one kind"
+        )
+    if args.min_cosine is not None and not -1 <= args.min_cosine <= 1:
+        raise OptimizeError(
+            f"--min-cosine {args.min_cosine:g}: expected a cosine similarity in [-1, 1], e.g. 0.99"
+        )
+    agreement = None
+    if args.min_neighbour_agreement is not None:
+        agreement = parse_share(args.min_neighbour_agreement, "--min-neighbour-agreement", "95%")
     if args.duration_s <= 0 or args.samples < 1 or args.wait_s <= 0:
         raise OptimizeError("--duration-s, --samples and --wait-s must be positive")
     return Options(
@@ -208,7 +249,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
         validation=args.validation,
         labels=args.labels,
         class_outputs=list(dict.fromkeys(args.class_output)),
+        embedding_outputs=list(dict.fromkeys(args.embedding_output)),
         max_accuracy_drop=parse_share(args.max_accuracy_drop),
+        min_cosine=args.min_cosine,
+        min_neighbour_agreement=agreement,
         min_speedup=args.min_speedup,
         publish=args.publish,
         canary=args.canary,

@@ -46,6 +46,9 @@ def table(report: Report) -> str:
     for b in sizes:
         head += [f"p50@{b}", f"p99@{b}"]
     head += [f"rows/s@{big}", "size", "load_ms", "speed-up", "drop"]
+    embeddings = any(o.accuracy is not None and o.accuracy.embeddings for o in report.outcomes)
+    if embeddings:
+        head += ["cos_min", "nn_agree"]
     rows = [head]
 
     def speed_cells(speed: Speed | None) -> list[str]:
@@ -58,11 +61,17 @@ def table(report: Report) -> str:
         cells.append(f"{speed.load_s * 1000:.1f}")
         return cells
 
-    rows.append(["original", *speed_cells(report.original), "1.00x", "-"])
+    rows.append(
+        ["original", *speed_cells(report.original), "1.00x", "-"] + ["-"] * (2 * embeddings)
+    )
     for o in report.outcomes:
-        drop = "-" if o.accuracy is None else _percent(o.accuracy.drop)
+        has_drop = o.accuracy is not None and o.accuracy.has_drop
+        drop = _percent(o.accuracy.drop) if o.accuracy is not None and has_drop else "-"
         gain = "-" if math.isnan(o.speedup) else f"{o.speedup:.2f}x"
-        rows.append([o.name + (" *" if o.winner else ""), *speed_cells(o.speed), gain, drop])
+        row = [o.name + (" *" if o.winner else ""), *speed_cells(o.speed), gain, drop]
+        if embeddings:
+            row += _embedding_cells(o)
+        rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     m = report.model
@@ -77,10 +86,23 @@ def table(report: Report) -> str:
         lines.append(f"{o.name}: {'failed: ' if o.status == 'failed' else ''}{o.reason}")
     if report.winner is None:
         lines.append("no eligible candidate: nothing is published")
-    for key in ("validation", "calibration", "labels"):
+    for key in ("validation", "calibration", "labels", "warning"):
         if key in report.data_notes:
             lines.append(f"{key}: {report.data_notes[key]}")
     return "\n".join(lines)
+
+
+def _embedding_cells(outcome: Outcome) -> list[str]:
+    """The least cosine similarity and nearest-neighbour agreement over its embeddings."""
+    found = [] if outcome.accuracy is None else outcome.accuracy.embeddings
+    figures = [o.embedding for o in found if o.embedding is not None]
+    if not figures:
+        return ["-", "-"]
+    if not all(f.is_finite for f in figures):
+        return ["nan", "-"]
+    cosine = min(f.cosine_min for f in figures)
+    agreement = min(f.neighbour_agreement for f in figures)
+    return [f"{cosine:.4f}", _percent(agreement)]
 
 
 def _percent(share: float) -> str:
@@ -114,6 +136,8 @@ def to_json(report: Report) -> dict[str, Any]:
         "rules": {
             "min_speedup": report.rules.min_speedup,
             "max_accuracy_drop": report.rules.max_accuracy_drop,
+            "min_cosine": report.rules.min_cosine,
+            "min_neighbour_agreement": report.rules.min_neighbour_agreement,
         },
         "data": report.data_notes,
         "original": report.original.to_json(),
@@ -151,8 +175,17 @@ def check_plot_available() -> None:
         ) from None
 
 
+def _plotted_loss(outcome: Outcome, by_cosine: bool) -> float:
+    assert outcome.accuracy is not None
+    if not by_cosine:
+        return outcome.accuracy.drop
+    # 1 - the least cosine similarity over its embeddings (inf where one is not finite)
+    return max((o.drop for o in outcome.accuracy.embeddings), default=0.0)
+
+
 def write_plot(report: Report, path: Path) -> None:
-    """p50 latency at the preferred batch against accuracy drop: the original, each
+    """p50 latency at the preferred batch against accuracy drop (for a model whose only
+    outputs are embeddings: against 1 - the least cosine similarity): the original, each
     measured candidate (green when eligible, red when not, a star for the winner), and the
     two limits as dashed lines."""
     check_plot_available()
@@ -164,9 +197,12 @@ def write_plot(report: Report, path: Path) -> None:
     batch = report.batch
     base = report.original.latency[batch].p50_ms
     measured = [o for o in report.outcomes if o.speed is not None and o.accuracy is not None]
-    drops = [o.accuracy.drop * 100 for o in measured if o.accuracy is not None]
+    # An embedding model has no accuracy drop: its x axis is the cosine similarity lost.
+    by_cosine = bool(measured) and not any(o.accuracy and o.accuracy.has_drop for o in measured)
+    limit = (1 - report.rules.min_cosine if by_cosine else report.rules.max_accuracy_drop) * 100
+    drops = [_plotted_loss(o, by_cosine) * 100 for o in measured]
     finite = [d for d in drops if math.isfinite(d)]
-    right = max([report.rules.max_accuracy_drop * 100, *finite, 0.1]) * 1.3
+    right = max([limit, *finite, 0.1]) * 1.3
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot([0], [base], "k*", markersize=12)
     ax.annotate("original", (0, base), textcoords="offset points", xytext=(6, 6), fontsize=8)
@@ -188,10 +224,10 @@ def write_plot(report: Report, path: Path) -> None:
         )
     if report.rules.min_speedup > 0:  # the slowest latency still eligible
         ax.axhline(base / report.rules.min_speedup, color="grey", linestyle="--", linewidth=1)
-    ax.axvline(report.rules.max_accuracy_drop * 100, color="grey", linestyle="--", linewidth=1)
+    ax.axvline(limit, color="grey", linestyle="--", linewidth=1)
     ax.set_xlim(-right * 0.05, right * 1.1)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("accuracy drop (%)")
+    ax.set_xlabel("1 - least cosine similarity (%)" if by_cosine else "accuracy drop (%)")
     ax.set_ylabel(f"p50 latency at batch {batch} (ms)")
     winner = report.winner.name if report.winner else "none"
     ax.set_title(f"{report.model.name} v{report.model.version}: winner {winner}")

@@ -13,7 +13,14 @@ import numpy as np
 
 from inferd_tools.optimize import accuracy as acc
 from inferd_tools.optimize.candidates import DEFAULT_TRIES, INT8_STATIC, CandidateError, build
-from inferd_tools.optimize.data import Dataset, load_inputs, load_labels, synthetic_inputs
+from inferd_tools.optimize.data import (
+    SYNTHETIC_INT_HIGH,
+    Dataset,
+    integer_inputs,
+    load_inputs,
+    load_labels,
+    synthetic_inputs,
+)
 from inferd_tools.optimize.errors import (
     EXIT_NO_WINNER,
     EXIT_OK,
@@ -66,6 +73,7 @@ class Evaluation:
         self.model = model
         self.validation = validation
         self.labels = labels
+        self.options = options
         self.class_outputs = options.class_outputs
         self.settings = MeasureSettings(duration_s=options.duration_s)
         self.feeds = {b: validation.feed(b, model.batched) for b in model.batch_sizes()}
@@ -81,16 +89,53 @@ class Evaluation:
             runner = open_runner(model.model_file, model.format, model)
             progress(f"running {self.validation.rows} validation samples")
             self.reference = acc.collect(runner, model, self.validation)
-            speed = measure(runner, model.model_file, self.feeds, self.settings, progress)
         except Exception as e:  # the model's own runtime error: the user's model is at fault
             raise OptimizeError(f"{model.model_file}: the original model does not run: {e}") from e
-        self.kinds = acc.output_kinds(model, self.reference, self.class_outputs)
+        self.kinds = acc.output_kinds(
+            model, self.reference, self.class_outputs, self.options.embedding_outputs
+        )
+        self._check_embedding_basis()
         if self.labels is not None:
             self.label_output = acc.label_output(self.kinds, self.class_outputs)
             self.original_label_accuracy = acc.label_accuracy(
                 self.reference, self.label_output, self.labels
             )
-        return speed
+        try:
+            return measure(runner, model.model_file, self.feeds, self.settings, progress)
+        except Exception as e:  # as above: the timing feeds are the validation rows
+            raise OptimizeError(f"{model.model_file}: the original model does not run: {e}") from e
+
+    def _check_embedding_basis(self) -> None:
+        """Embeddings are judged on real samples only, and their limits only given for them."""
+        model, options = self.model, self.options
+        embeddings = [name for name, kind in self.kinds.items() if kind == acc.EMBEDDING]
+        if not embeddings:
+            for option, value in (
+                ("--min-cosine", options.min_cosine),
+                ("--min-neighbour-agreement", options.min_neighbour_agreement),
+            ):
+                if value is not None:
+                    kinds = ", ".join(f"{name} ({kind})" for name, kind in self.kinds.items())
+                    raise OptimizeError(
+                        f"{option}: {model.name} has no embedding output (outputs: {kinds}); "
+                        "name one with --embedding-output"
+                    )
+            return
+        integers = integer_inputs(model)
+        if self.validation.synthetic and integers:
+            raise OptimizeError(
+                f"{model.name}: output '{embeddings[0]}' is an embedding and input "
+                f"'{integers[0]}' holds integers (token ids?): random ids are not sentences, "
+                "so candidates would be judged on meaningless samples; give --validation (and "
+                "--calibration): a .npz of the tokenised sentences, padded (docs/optimize.md, "
+                "Embedding models)"
+            )
+        if self.validation.rows < 2:
+            option = "--samples" if self.validation.synthetic else "--validation"
+            raise OptimizeError(
+                f"{option}: {self.validation.rows} sample; the nearest-neighbour agreement "
+                f"of embedding '{embeddings[0]}' needs at least 2"
+            )
 
     def candidate(self, outcome: Outcome, progress: Progress) -> None:
         assert outcome.built is not None
@@ -141,6 +186,13 @@ def _datasets(
         labels = load_labels(options.labels, validation.rows)
         notes["labels"] = f"{options.labels} ({validation.rows} labels)"
     notes["validation"] = validation.source
+    integers = integer_inputs(model)
+    if validation.synthetic and integers:
+        notes["warning"] = (
+            f"integer inputs ({', '.join(integers)}) hold random values in [0, "
+            f"{SYNTHETIC_INT_HIGH}): if they are token ids or categories, these samples are "
+            "not what the model meets; give --validation"
+        )
     notes["calibration"] = calibration.source if INT8_STATIC in tries else "none (no int8-static)"
     if labels is not None:
         notes["accuracy_basis"] = f"the labels in {options.labels}"
@@ -167,7 +219,16 @@ def run(options: Options, out: TextIO | None = None) -> int:
     if options.server is not None:
         server = ServerApi(options.server, model.name)
         server.check(routing=options.canary is not None)
-    rules = Rules(min_speedup=options.min_speedup, max_accuracy_drop=options.max_accuracy_drop)
+    rules = Rules(
+        min_speedup=options.min_speedup,
+        max_accuracy_drop=options.max_accuracy_drop,
+        min_cosine=Rules.min_cosine if options.min_cosine is None else options.min_cosine,
+        min_neighbour_agreement=(
+            Rules.min_neighbour_agreement
+            if options.min_neighbour_agreement is None
+            else options.min_neighbour_agreement
+        ),
+    )
     evaluation = Evaluation(model, validation, labels, options)
     progress = Progress(1 + len(tries))
     progress.start("original")
