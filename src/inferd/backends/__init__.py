@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
+from inferd.backends.import_lock import IMPORT_LOCK
 from inferd.errors import invalid
 
 if TYPE_CHECKING:  # `import inferd` (the Python model API lives below) stays light
@@ -12,14 +12,9 @@ if TYPE_CHECKING:  # `import inferd` (the Python model API lives below) stays li
 
 BACKENDS = ("onnxruntime", "pytorch", "python")  # what `backend:` may name
 
-# Models load concurrently, each in a thread. Two threads importing torch (or onnxruntime)
-# at once can see a half-initialised package: `KeyError: 'torch.version'` was seen at start
-# with the example repository. One import at a time; after the first, a dict lookup.
-_import_lock = threading.Lock()
-
 
 def get_backend(name: str) -> Backend:
-    with _import_lock:
+    with IMPORT_LOCK:  # backend modules import torch or onnxruntime: one import at a time
         return _backend(name)
 
 

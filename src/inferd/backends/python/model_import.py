@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+from inferd.backends.import_lock import IMPORT_LOCK
 from inferd.backends.python import pb_utils
 from inferd.backends.python.model_prints import running_model
 
@@ -55,7 +56,8 @@ def import_model_module(
     # Registered so that pickling and dataclasses inside the model module work.
     sys.modules[module_name] = module
     try:
-        with running_model(model_name), _on_sys_path(version_dir, keep_on_path):
+        # IMPORT_LOCK: what model.py imports must not race another model's imports
+        with IMPORT_LOCK, running_model(model_name), _on_sys_path(version_dir, keep_on_path):
             spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(module_name, None)
