@@ -33,6 +33,9 @@ from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
 from inferd.types import InferRequest, Tensor
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minilm_corpus import corpus  # noqa: E402  (benchmarks/ is not a package)
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LEVELS = (1, 4, 16)
 
@@ -100,22 +103,6 @@ parameters {{ key: "merged" value: {{ string_value: "{merged}" }} }}
 parameters {{ key: "auto_warmup" value: {{ string_value: "false" }} }}
 """
 
-# The corpus's vocabulary: sentences are random draws from it (their lengths are what counts).
-VOCABULARY = (
-    "the a server model request batch sentence token embedding padding length queue client "
-    "answer minute second quick brown fox jumps over lazy dog market fell sharply today "
-    "guitar plays someone man is playing music people city river mountain green"
-)
-
-
-def corpus(count: int = 400, seed: int = 0) -> list[bytes]:
-    """Sentences of 3-60 words, most short, a long tail (lognormal lengths)."""
-    rng = np.random.default_rng(seed)
-    lengths = np.clip(rng.lognormal(np.log(12), 0.7, count), 3, 60).astype(int)
-    return [
-        (" ".join(rng.choice(VOCABULARY.split(), n)).capitalize() + ".").encode() for n in lengths
-    ]
-
 
 def build(repo: Path) -> None:
     spec = importlib.util.spec_from_file_location("build_models", EXAMPLES / "build_models.py")
@@ -162,7 +149,7 @@ async def measure(repo: Path, seconds: float, rounds: int) -> None:
     registry = ModelRegistry(repo, telemetry)
     await registry.load_all()
     dataplane = DataPlane(registry, telemetry)
-    sentences = corpus()
+    sentences = corpus(400)
     shapes = ("minilm", "one_py", "one_py_merged")
     for model in shapes:  # warm-up: every shape, every length bucket once
         await level(dataplane, model, 4, 2.0, sentences)
