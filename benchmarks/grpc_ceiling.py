@@ -7,12 +7,15 @@ parsing, no model, no inferd code. perf_analyzer (C++ client, concurrency 64) lo
 and alternating order each round, inferd over HTTP binary, inferd over gRPC, and the stub.
 
     .venv/bin/python benchmarks/grpc_ceiling.py [--rounds 3] [--duration-s 5] [--concurrency 64]
-        [--stub-uvloop] [--stability 50]
+        [--stub-uvloop] [--stability 50] [--engine N]
 
 The stub's throughput is the most any server built on grpcio's asyncio server can answer on
 this machine with this client; divided by inferd's HTTP binary figure it bounds what inferd's
 gRPC can reach relative to its HTTP (docs/benchmarks.md, "gRPC's ceiling").
-`--stub-uvloop` runs the stub on uvloop, as inferd runs.
+`--stub-uvloop` runs the stub on uvloop, as inferd runs. `--engine N` adds a second inferd,
+`--workers N --engine` (N front ends owning the ports, one engine: docs/workers.md), loaded
+over HTTP binary and gRPC in the same rounds: grpcio's per-call work then runs in the front
+ends' processes, off the engine's thread.
 """
 
 from __future__ import annotations
@@ -106,6 +109,10 @@ def main() -> None:
         "--stability", type=int, default=50,
         help="perf_analyzer's --stability-percentage (raise it on a busy machine)",
     )  # fmt: skip
+    parser.add_argument(
+        "--engine", type=int, default=0, metavar="N",
+        help="also load `inferd serve --workers N --engine` (0: not)",
+    )  # fmt: skip
     parser.add_argument("--stub", nargs=2, metavar=("SOURCE", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.model = "tiny"
@@ -123,9 +130,18 @@ def main() -> None:
          "--log-level", "WARNING"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    bare = None
+    bare = engine = None
     try:
         wait_until_serving(server.pid, http, exit_code=server.poll, listeners=1)
+        if args.engine:
+            e_http, e_grpc = free_port(), free_port()
+            engine = subprocess.Popen(
+                [sys.executable, "-m", "inferd", "serve", "--model-repository", str(repo),
+                 "--http-port", str(e_http), "--grpc-port", str(e_grpc), "--metrics-port",
+                 "0", "--log-level", "WARNING", "--workers", str(args.engine), "--engine"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            wait_until_serving(engine.pid, e_http, exit_code=engine.poll, listeners=args.engine)
         bare = subprocess.Popen(
             [sys.executable, __file__, "--stub", f"127.0.0.1:{grpc_port}", str(stub_port),
              *(["--stub-uvloop"] if args.stub_uvloop else [])],
@@ -137,6 +153,9 @@ def main() -> None:
             "inferd grpc": ("grpc", grpc_port),
             "bare grpc.aio": ("grpc", stub_port),
         }
+        if engine is not None:
+            targets[f"engine{args.engine} http-binary"] = ("http-binary", e_http)
+            targets[f"engine{args.engine} grpc"] = ("grpc", e_grpc)
         runs: dict[str, list[Run]] = {name: [] for name in targets}
         for r in range(args.rounds):
             order = list(targets) if r % 2 == 0 else list(reversed(targets))
@@ -155,7 +174,7 @@ def main() -> None:
             ratio = statistics.median(r[0] for r in got) / base
             print(f"  {name:19} {rps}  (p50 {p50:.2f}, p99 {p99:.2f})  {ratio:.2f}x")
     finally:
-        for process in (bare, server):
+        for process in (bare, engine, server):
             if process is not None:
                 process.terminate()
                 process.wait(timeout=60)
