@@ -33,8 +33,8 @@ from inferd.events import CallContext, Telemetry
 from inferd.repository.registry import ModelRegistry
 from inferd.types import InferRequest, Tensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from minilm_corpus import corpus  # noqa: E402  (benchmarks/ is not a package)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.minilm_corpus import corpus  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LEVELS = (1, 4, 16)

@@ -1,4 +1,4 @@
-"""Serve "tiny" or "mlp" with LitServe (FastAPI/uvicorn front end + inference worker process).
+"""Serve "tiny", "mlp" or "minilm" with LitServe (FastAPI/uvicorn front end + a worker process).
 
     benchmarks/peers/run_peer.sh litserve tiny 8400
     .venv-litserve/bin/python litserve_server.py --model tiny --port 8400 [--no-fast-queue]
@@ -16,6 +16,11 @@ The API server parses the JSON; decode_request/encode_response run in the infere
 fast_queue=True (the default here; --no-fast-queue turns it off) sends the responses back
 over ZeroMQ instead of a multiprocessing Manager queue, as LitServe advises above ~100 req/s.
 Requests always go to the worker through a Manager queue.
+
+--model minilm: text in, embedding out, as inferd's `minilm` ensemble: a v2 body with the
+BYTES input `text` (one sentence per request, shape [1, 1]) and the FP32 output `embedding`
+[1, 384]. predict() gets the batch in arrival order; it is tokenised, padded to its longest
+and encoded at once (common_models.MiniLM, which logs its padding).
 
 Set LITSERVE_BATCH_LOG=1 to have the worker log, once a second while batches come, how many
 batches it ran of each size (requests per batch) and the rows in them; off, it costs nothing.
@@ -99,6 +104,29 @@ class V2Api(ls.LitAPI):
         return common_models.v2_response(self.model_name, output)
 
 
+class MiniLMApi(V2Api):
+    def setup(self, device: str) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as V2Api.setup
+        self.model = common_models.MiniLM()
+        self.stats = _BatchStats() if os.environ.get("LITSERVE_BATCH_LOG") == "1" else None
+
+    def decode_request(self, request):
+        try:
+            return common_models.minilm_request_text(request)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return _BadRequest(f"bad v2 request: {exc!r}")
+
+    def predict(self, inputs: list) -> list:
+        good = [texts for texts in inputs if not isinstance(texts, _BadRequest)]
+        if self.stats is not None:
+            self.stats.add(len(inputs), sum(len(texts) for texts in good))
+        if not good:
+            return inputs
+        embeddings = self.model([text for texts in good for text in texts])
+        parts = iter(np.split(embeddings, np.cumsum([len(texts) for texts in good])[:-1]))
+        return [x if isinstance(x, _BadRequest) else {"embedding": next(parts)} for x in inputs]
+
+
 class _BatchStats:
     """Counts batches by size; a daemon thread logs the totals once a second when they change."""
 
@@ -133,7 +161,7 @@ class _BatchStats:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=sorted(common_models.SIGNATURES), required=True)
+    p.add_argument("--model", choices=[*sorted(common_models.SIGNATURES), "minilm"], required=True)
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument(
         "--no-fast-queue",
@@ -154,7 +182,7 @@ def main() -> None:
     # see stop_peer.sh's SIGINT (uvicorn, which sets its own handlers, would stop alone).
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    api = V2Api(
+    api = (MiniLMApi if args.model == "minilm" else V2Api)(
         args.model,
         max_batch_size=common_models.MAX_BATCH,
         batch_timeout=common_models.MAX_DELAY_S,

@@ -1,4 +1,4 @@
-"""Serve "tiny" or "mlp" with Mosec (Rust HTTP front end + Python worker processes).
+"""Serve "tiny", "mlp" or "minilm" with Mosec (Rust HTTP front end + Python worker processes).
 
     benchmarks/peers/run_peer.sh mosec tiny 8300               # v2 JSON route
     benchmarks/peers/run_peer.sh mosec tiny 8300 --api native  # Mosec's own /inference route
@@ -15,6 +15,11 @@ routes (Mosec answers GET / for health). --api native serves POST /inference wit
 list of 64 floats (one row) and replies with a JSON list (tiny) or
 {"probabilities": [...], "label": n} (mlp): use mosec_infer.lua for it.
 The (de)serialization runs in the worker process, like Mosec's own JSON handling.
+
+--model minilm (v2 only): text in, embedding out, as inferd's `minilm` ensemble: a v2 body
+with the BYTES input `text` (one sentence per request, shape [1, 1]) and the FP32 output
+`embedding` [1, 384]. Mosec hands forward() the batch in arrival order; it is tokenised,
+padded to its longest and encoded at once (common_models.MiniLM, which logs its padding).
 """
 
 from __future__ import annotations
@@ -82,6 +87,29 @@ class _Native(_Base):
         ).encode()
 
 
+class MiniLMV2(Worker):
+    resp_mime_type = "application/json"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = common_models.MiniLM()
+
+    def deserialize(self, data: bytes) -> list[str]:
+        try:
+            return common_models.minilm_request_text(json.loads(data))
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ValidationError(f"bad v2 request: {exc}") from exc
+
+    def forward(self, data: list[list[str]]) -> list[np.ndarray]:
+        # data: one request's sentences per entry of this dynamic batch, in arrival order
+        embeddings = self.model([text for texts in data for text in texts])
+        bounds = np.cumsum([len(texts) for texts in data])[:-1]
+        return np.split(embeddings, bounds)
+
+    def serialize(self, data: np.ndarray) -> bytes:
+        return json.dumps(common_models.v2_response("minilm", {"embedding": data})).encode()
+
+
 # Module-level classes: Mosec spawns worker processes and finds the worker class by name.
 class TinyV2(_V2):
     model_name = "tiny"
@@ -104,17 +132,20 @@ WORKERS = {
     ("mlp", "v2"): MlpV2,
     ("tiny", "native"): TinyNative,
     ("mlp", "native"): MlpNative,
+    ("minilm", "v2"): MiniLMV2,
 }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=sorted(common_models.SIGNATURES), required=True)
+    p.add_argument("--model", choices=[*sorted(common_models.SIGNATURES), "minilm"], required=True)
     p.add_argument("--port", type=int, default=8000, help="HTTP port (read by Mosec itself)")
     p.add_argument("--api", choices=["v2", "native"], default="v2")
     p.add_argument("--workers", type=int, default=1, help="Python worker processes")
     # Mosec parses sys.argv itself (parse_known_args): --port and its other flags reach it.
     args, _ = p.parse_known_args()
+    if (args.model, args.api) not in WORKERS:
+        p.error(f"--model {args.model} has no --api {args.api}")
     route = f"/v2/models/{args.model}/infer" if args.api == "v2" else "/inference"
     runtime = Runtime(
         WORKERS[(args.model, args.api)],

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start one peer server in the background, wait until it answers an inference, print its PID.
 #   usage: benchmarks/peers/run_peer.sh PEER MODEL PORT [EXTRA ARGS...]
-#     PEER:  triton | mlserver | mosec | litserve      MODEL: tiny | mlp
+#     PEER:  triton | mlserver | mosec | litserve      MODEL: tiny | mlp | minilm
+#            (minilm: mlserver, mosec, litserve; text -> embedding, needs `make models`)
 #     PORT:  HTTP port; gRPC (triton, mlserver) on PORT+1, metrics on PORT+2
 #     EXTRA: passed to the server script (e.g. `--api native` for mosec, `--no-fast-queue` for litserve)
 # The server runs in its own session/process group with the PID printed on stdout; stop it
@@ -14,11 +15,16 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [[ $# -ge 3 ]] || { sed -n '2,10p' "$0" >&2; exit 2; }
 PEER="$1" MODEL="$2" PORT="$3"; shift 3
-case "$MODEL" in tiny|mlp) ;; *) echo "unknown model: $MODEL" >&2; exit 2 ;; esac
+case "$MODEL" in tiny|mlp|minilm) ;; *) echo "unknown model: $MODEL" >&2; exit 2 ;; esac
 
 VENV="$HERE/.venv-$PEER"
 [[ -x "$VENV/bin/python" ]] || { echo "no $VENV: run $HERE/setup.sh $PEER" >&2; exit 1; }
 [[ -f "$HERE/results/models/mlp/1/model.onnx" ]] || { echo "no MLP model: run $HERE/setup.sh" >&2; exit 1; }
+if [[ "$MODEL" == minilm ]]; then
+  MINILM="${PEERS_MINILM_MODELS:-$HERE/../../examples/models}"
+  [[ -f "$MINILM/minilm_encoder/1/model.onnx" && -f "$MINILM/minilm_tokenize/1/tokenizer.json" ]] \
+    || { echo "no minilm model in $MINILM: run make models" >&2; exit 1; }
+fi
 mkdir -p "$HERE/results/logs"
 SUFFIX=""
 if [[ $# -gt 0 ]]; then SUFFIX="$(echo "-$*" | tr -cs 'A-Za-z0-9\n' '-')"; fi
@@ -28,6 +34,9 @@ if [[ "$MODEL" == tiny ]]; then IN=INPUT; else IN=input; fi
 ZEROS="$(printf '0,%.0s' {1..63})0"
 URL="http://127.0.0.1:$PORT/v2/models/$MODEL/infer"
 BODY="{\"inputs\":[{\"name\":\"$IN\",\"shape\":[1,64],\"datatype\":\"FP32\",\"data\":[$ZEROS]}]}"
+if [[ "$MODEL" == minilm ]]; then
+  BODY='{"inputs":[{"name":"text","shape":[1,1],"datatype":"BYTES","data":["A man is playing a guitar."]}]}'
+fi
 
 case "$PEER" in
   triton)

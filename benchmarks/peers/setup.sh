@@ -15,14 +15,17 @@ PYTHON="${PYTHON:-python3}"
 
 # Pinned versions (latest on PyPI when this was written).
 ORT="onnxruntime==1.32.0"          # same as inferd's venv
+# The minilm service (text -> embedding) tokenises with `tokenizers` over the example's own
+# tokenizer.json: the version inferd's venv has (Triton runs only tiny and mlp).
+TOK="tokenizers==0.23.3"
 declare -A PINS=(
   [triton]="nvidia-pytriton==0.7.0 $ORT"
   # MLServer 1.7.1's worker process dies at start with uvloop >= 0.22; there is no
   # mlserver-onnx package on PyPI, so the ONNX model uses a custom runtime (mlserver/runtimes.py).
-  [mlserver]="mlserver==1.7.1 uvloop<0.22 $ORT"
-  [mosec]="mosec==0.9.8 $ORT"
+  [mlserver]="mlserver==1.7.1 uvloop<0.22 $ORT $TOK"
+  [mosec]="mosec==0.9.8 $ORT $TOK"
   # LitServe pulls in no torch (numpy models are fine); pyzmq comes with it (fast_queue).
-  [litserve]="litserve==0.2.19 $ORT"
+  [litserve]="litserve==0.2.19 $ORT $TOK"
 )
 
 setup_one() {
@@ -46,7 +49,7 @@ setup_one() {
   fi
   echo "   venv size: $(du -sh "$venv" | cut -f1)"
   "$venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null \
-    | grep -Ei '^(nvidia-pytriton|tritonclient|mlserver|mosec|litserve|onnxruntime|numpy|uvloop|msgspec|fastapi|uvicorn|pyzmq) ' \
+    | grep -Ei '^(nvidia-pytriton|tritonclient|mlserver|mosec|litserve|onnxruntime|numpy|uvloop|msgspec|fastapi|uvicorn|pyzmq|tokenizers) ' \
     | sed 's/^/   /'
 }
 
