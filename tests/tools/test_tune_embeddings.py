@@ -273,6 +273,8 @@ def test_measure_model_must_exercise_the_tuned_model(
 ) -> None:
     base = [ENCODER, "-u", server.url, "--input-data", str(corpus), "--delays-us", "0",
             "--instances", "1", *SHORT]  # fmt: skip
+    assert tune_main(tune_args(*base, "--measure-model", "nosuch")) == 2
+    assert "--measure-model nosuch: model 'nosuch'" in capsys.readouterr().err
     # An ensemble refuses a step that batches less than it does: refused before any load.
     assert tune_main(tune_args(*base, "--measure-model", "minilm", "--max-batch-sizes", "8")) == 2
     assert "below the max_batch_size 32 of ensemble 'minilm'" in capsys.readouterr().err

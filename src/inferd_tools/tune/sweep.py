@@ -118,7 +118,10 @@ async def check_measured(s: SweepSettings, api: RepositoryApi) -> None:
     model, or when that model is an ensemble without the tuned model among its steps:
     otherwise every candidate would fail alike and the sweep would only say so at the end."""
     if s.measure_model and s.measure_model != s.model:
-        config = await api.config(s.measure_model)
+        try:
+            config = await api.config(s.measure_model)
+        except TuneError as e:
+            raise TuneError(f"--measure-model {s.measure_model}: {e}") from None
         steps = (config.get("ensemble_scheduling") or {}).get("step") or []
         names = [str(step.get("model_name")) for step in steps]
         if steps and s.model not in names:
