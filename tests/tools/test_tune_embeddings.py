@@ -103,18 +103,28 @@ def rows(stdout: str) -> list[list[str]]:
     return [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
 
 
+@pytest.mark.parametrize("encoding", ["json", "binary", "grpc"])
 def test_bench_sends_the_entries_in_turn(
-    server: RunningServer, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    server: RunningServer,
+    repo: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    encoding: str,
 ) -> None:
     data = write_input_data(
         tmp_path / "three.json", [{"text": {"content": [s], "shape": [1]}} for s in SENTENCES]
     )
+    where = {
+        "json": ["-u", server.url],
+        "binary": ["-u", server.url, "--http-binary"],  # each body its own header length
+        "grpc": ["-u", server.grpc_address, "-i", "grpc"],
+    }[encoding]
     before = encoder_stats(server)
     report = tmp_path / "run.json"
-    code = bench("-m", "minilm", "-u", server.url, "--input-data", str(data),
-                 "--concurrency", "1", "--warmup-s", "0", "--duration-s", "0.5",
-                 "--json", str(report))  # fmt: skip
+    code = bench("-m", "minilm", *where, "--input-data", str(data), "--concurrency", "1",
+                 "--warmup-s", "0", "--duration-s", "0.5", "--json", str(report))  # fmt: skip
     assert code == 0, capsys.readouterr().err
+    assert json.loads(report.read_text())["levels"][0]["errors"] == {}
     after = encoder_stats(server)
     assert json.loads(report.read_text())["requests"] == 3
     assert "the first of 3 requests, sent in turn" in capsys.readouterr().out

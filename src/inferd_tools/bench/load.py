@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -39,7 +39,8 @@ class Target:
     model: str
     version: str
     bodies: tuple[bytes, ...]  # sent in turn, request by request
-    headers: dict[str, str] = field(default_factory=dict)
+    # HTTP: each body's headers (a binary body's own Inference-Header-Content-Length).
+    headers: tuple[dict[str, str], ...] = ()
     timeout_s: float = 60.0
     max_connections: int = 256  # open loop: requests past it wait in the client (and count)
 
@@ -97,8 +98,10 @@ class LocalSource:
         else:
             self._endpoint = endpoint(self.target.address)
             t = self.target
+            headers = t.headers or ({},) * len(t.bodies)
             self._requests = tuple(
-                build_request(t.address, t.infer_path, body, t.headers) for body in t.bodies
+                build_request(t.address, t.infer_path, body, h)
+                for body, h in zip(t.bodies, headers, strict=True)
             )
             self._watchdog = asyncio.get_running_loop().create_task(self._watch_timeouts())
 

@@ -201,23 +201,24 @@ async def _prepare(config: BenchConfig) -> tuple[Target, list[list[inputs.Tensor
     requests = inputs.make_requests(
         specs, max_batch, config.batch_size, config.shapes, config.input_data, seed=config.seed
     )
-    headers: dict[str, str] = {}
-    bodies = []
+    bodies, headers = [], []
     for tensors in requests:
+        head: dict[str, str] = {}
         if config.protocol == "grpc":
             body = inputs.grpc_body(config.model, config.version, tensors)
         elif config.http_binary:
-            body, headers = inputs.http_binary_body(tensors)
+            body, head = inputs.http_binary_body(tensors)
         else:
-            body, headers = inputs.http_json_body(tensors)
+            body, head = inputs.http_json_body(tensors)
         bodies.append(body)
+        headers.append(head)
     target = Target(
         protocol=config.protocol,
         address=config.address,
         model=config.model,
         version=config.version,
         bodies=tuple(bodies),
-        headers=headers,
+        headers=tuple(headers),
         timeout_s=config.timeout_s,
         max_connections=config.max_connections,
     )
