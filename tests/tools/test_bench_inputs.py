@@ -16,6 +16,7 @@ from inferd_tools.bench.inputs import (
     grpc_body,
     http_binary_body,
     http_json_body,
+    make_requests,
     make_tensors,
     parse_shape_option,
     raw_bytes,
@@ -113,3 +114,30 @@ def test_encodings_carry_the_same_tensors() -> None:
     assert [i.name for i in request.inputs] == ["a", "s"]
     assert list(request.inputs[0].shape) == [1, 3]
     assert request.raw_input_contents[0] == raw_bytes(tensors[0])
+
+
+def test_input_data_entries_make_one_request_each(tmp_path: Path) -> None:
+    """perf_analyzer's format: request i takes entries i*b .. i*b+b-1 (cycling) as its rows."""
+    specs = [TensorSpec("ids", "INT64", (-1, -1))]
+    entries = [{"ids": {"content": [1, 2], "shape": [2]}}, {"ids": [3, 4]}, {"ids": [5, 6]}]
+    data = tmp_path / "in.json"
+    data.write_text(json.dumps({"data": entries}))
+    one = make_requests(specs, 8, 1, {"ids": (2,)}, str(data))
+    assert [r[0].array.tolist() for r in one] == [[[1, 2]], [[3, 4]], [[5, 6]]]
+    two = make_requests(specs, 8, 2, {"ids": (2,)}, str(data))
+    assert [r[0].array.tolist() for r in two] == [
+        [[1, 2], [3, 4]], [[5, 6], [1, 2]], [[3, 4], [5, 6]],
+    ]  # fmt: skip
+    # A plain list of values needs the shape of a variable dim from somewhere.
+    with pytest.raises(BenchError, match="entry 1: input 'ids' has variable dims"):
+        make_requests(specs, 8, 1, {}, str(data))
+    entries[1] = {"ids": {"content": [3, 4, 7], "shape": [3]}}
+    entries[2] = {"ids": {"content": [5, 6], "shape": [2]}}
+    data.write_text(json.dumps({"data": entries}))
+    assert make_requests(specs, 8, 1, {}, str(data))[1][0].shape == (1, 3)
+    with pytest.raises(BenchError, match=r"entries 0-1 make one request of 2 rows \(-b\)"):
+        make_requests(specs, 8, 2, {}, str(data))
+    # inferd's own format, with an input that happens to be called `data`, is one request.
+    data.write_text(json.dumps({"data": [1, 2]}))
+    [request] = make_requests([TensorSpec("data", "INT64", (-1, 2))], 8, 1, {}, str(data))
+    assert request[0].array.tolist() == [[1, 2]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -142,3 +143,14 @@ def test_server_split_reads_grpc_json_strings_and_empty_deltas() -> None:
     assert totals["success_count"] == 4 and totals["inference_count"] == 4
     split = server_split(totals, totals)
     assert split["requests"] == 0 and math.isnan(split["queue_us"])
+
+
+def test_server_split_gives_a_padding_models_padding_share() -> None:
+    def padded(real: int, padded: int) -> dict[str, Any]:
+        entry = _entry("1", 0, 0, 0, 0, 0)
+        entry["padding"] = {"batches": 1, "real_elements": real, "padded_elements": padded}
+        return entry
+
+    split = server_split(stats_totals([padded(100, 100)]), stats_totals([padded(400, 500)]))
+    assert split["padding_pct"] == pytest.approx(100 * (400 - 300) / 400)  # 300 real of 400
+    assert math.isnan(server_split(stats_totals([]), stats_totals([]))["padding_pct"])

@@ -3,7 +3,8 @@
 A `LocalSource` runs in the calling event loop; a `ProcessSource` runs a `LocalSource` in a
 worker process (multiprocessing, spawn) and is driven over a pipe. Requests are encoded
 once, before the load starts (over HTTP the whole request, headers included: see
-`inferd_tools.bench.http`); the hot path only sends bytes and records a time.
+`inferd_tools.bench.http`); the hot path only sends bytes and records a time. A run with
+several requests (a perf_analyzer `--input-data` file's entries) sends them in turn.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,8 +38,9 @@ class Target:
     address: str  # http: http://host:port; grpc: host:port
     model: str
     version: str
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
+    bodies: tuple[bytes, ...]  # sent in turn, request by request
+    # HTTP: each body's headers (a binary body's own Inference-Header-Content-Length).
+    headers: tuple[dict[str, str], ...] = ()
     timeout_s: float = 60.0
     max_connections: int = 256  # open loop: requests past it wait in the client (and count)
 
@@ -62,6 +64,10 @@ class Load:
     poisson: bool = False
     phase_s: float = 0.0
     seed: int = 0
+    # This source's share of several (worker `part` of `parts`): it starts its turn through
+    # the requests at its own offset, so the sources do not send the same ones in step.
+    part: int = 0
+    parts: int = 1
 
 
 class LocalSource:
@@ -72,8 +78,10 @@ class LocalSource:
         self._running = False
         self._channel: Any = None
         self._infer: Any = None
+        # The requests, sent in turn (HTTP: whole requests; gRPC: messages), and the next's.
+        self._requests: tuple[bytes, ...] = ()
+        self._next = 0
         # HTTP: idle keep-alive connections (LIFO), all open ones, and their timeout watch.
-        self._request = b""
         self._idle: list[HttpConnection] = []
         self._conns: set[HttpConnection] = set()
         self._watchdog: asyncio.Task[None] | None = None
@@ -86,10 +94,14 @@ class LocalSource:
             # No serializers: the request is sent as the bytes encoded once, and the response
             # is not parsed (a load generator only needs the status).
             self._infer = self._channel.unary_unary(GRPC_INFER)
+            self._requests = self.target.bodies
         else:
             self._endpoint = endpoint(self.target.address)
-            self._request = build_request(
-                self.target.address, self.target.infer_path, self.target.body, self.target.headers
+            t = self.target
+            headers = t.headers or ({},) * len(t.bodies)
+            self._requests = tuple(
+                build_request(t.address, t.infer_path, body, h)
+                for body, h in zip(t.bodies, headers, strict=True)
             )
             self._watchdog = asyncio.get_running_loop().create_task(self._watch_timeouts())
 
@@ -108,6 +120,13 @@ class LocalSource:
             await self._channel.close()
 
     # --- sending ---------------------------------------------------------------------
+
+    def _take(self) -> bytes:
+        """The next request in turn."""
+        requests = self._requests
+        index = self._next
+        self._next = index + 1 if index + 1 < len(requests) else 0
+        return requests[index]
 
     async def _connect(self) -> HttpConnection:
         host, port, ssl_context = self._endpoint
@@ -135,7 +154,7 @@ class LocalSource:
             except (OSError, TimeoutError):
                 return "connection_error"
         try:
-            status = await conn.request(self._request)
+            status = await conn.request(self._take())
         except TimeoutError:
             self._conns.discard(conn)
             return "timeout"
@@ -173,7 +192,7 @@ class LocalSource:
         import grpc
 
         try:
-            await self._infer(self.target.body, timeout=self.target.timeout_s)
+            await self._infer(self._take(), timeout=self.target.timeout_s)
         except grpc.aio.AioRpcError as e:
             code = str(e.code().name)
             self.samples.note_error(f"{code}: {e.details() or ''}")
@@ -229,6 +248,7 @@ class LocalSource:
     async def start(self, load: Load) -> None:
         await self.stop()
         self._running = True
+        self._next = len(self._requests) * load.part // load.parts
         if load.rate > 0:
             self._spawn(self._open_loop(load))
         else:
@@ -384,9 +404,13 @@ def split_load(load: Load, index: int, workers: int) -> Load:
             poisson=load.poisson,
             phase_s=index / load.rate,
             seed=load.seed * 1000 + index,
+            part=index,
+            parts=workers,
         )
     base, extra = divmod(load.concurrency, workers)
-    return Load(concurrency=base + (1 if index < extra else 0), seed=load.seed)
+    return Load(
+        concurrency=base + (1 if index < extra else 0), seed=load.seed, part=index, parts=workers
+    )
 
 
 def merge(parts: list[Samples]) -> Samples:

@@ -20,7 +20,10 @@ def add_request_options(parser: argparse.ArgumentParser) -> None:
         "--input-data",
         default="random",
         metavar="random|zero|FILE.json",
-        help='input values: random, zeros, or a JSON file {"input name": [values...]}',
+        help='input values: random, zeros, or a JSON file: {"input name": [values...]} (one '
+        "request), or perf_analyzer's --input-data format "
+        '{"data": [{"input name": {"content": [...], "shape": [...]}}, ...]}, one request per '
+        "entry, sent in turn",
     )
     parser.add_argument(
         "--shape",

@@ -66,6 +66,11 @@ def header(result: BenchResult) -> str:
         f"{', ' + loop if loop else ''}; load generator {where} on a {result.cores}-core "
         f"machine; inputs "
         + ", ".join(f"{i['name']} {i['datatype']} {i['shape']}" for i in result.inputs)
+        + (
+            f" (the first of {result.requests} requests, sent in turn)"
+            if result.requests > 1
+            else ""
+        )
     )
 
 
@@ -184,6 +189,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             "cores": result.cores,
             "processes": result.processes,
             "inputs": result.inputs,
+            "requests": result.requests,
             "server_stats": result.server_stats,
             "interrupted": result.interrupted,
             "levels": [level.as_dict() for level in result.levels],

@@ -97,6 +97,9 @@ class BenchConfig:
     max_connections: int = 256
     timeout_s: float = 60.0
     stats_url: str | None = None
+    # The model whose statistics the server-side figures are of (default: `model`): tune
+    # measures through one model (an ensemble) while tuning another (one of its steps).
+    stats_model: str = ""
     seed: int = 0
 
     @property
@@ -175,8 +178,10 @@ class BenchResult:
     levels: list[LevelResult]
     cores: int  # CPU cores the machine has
     processes: int  # worker processes used (1: the load runs in the main process)
-    inputs: list[dict[str, Any]]
+    inputs: list[dict[str, Any]]  # the first request's
     server_stats: bool  # whether the server answered the statistics API
+    # Distinct requests sent in turn (one per entry of a perf_analyzer --input-data file).
+    requests: int = 1
     # Stopped (Ctrl-C) before every level was measured: `levels` holds the finished ones.
     interrupted: bool = False
 
@@ -188,40 +193,46 @@ def _noop(_: str) -> None:
     pass
 
 
-async def _prepare(config: BenchConfig) -> tuple[Target, list[inputs.Tensor], bool]:
+async def _prepare(config: BenchConfig) -> tuple[Target, list[list[inputs.Tensor]], bool]:
     async with ServerApi(config.protocol, config.address, config.model, config.version) as api:
         metadata = await api.metadata()
         max_batch = await api.max_batch_size()
     specs = inputs.specs_from_metadata(metadata)
-    shapes = inputs.resolve_shapes(specs, max_batch, config.batch_size, config.shapes)
-    tensors = inputs.make_tensors(specs, shapes, config.input_data, seed=config.seed)
-    headers: dict[str, str] = {}
-    if config.protocol == "grpc":
-        body = inputs.grpc_body(config.model, config.version, tensors)
-    elif config.http_binary:
-        body, headers = inputs.http_binary_body(tensors)
-    else:
-        body, headers = inputs.http_json_body(tensors)
+    requests = inputs.make_requests(
+        specs, max_batch, config.batch_size, config.shapes, config.input_data, seed=config.seed
+    )
+    bodies, headers = [], []
+    for tensors in requests:
+        head: dict[str, str] = {}
+        if config.protocol == "grpc":
+            body = inputs.grpc_body(config.model, config.version, tensors)
+        elif config.http_binary:
+            body, head = inputs.http_binary_body(tensors)
+        else:
+            body, head = inputs.http_json_body(tensors)
+        bodies.append(body)
+        headers.append(head)
     target = Target(
         protocol=config.protocol,
         address=config.address,
         model=config.model,
         version=config.version,
-        body=body,
-        headers=headers,
+        bodies=tuple(bodies),
+        headers=tuple(headers),
         timeout_s=config.timeout_s,
         max_connections=config.max_connections,
     )
-    return target, tensors, max_batch is not None
+    return target, requests, max_batch is not None
 
 
 def _stats_api(config: BenchConfig) -> ServerApi:
+    model, version = config.model, config.version
+    if config.stats_model:
+        model, version = config.stats_model, ""
     if config.stats_url:
         url = config.stats_url.rstrip("/")
-        return ServerApi(
-            "http", url if "://" in url else f"http://{url}", config.model, config.version
-        )
-    return ServerApi(config.protocol, config.address, config.model, config.version)
+        return ServerApi("http", url if "://" in url else f"http://{url}", model, version)
+    return ServerApi(config.protocol, config.address, model, version)
 
 
 class BenchRun:
@@ -237,7 +248,7 @@ class BenchRun:
     async def execute(self) -> BenchResult:
         config = self.config
         config.validate()
-        target, tensors, _ = await _prepare(config)
+        target, requests, _ = await _prepare(config)
         workers = config.processes
         sources: list[Source]
         if workers == 1:
@@ -256,8 +267,9 @@ class BenchRun:
                 processes=workers,
                 inputs=[
                     {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-                    for t in tensors
+                    for t in requests[0]
                 ],
+                requests=len(requests),
                 server_stats=has_stats,
                 interrupted=True,  # until the last level is in
             )

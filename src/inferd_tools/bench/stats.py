@@ -148,13 +148,18 @@ def stats_totals(model_stats: Iterable[Mapping[str, Any]]) -> dict[str, int]:
             totals[f"{name}_ns"] += int(d.get("ns", 0))
         totals["inference_count"] += int(entry.get("inference_count", 0))
         totals["execution_count"] += int(entry.get("execution_count", 0))
+        # inferd's own, for a model that pads (pad_inputs): what requests sent, what it ran.
+        padding = entry.get("padding", {})
+        totals["real_elements"] += int(padding.get("real_elements", 0))
+        totals["padded_elements"] += int(padding.get("padded_elements", 0))
     return dict(totals)
 
 
 def server_split(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, float]:
     """Per-request server-side averages (microseconds) between two snapshots: the time in the
     queue and in compute_input / compute_infer / compute_output, as Triton counts them (a
-    request counts its whole batch's compute time), and the average batch size."""
+    request counts its whole batch's compute time), the average batch size, and for a model
+    that pads its inputs, the padding's share of the elements it ran, in percent."""
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     successes = delta.get("success_count", 0)
     out: dict[str, float] = {
@@ -173,4 +178,9 @@ def server_split(before: Mapping[str, int], after: Mapping[str, int]) -> dict[st
         out[f"{name}_us"] = avg_us(name)
     execs = delta.get("execution_count", 0)
     out["avg_batch"] = delta.get("inference_count", 0) / execs if execs else math.nan
+    # A padding model's share of what it ran that was padding (NaN: it pads nothing).
+    padded = delta.get("padded_elements", 0)
+    out["padding_pct"] = (
+        100.0 * (padded - delta.get("real_elements", 0)) / padded if padded else math.nan
+    )
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,9 +26,11 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "tune",
         help="sweep a model's batching and instance settings and pick the best under a p99 budget",
         description="Load each candidate config (max_batch_size, preferred batch sizes, "
-        "max_queue_delay_microseconds, instance count) through the server's repository API "
-        "(the server needs --admin-api on, or --model-control-mode explicit), measure it with "
-        "the bench engine over HTTP or gRPC (-i), and report the best: the highest throughput "
+        "max_queue_delay_microseconds, instance count, and where given ONNX Runtime's "
+        "intra-op threads and graph level and a padding model's length grouping) through the "
+        "server's repository API (the server needs --admin-api on, or --model-control-mode "
+        "explicit), measure it with the bench engine over HTTP or gRPC (-i), directly or "
+        "through another model (--measure-model), and report the best: the highest throughput "
         "whose p99 is within --p99-ms. Loading always goes over HTTP (--url); with -i grpc the "
         "measurement goes to --grpc-url. The original config is loaded again at the end. "
         "See docs/tune.md.",
@@ -80,6 +83,44 @@ def add_tune_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         help="dynamic_batching.preferred_batch_size: off (none), on ([max_batch_size]) or both",
     )
     tune.add_argument(
+        "--intra-op-threads",
+        default=None,
+        metavar="LIST",
+        help="ONNX Runtime models: parameters.intra_op_thread_count values (threads of each "
+        "instance's session), e.g. 1,2; default: not swept, as the config has it",
+    )
+    tune.add_argument(
+        "--graph-levels",
+        default=None,
+        metavar="LIST",
+        help="ONNX Runtime models: optimization.graph.level values: -1 (basic), 0 (all), "
+        "1 (extended), 2 (none); write --graph-levels=-1,0 (a list starting with -1 needs the "
+        "=); default: not swept",
+    )
+    tune.add_argument(
+        "--pad-grouping-waste",
+        default=None,
+        metavar="LIST",
+        help="models with pad_inputs: parameters.pad_grouping_waste values (the padding a "
+        "batch may carry, as a share of its real elements, or off: queue order), e.g. "
+        "0.1,0.25,off; default: not swept",
+    )
+    tune.add_argument(
+        "--pad-grouping-window",
+        default=None,
+        metavar="LIST",
+        help="models with pad_inputs: parameters.pad_grouping_window values (queued requests "
+        "looked at for a batch of similar length), e.g. 32,128; default: not swept",
+    )
+    tune.add_argument(
+        "--measure-model",
+        default=None,
+        metavar="NAME",
+        help="send the load to this model (e.g. the ensemble MODEL is a step of, as clients "
+        "call it) while loading configs for MODEL and reading MODEL's statistics; default: "
+        "MODEL itself",
+    )
+    tune.add_argument(
         "--concurrency", type=int, default=8, help="closed loop: requests kept outstanding"
     )
     tune.add_argument(
@@ -112,6 +153,40 @@ def _int_list(option: str, text: str, least: int) -> list[int]:
     return sorted(set(values))
 
 
+def _graph_levels(text: str) -> list[int]:
+    from inferd_tools.tune.candidates import GRAPH_LEVELS
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v not in GRAPH_LEVELS for v in values):
+        named = ", ".join(f"{k} ({v})" for k, v in GRAPH_LEVELS.items())
+        raise TuneError(
+            f"--graph-levels {text!r}: expected a list of optimization.graph.level values: {named}"
+        )
+    return sorted(set(values))
+
+
+def _wastes(text: str) -> list[str]:
+    out: set[str] = set()
+    for raw in (v.strip() for v in text.split(",")):
+        if raw.lower() == "off":
+            out.add("off")
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not 0 <= value < math.inf:
+            raise TuneError(
+                f"--pad-grouping-waste {text!r}: expected numbers >= 0 (the padding a batch may "
+                f"carry, as a share of its real elements) or off, e.g. 0.1,0.25,off; got {raw!r}"
+            )
+        out.add(f"{value:g}")
+    return sorted(out, key=lambda v: math.inf if v == "off" else float(v))
+
+
 def default_grpc_url(http_url: str) -> str:
     """inferd's layout: gRPC on the HTTP port + 1 (8000 and 8001), on the same host."""
     try:
@@ -127,6 +202,7 @@ def default_grpc_url(http_url: str) -> str:
 
 def settings_from_args(args: argparse.Namespace) -> SweepSettings:
     from inferd_tools.bench.inputs import parse_shape_option
+    from inferd_tools.tune.candidates import Axes
     from inferd_tools.tune.sweep import SweepSettings
 
     url = args.url.rstrip("/")
@@ -137,15 +213,29 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
     if args.protocol == "grpc":
         grpc_url = args.grpc_url or default_grpc_url(url)
     preferred = {"off": [False], "on": [True], "both": [False, True]}[args.preferred]
-    s = SweepSettings(
-        url=url,
-        model=args.model,
+    axes = Axes(
         max_batch_sizes=_int_list("--max-batch-sizes", args.max_batch_sizes, 1),
         delays_us=_int_list("--delays-us", args.delays_us, 0),
         # Instance counts go to the server as given: it is the judge of what is valid, and a
         # count it rejects is reported and skipped like any other failed load.
         instances=_int_list("--instances", args.instances, -(2**31)),
         preferred=preferred,
+    )
+    if args.intra_op_threads is not None:
+        axes.intra_op_threads = _int_list("--intra-op-threads", args.intra_op_threads, 1)
+    if args.graph_levels is not None:
+        axes.graph_levels = _graph_levels(args.graph_levels)
+    if args.pad_grouping_waste is not None:
+        axes.pad_wastes = _wastes(args.pad_grouping_waste)
+    if args.pad_grouping_window is not None:
+        axes.pad_windows = _int_list("--pad-grouping-window", args.pad_grouping_window, 1)
+    if args.measure_model is not None and not args.measure_model.strip():
+        raise TuneError("--measure-model: give a model name")
+    s = SweepSettings(
+        url=url,
+        model=args.model,
+        axes=axes,
+        measure_model=(args.measure_model or "").strip(),
         concurrency=args.concurrency,
         duration_s=args.duration_s,
         warmup_s=args.warmup_s,
@@ -169,7 +259,8 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
 
 def main(args: argparse.Namespace) -> int:
     from inferd_tools.bench.errors import BenchError
-    from inferd_tools.tune.sweep import sweep, table, to_pbtxt
+    from inferd_tools.tune.config_file import write_checked
+    from inferd_tools.tune.sweep import sweep, table
 
     try:
         settings = settings_from_args(args)
@@ -188,8 +279,13 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"best: {result.best.candidate.label()}")
         if args.write_config is not None:
-            Path(args.write_config).write_text(to_pbtxt(result.best.config), encoding="utf-8")
-            print(f"wrote {args.write_config}")
+            try:
+                write_checked(Path(args.write_config), result.best.config, result.best.candidate)
+            except TuneError as e:
+                print(f"inferd tune: {e}", file=sys.stderr)
+                code = 1
+            else:
+                print(f"wrote {args.write_config} (read back: it holds the chosen settings)")
     kept = "the best candidate" if args.keep_best and result.best is not None else "the original"
     if result.restored:
         print(f"{settings.model}: {kept} config is loaded again")

@@ -52,12 +52,12 @@ class RepositoryApi:
             doc = {"error": raw[:300].decode(errors="replace")}
         return status, doc
 
-    async def config(self) -> dict[str, Any]:
-        status, doc = await self._call("GET", f"/v2/models/{self.model}/config")
+    async def config(self, model: str = "") -> dict[str, Any]:
+        """The config as served of the tuned model, or of `model`."""
+        model = model or self.model
+        status, doc = await self._call("GET", f"/v2/models/{model}/config")
         if status != 200 or not isinstance(doc, dict):
-            raise TuneError(
-                f"model {self.model!r}: GET config answered {status}: {error_text(doc)}"
-            )
+            raise TuneError(f"model {model!r}: GET config answered {status}: {error_text(doc)}")
         return doc
 
     async def load(self, config: dict[str, Any]) -> tuple[int, str]:

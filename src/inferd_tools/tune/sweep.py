@@ -1,4 +1,4 @@
-"""The sweep itself: candidates from the grid, the repository API calls, one bench run each."""
+"""The sweep itself: the repository API calls, one bench run per candidate, and the table."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as mc
-
 from inferd.public import ADMIN_TOKEN_ENV
 from inferd_tools.bench.api import ServerApi
 from inferd_tools.bench.errors import BenchError
 from inferd_tools.bench.runner import BenchConfig, LevelResult, run
+from inferd_tools.tune.candidates import Axes, Candidate, candidate_config, check_axes, grid
 from inferd_tools.tune.errors import TuneError
 from inferd_tools.tune.repository_api import RepositoryApi
 
@@ -45,24 +43,6 @@ def is_out_of_memory(message: str) -> bool:
     return any(pattern in lowered for pattern in OUT_OF_MEMORY_PATTERNS)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    max_batch_size: int
-    delay_us: int
-    instances: int
-    preferred: bool
-
-    def label(self) -> str:
-        return (
-            f"max_batch_size={self.max_batch_size} delay_us={self.delay_us} "
-            f"instances={self.instances} preferred={'on' if self.preferred else 'off'}"
-        )
-
-    def branch(self) -> tuple[int, int, bool]:
-        """Everything but max_batch_size: a failure skips bigger batches of the same branch."""
-        return (self.delay_us, self.instances, self.preferred)
-
-
 @dataclass
 class Outcome:
     candidate: Candidate
@@ -71,6 +51,10 @@ class Outcome:
     throughput: float = math.nan
     p50_ms: float = math.nan
     p99_ms: float = math.nan
+    # The tuned model's own statistics over the measurement: rows per execution, and the
+    # share of the elements it ran that was padding (NaN: it pads nothing, or no statistics).
+    avg_batch: float = math.nan
+    padding_pct: float = math.nan
     within_budget: bool | None = None  # None: not measured
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -79,10 +63,10 @@ class Outcome:
 class SweepSettings:
     url: str  # http://host:port: the repository API and config calls, always HTTP
     model: str
-    max_batch_sizes: list[int]
-    delays_us: list[int]
-    instances: list[int]
-    preferred: list[bool]
+    axes: Axes
+    # The model the load goes to (default: `model`): an ensemble that `model` is a step of,
+    # as clients call it. Configs are loaded for `model`, and its statistics are read.
+    measure_model: str = ""
     concurrency: int = 8
     duration_s: float = 5.0
     warmup_s: float = 1.0
@@ -100,17 +84,10 @@ class SweepSettings:
     def measure_url(self) -> str:
         return self.grpc_url if self.protocol == "grpc" else self.url
 
-
-def grid(s: SweepSettings) -> list[Candidate]:
-    """Every combination; max_batch_size varies fastest and ascending, so a failure can skip
-    the bigger sizes of its branch."""
-    return [
-        Candidate(m, d, n, p)
-        for p in s.preferred
-        for n in s.instances
-        for d in s.delays_us
-        for m in sorted(s.max_batch_sizes)
-    ]
+    @property
+    def measured(self) -> str:
+        """The model the load goes to."""
+        return self.measure_model or self.model
 
 
 def strip_checksum(config: dict[str, Any]) -> dict[str, Any]:
@@ -120,29 +97,6 @@ def strip_checksum(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(params, dict):
         params.pop(CHECKSUM_PARAMETER, None)
     return doc
-
-
-def candidate_config(original: dict[str, Any], c: Candidate) -> dict[str, Any]:
-    """The original config with the candidate's settings applied."""
-    doc = copy.deepcopy(original)
-    doc["max_batch_size"] = c.max_batch_size
-    batching = dict(doc.get("dynamic_batching") or {})
-    batching["max_queue_delay_microseconds"] = c.delay_us
-    batching["preferred_batch_size"] = [c.max_batch_size] if c.preferred else []
-    doc["dynamic_batching"] = batching
-    groups = doc.get("instance_group") or [{}]
-    first = dict(groups[0])
-    first["count"] = c.instances
-    doc["instance_group"] = [first]
-    return doc
-
-
-def to_pbtxt(config: dict[str, Any]) -> str:
-    """A config (Triton's JSON form) as config.pbtxt text."""
-    message = mc.ModelConfig()
-    json_format.ParseDict(config, message)
-    text: str = text_format.MessageToString(message)
-    return text
 
 
 ADMIN_HINT = (
@@ -159,14 +113,37 @@ def _errors_text(errors: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
 
 
-async def check_grpc(s: SweepSettings) -> None:
-    """Fail fast, before any load, when the gRPC address measured at does not serve the model:
+async def check_measured(s: SweepSettings, api: RepositoryApi) -> None:
+    """Fail fast, before any load, when the address measured at does not serve the measured
+    model, or when that model is an ensemble without the tuned model among its steps:
     otherwise every candidate would fail alike and the sweep would only say so at the end."""
+    if s.measure_model and s.measure_model != s.model:
+        try:
+            config = await api.config(s.measure_model)
+        except TuneError as e:
+            raise TuneError(f"--measure-model {s.measure_model}: {e}") from None
+        steps = (config.get("ensemble_scheduling") or {}).get("step") or []
+        names = [str(step.get("model_name")) for step in steps]
+        if steps and s.model not in names:
+            raise TuneError(
+                f"--measure-model {s.measure_model}: its ensemble steps ({', '.join(names)}) "
+                f"do not include {s.model!r}, so measuring through it would not exercise it"
+            )
+        # An ensemble refuses a step whose max_batch_size is below its own (Triton's rule):
+        # every such candidate would leave it unready.
+        ceiling = int(config.get("max_batch_size") or 0)
+        smaller = [m for m in s.axes.max_batch_sizes if m < ceiling]
+        if steps and smaller:
+            raise TuneError(
+                f"--max-batch-sizes {','.join(map(str, smaller))}: below the max_batch_size "
+                f"{ceiling} of ensemble {s.measure_model!r} (--measure-model), which refuses a "
+                f"step that batches less than it does; use sizes >= {ceiling}"
+            )
     if s.protocol != "grpc":
         return
     try:
-        async with ServerApi("grpc", s.grpc_url, s.model, "") as api:
-            await api.metadata()
+        async with ServerApi("grpc", s.grpc_url, s.measured, "") as grpc_api:
+            await grpc_api.metadata()
     except BenchError as e:
         raise TuneError(f"over gRPC at {s.grpc_url} (--grpc-url): {e}") from None
 
@@ -175,7 +152,8 @@ async def measure(s: SweepSettings) -> LevelResult:
     config = BenchConfig(
         url=s.measure_url,
         protocol=s.protocol,
-        model=s.model,
+        model=s.measured,
+        stats_model=s.model,
         http_binary=s.http_binary,
         input_data=s.input_data,
         shapes=s.shapes,
@@ -204,7 +182,8 @@ async def sweep(
     async with RepositoryApi(s.url, s.model, s.load_timeout_s) as api:
         served = await api.config()
         original = strip_checksum(served)
-        await check_grpc(s)
+        check_axes(original, s.axes, s.model)
+        await check_measured(s, api)
         # Probe the repository API with a reload of the config as served: a 403 here means
         # the admin API is off, before anything has changed.
         status, message = await api.load(original)
@@ -220,8 +199,8 @@ async def sweep(
                 f"model {s.model!r}: reloading its own config answered {status}: {message}"
             )
         outcomes: list[Outcome] = []
-        failed: dict[tuple[int, int, bool], Outcome] = {}
-        candidates = grid(s)
+        failed: dict[tuple[object, ...], Outcome] = {}
+        candidates = grid(s.axes)
         try:
             for i, c in enumerate(candidates, 1):
                 prefix = f"[{i}/{len(candidates)}] {c.label()}"
@@ -299,7 +278,11 @@ async def _try(
         raise TuneError(ADMIN_HINT)
     if status != 200:
         return _failed(outcome, "load failed", f"{status}: {message}", [message], say)
-    say(f"measuring over {s.protocol} for {s.duration_s:g} s at concurrency {s.concurrency}")
+    through = f" through {s.measured}" if s.measured != s.model else ""
+    say(
+        f"measuring{through} over {s.protocol} for {s.duration_s:g} s at concurrency "
+        f"{s.concurrency}"
+    )
     try:
         level = await measure(s)
     except BenchError as e:
@@ -307,14 +290,21 @@ async def _try(
     outcome.throughput = level.throughput
     outcome.p50_ms = level.latency_ms.get("p50", math.nan)
     outcome.p99_ms = level.latency_ms.get("p99", math.nan)
+    if level.server is not None:
+        outcome.avg_batch = level.server["avg_batch"]
+        outcome.padding_pct = level.server["padding_pct"]
     if level.errors:
         detail, messages = _request_errors(level)
         return _failed(outcome, "bench errors", detail, messages, say)
     if level.successes == 0:
         return _failed(outcome, "bench errors", "no request succeeded", [], say)
+    if s.measured != s.model and level.server is not None and not level.server["executions"]:
+        detail = f"{s.measured} answered, but {s.model} executed nothing: it does not call it"
+        return _failed(outcome, "not exercised", detail, [], say)
     outcome.within_budget = s.p99_ms is None or outcome.p99_ms <= s.p99_ms
     say(
-        f"{outcome.throughput:,.1f} req/s, p50 {outcome.p50_ms:.2f} ms, p99 {outcome.p99_ms:.2f} ms"
+        f"{outcome.throughput:,.1f} req/s, p50 {outcome.p50_ms:.2f} ms, p99 {outcome.p99_ms:.2f} "
+        f"ms, {s.model}: {outcome.avg_batch:.2f} rows a batch, {outcome.padding_pct:.1f}% padding"
     )
     return outcome
 
@@ -325,9 +315,30 @@ def pick_best(outcomes: list[Outcome]) -> Outcome | None:
     return max(good, key=lambda o: o.throughput, default=None)
 
 
+# The optional axes' table columns: the Candidate field, its heading.
+AXIS_COLUMNS = (
+    ("intra_op_threads", "threads"),
+    ("graph_level", "graph"),
+    ("pad_waste", "pad_waste"),
+    ("pad_window", "pad_window"),
+)
+
+
+def _figure(value: float, fmt: str) -> str:
+    return "-" if math.isnan(value) else format(value, fmt)
+
+
 def table(outcomes: list[Outcome], best: Outcome | None, p99_budget: float | None) -> str:
-    header = ["#", "max_batch", "delay_us", "instances", "preferred", "req/s", "p50 ms",
-              "p99 ms", "within budget", "note"]  # fmt: skip
+    """One row per candidate: its settings (the optional axes only when swept), what was
+    measured, and the tuned model's own batch size and padding, which say why a row wins."""
+    axes = [
+        (name, heading)
+        for name, heading in AXIS_COLUMNS
+        if any(getattr(o.candidate, name) is not None for o in outcomes)
+    ]
+    header = ["#", "max_batch", "delay_us", "instances", "preferred",
+              *(heading for _, heading in axes), "req/s", "p50 ms", "p99 ms",
+              "avg batch", "pad %", "within budget", "note"]  # fmt: skip
     rows = [header]
     for i, o in enumerate(outcomes, 1):
         c = o.candidate
@@ -341,9 +352,12 @@ def table(outcomes: list[Outcome], best: Outcome | None, p99_budget: float | Non
                 str(c.delay_us),
                 str(c.instances),
                 "on" if c.preferred else "off",
+                *(str(getattr(c, name)) for name, _ in axes),
                 f"{o.throughput:,.1f}" if measured else "-",
                 f"{o.p50_ms:.2f}" if measured else "-",
                 f"{o.p99_ms:.2f}" if measured else "-",
+                _figure(o.avg_batch, ".2f") if measured else "-",
+                _figure(o.padding_pct, ".1f") if measured else "-",
                 verdict,
                 note,
             ]

@@ -7,7 +7,6 @@ input, and a request's sentences are padded to that request's longest only."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from inferd.cache.cache_settings import parse_cache_config
-from tests.support.models import EXAMPLES, builders
+from tests.support.models import build_minilm_repository
 from tests.support.protocol_clients import PROTOCOLS, Client
 from tests.support.servers import RunningServer, run_server
 
@@ -40,11 +39,7 @@ BAD_UTF8 = b"\xff\xfe not text"
 
 @pytest.fixture(scope="module")
 def minilm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repo = tmp_path_factory.mktemp("minilm")
-    for name in builders.MINILM_MODELS:
-        shutil.copytree(EXAMPLES / "models" / name, repo / name, ignore=_not_in_git)
-    builders.build_minilm(repo)
-    return repo
+    return build_minilm_repository(tmp_path_factory.mktemp("minilm"))
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +53,6 @@ def minilm_server(minilm_repo: Path) -> Iterator[RunningServer]:
 def cached_server(minilm_repo: Path) -> Iterator[RunningServer]:
     with run_server(minilm_repo, cache=parse_cache_config(["local,size=16M"])) as running:
         yield running
-
-
-def _not_in_git(folder: str, names: list[str]) -> list[str]:
-    """What `make models` may have built in examples/models: the test builds its own."""
-    return [n for n in names if n in ("model.onnx", "tokenizer.json", "warmup", "__pycache__")]
 
 
 @pytest.fixture(params=PROTOCOLS)
