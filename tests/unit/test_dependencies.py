@@ -73,12 +73,7 @@ def imported_top_levels(files: Iterable[Path]) -> dict[str, Path]:
             else:
                 continue
             for name in names:
-                top = name.split(".")[0]
-                # benchmarks/ is not a package: its scripts import each other by bare name.
-                if not (
-                    path.parent == ROOT / "benchmarks" and (path.parent / f"{top}.py").exists()
-                ):
-                    found.setdefault(top, path)
+                found.setdefault(name.split(".")[0], path)
     local = {"inferd", "inferd_tools", "tests", "benchmarks", "__future__"}  # this repo's
     return {
         name: path
@@ -89,8 +84,7 @@ def imported_top_levels(files: Iterable[Path]) -> dict[str, Path]:
 
 def with_local_imports(files: Iterable[Path]) -> list[Path]:
     """The files and, transitively, the `tests.*` modules they import (the benchmarks reuse
-    the tests' model builders) and the modules of scripts beside them (benchmarks/ is not a
-    package: minilm_shapes.py imports minilm_corpus): what they import must be installed too."""
+    the tests' model builders): what they import must be installed too."""
     todo, seen = list(files), []
     while todo:
         path = todo.pop()
@@ -100,10 +94,6 @@ def with_local_imports(files: Iterable[Path]) -> list[Path]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
                 todo.append(ROOT / (str(node.module).replace(".", "/") + ".py"))
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                sibling = path.parent / f"{node.module.split('.')[0]}.py"
-                if path.parent == ROOT / "benchmarks" and sibling.exists():
-                    todo.append(sibling)
     return sorted(seen)
 
 
