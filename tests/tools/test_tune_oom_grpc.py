@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,7 +18,7 @@ from inferd_tools.tune.sweep import is_out_of_memory
 from tests.support.fault_models import param, write_model
 from tests.support.models import build_good_repository
 from tests.support.servers import RunningServer, run_server
-from tests.support.tune_runs import tune_args
+from tests.support.tune_runs import served_config, tune_args
 
 SHORT = ["--warmup-s", "0.2", "--duration-s", "0.5"]
 ROWS_THAT_FIT = 2  # K: a batch (or a max_batch_size) of more rows runs out of memory
@@ -66,15 +65,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def admin_server(repo: Path) -> Iterator[RunningServer]:
     with run_server(repo, admin_api=True) as running:
         yield running
-
-
-def served_config(server: RunningServer, model: str) -> dict[str, Any]:
-    with server.client() as c:
-        response = c.get(f"/v2/models/{model}/config")
-    assert response.status_code == 200, response.text
-    doc: dict[str, Any] = response.json()
-    doc.get("parameters", {}).pop("model_checksum", None)
-    return doc
 
 
 def notes(stdout: str) -> dict[str, str]:
