@@ -13,7 +13,12 @@ them. Three ways through the corpus, alternating round by round:
 - `batch 32 arrival`: the corpus cut into batches of 32 in its order, each padded to its
   longest member (what a batcher taking requests as they come does);
 - `batch 32 sorted`: the corpus sorted by token count first (not timed), then cut into
-  batches of 32: the least padding 32-row batches can have.
+  batches of 32: the least padding 32-row batches can have;
+- `64 clients grouped`: the batches inferd's length grouping (scheduling/length_groups.py,
+  with the example encoder's `pad_grouping_waste`) forms online for 64 clients, each sending
+  its next sentence the moment its last is answered, with no server around the model: what
+  a server with that policy reaches at 64 connections if everything but the encoder cost
+  nothing. The groups are formed first (not timed), then run as the other ways are.
 
 Per way: sentences/s counting only ONNX Runtime's runs (`ORT alone`) and counting the
 tokenisation and padding too (`with tokenising`), and the padding waste: pad tokens per real
@@ -29,10 +34,12 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +51,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from benchmarks.minilm_corpus import corpus  # noqa: E402
 
+from inferd.scheduling.formation import FormationOptions  # noqa: E402
+from inferd.scheduling.length_groups import form_length_group  # noqa: E402
+
 MODELS = HERE.parent / "examples" / "models"
 MAX_TOKENS = 128
-WAYS = ("batch 1", "batch 32 arrival", "batch 32 sorted")
+WAYS = ("batch 1", "batch 32 arrival", "batch 32 sorted", "64 clients grouped")
+CLIENTS = 64
 
 
 class Encoder:
@@ -93,7 +104,54 @@ def batches(encoder: Encoder, sentences: list[str], way: str) -> list[list[str]]
     if way == "batch 32 sorted":
         lengths = [len(e.ids) for e in encoder.tokenizer.encode_batch(sentences)]
         sentences = [s for _, s in sorted(zip(lengths, sentences, strict=True), key=lambda p: p[0])]
+    if way == "64 clients grouped":
+        lengths = [len(e.ids) for e in encoder.tokenizer.encode_batch(sentences)]
+        return [[sentences[i] for i in group] for group in online_groups(lengths)]
     return [sentences[i : i + 32] for i in range(0, len(sentences), 32)]
+
+
+@dataclass(slots=True)
+class _Request:
+    length: int
+    rows: int = 1
+    shape_key: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(slots=True)
+class _Queued:
+    request: _Request
+    enqueued_ns: int
+    index: int  # the sentence's place in the corpus
+    deadline_ns: int | None = None
+    is_queued: bool = True
+
+
+def online_groups(lengths: list[int]) -> list[list[int]]:
+    """The corpus's sentences (by index) in the batches inferd's length grouping forms for
+    CLIENTS closed-loop clients when nothing but the encoder takes time: every client's
+    request is queued whenever the encoder's one instance is free, and the clients of a batch
+    send the corpus's next sentences as it ends."""
+    config = (MODELS / "minilm_encoder" / "config.pbtxt").read_text()
+    found = re.search(r'key: "pad_grouping_waste" value: \{ string_value: "([\d.]+)" \}', config)
+    if found is None:
+        raise SystemExit("examples/models/minilm_encoder/config.pbtxt: no pad_grouping_waste")
+    options = FormationOptions(32, group_waste=float(found.group(1)), group_window=4 * 32)
+    queue: list[_Queued] = []
+    sent = 0
+    for _ in range(min(CLIENTS, len(lengths))):
+        queue.append(_Queued(_Request(lengths[sent]), sent, sent))
+        sent += 1
+    groups: list[list[int]] = []
+    while queue:
+        formed = form_length_group(queue, options, sent)
+        taken = {id(q) for q in formed.batch}
+        queue = [q for q in queue if id(q) not in taken]
+        groups.append([q.index for q in formed.batch])
+        for _ in formed.batch:
+            if sent < len(lengths):
+                queue.append(_Queued(_Request(lengths[sent]), sent, sent))
+                sent += 1
+    return groups
 
 
 def one_pass(encoder: Encoder, groups: list[list[str]]) -> dict[str, Any]:
