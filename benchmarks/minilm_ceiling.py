@@ -6,7 +6,7 @@ The example's own files (after `make models`): examples/models/minilm_tokenize/1
 tokenizer.json (`tokenizers`, truncation at 128, no padding in the file) and
 examples/models/minilm_encoder/1/model.onnx (ONNX Runtime, intra_op_num_threads 1,
 inter_op_num_threads 1), as inferd's `minilm` ensemble and the peers (benchmarks/peers) run
-them. Three ways through the corpus, alternating round by round:
+them. Four ways through the corpus, alternating round by round:
 
 - `batch 1`: one sentence per run, tokenised then encoded, in corpus order; also each
   sentence's latency (tokenise + run, and the run alone): the reference for one connection;
@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -51,7 +50,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from benchmarks.minilm_corpus import corpus  # noqa: E402
 
-from inferd.scheduling.formation import FormationOptions  # noqa: E402
+from inferd.config.model_config import read_config  # noqa: E402
+from inferd.repository.spec import batching_options  # noqa: E402
 from inferd.scheduling.length_groups import form_length_group  # noqa: E402
 
 MODELS = HERE.parent / "examples" / "models"
@@ -131,11 +131,7 @@ def online_groups(lengths: list[int]) -> list[list[int]]:
     CLIENTS closed-loop clients when nothing but the encoder takes time: every client's
     request is queued whenever the encoder's one instance is free, and the clients of a batch
     send the corpus's next sentences as it ends."""
-    config = (MODELS / "minilm_encoder" / "config.pbtxt").read_text()
-    found = re.search(r'key: "pad_grouping_waste" value: \{ string_value: "([\d.]+)" \}', config)
-    if found is None:
-        raise SystemExit("examples/models/minilm_encoder/config.pbtxt: no pad_grouping_waste")
-    options = FormationOptions(32, group_waste=float(found.group(1)), group_window=4 * 32)
+    options = batching_options(read_config(MODELS / "minilm_encoder")[0])  # as served
     queue: list[_Queued] = []
     sent = 0
     for _ in range(min(CLIENTS, len(lengths))):
