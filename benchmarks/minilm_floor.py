@@ -18,6 +18,7 @@ its order, benchmarks/wrk/minilm_corpus.lua) and the in-process batch-1 pass ove
 corpus; medians over the rounds.
 
     .venv/bin/python benchmarks/minilm_floor.py [SECONDS per run] [ROUNDS]
+    .venv/bin/python benchmarks/minilm_floor.py --hops   # what one hand-over costs here
 
 Needs wrk and `make models` (the minilm example).
 """
@@ -127,6 +128,41 @@ def serve(mode: str, port: int) -> None:
     uvloop.run(main())
 
 
+def hops(calls: int = 300) -> None:
+    """What a hand-over to a worker thread and back costs here (uvloop, `run_in_executor`,
+    one thread): p50 of the loop -> thread and thread -> loop legs, around an empty call and
+    around one encoder run, which leaves the loop's thread idle meanwhile."""
+    import time
+
+    import uvloop
+
+    encoder = Encoder()
+    ids, mask, _ = encoder.tokenise([CHECK[0]])
+    worker = ThreadPoolExecutor(1)
+
+    def call(run: bool) -> tuple[int, int]:
+        started = time.perf_counter_ns()
+        if run:
+            encoder.run(ids, mask)
+        return started, time.perf_counter_ns()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for round_ in range(2):
+            for what, run in (("empty call", False), ("encoder run", True)):
+                there, back = [], []
+                for _ in range(calls):
+                    sent = time.perf_counter_ns()
+                    started, ended = await loop.run_in_executor(worker, call, run)
+                    there.append(started - sent)
+                    back.append(time.perf_counter_ns() - ended)
+                print(f"round {round_ + 1}, {what:11}: loop -> thread p50 "
+                      f"{statistics.median(there) / 1e3:6.1f} us, thread -> loop p50 "
+                      f"{statistics.median(back) / 1e3:6.1f} us", flush=True)  # fmt: skip
+
+    uvloop.run(main())
+
+
 class Bare:
     """A bare server (`serve`) on PORT, in its own process."""
 
@@ -154,11 +190,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("seconds", nargs="?", type=float, default=6, help="per run")
     parser.add_argument("rounds", nargs="?", type=int, default=3)
+    parser.add_argument("--hops", action="store_true", help="only time a thread hand-over")
     parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=PORT, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port)
+        return
+    if args.hops:
+        hops()
         return
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = platform.processor() or platform.machine()
