@@ -11,7 +11,8 @@ author's API (`PythonModel` and friends) is `inferd.__all__`.
 - `read_config`, `ConfigError`: a model directory's `config.pbtxt` parsed into Triton's
   `ModelConfig` message, as the server parses it (errors name the file and the field).
 - `backend_name`, `instance_count`, `int_parameter`: what the server reads from such a
-  config: the backend, the number of instances, an integer `parameters` entry.
+  config: the backend, the number of instances, an integer `parameters` entry;
+  `group_waste`: a `pad_grouping_waste` value as the server reads it.
 - `checksum`: the content checksum of a model version's directory, which the server reports
   as the version's `model_checksum` parameter.
 - `DefaultsOnceFormatter`: the `--help` formatter every `inferd` command uses.
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from inferd.config.model_config import (
         ConfigError,
         backend_name,
+        group_waste,
         instance_count,
         int_parameter,
         read_config,
@@ -40,6 +42,7 @@ __all__ = [
     "DefaultsOnceFormatter",
     "backend_name",
     "checksum",
+    "group_waste",
     "instance_count",
     "int_parameter",
     "read_config",
@@ -49,7 +52,7 @@ __all__ = [
 # `inferd` command imports this module to build its parser, and most never read a config, so
 # these names load on first use (PEP 562).
 _CONFIG_NAMES = frozenset(
-    {"ConfigError", "backend_name", "instance_count", "int_parameter", "read_config"}
+    {"ConfigError", "backend_name", "group_waste", "instance_count", "int_parameter", "read_config"}
 )
 
 

@@ -7,6 +7,7 @@ Backend-specific completion (e.g. ONNX inputs from the model file) happens in th
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -183,6 +184,18 @@ def int_parameter(config: mc.ModelConfig, keys: str | tuple[str, ...], default: 
                     f"{config.name}/config.pbtxt: parameters.{key} must be an integer, got '{raw}'"
                 ) from None
     return default
+
+
+def group_waste(raw: str) -> float | None:
+    """A `pad_grouping_waste` value (scheduling/length_groups.py): the padding a batch may
+    carry, as a share of its real elements (>= 0); -1.0 for `off`; None when it is neither."""
+    if raw.lower() == "off":
+        return -1.0
+    try:
+        waste = float(raw)
+    except ValueError:
+        return None
+    return waste if 0 <= waste < math.inf else None
 
 
 def instance_count(config: mc.ModelConfig) -> int:

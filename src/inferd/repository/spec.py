@@ -23,6 +23,7 @@ from inferd.config.input_limits import InputLimits, read_limits
 from inferd.config.model_config import (
     CONFIG_FILE,
     ConfigError,
+    group_waste,
     instance_count,
     int_parameter,
     parameter,
@@ -157,18 +158,12 @@ def _length_grouping(config: mc.ModelConfig) -> tuple[float, int]:
                     "requests a model pads)"
                 )
         return -1.0, 0
-    if raw_waste.lower() == "off":
-        waste = -1.0
-    else:
-        try:
-            waste = float(raw_waste or "0.25")
-        except ValueError:
-            waste = math.nan
-        if not 0 <= waste < math.inf:
-            raise ConfigError(
-                f"{where}.pad_grouping_waste: must be a number >= 0 (the padding a batch may "
-                f"carry, as a share of its real elements) or `off`, got '{raw_waste}'"
-            )
+    waste = group_waste(raw_waste or "0.25")
+    if waste is None:
+        raise ConfigError(
+            f"{where}.pad_grouping_waste: must be a number >= 0 (the padding a batch may "
+            f"carry, as a share of its real elements) or `off`, got '{raw_waste}'"
+        )
     window = int_parameter(config, "pad_grouping_window", 4 * int(config.max_batch_size))
     if window < 1:
         raise ConfigError(f"{where}.pad_grouping_window: must be >= 1, got {window}")

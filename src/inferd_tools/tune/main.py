@@ -169,21 +169,17 @@ def _graph_levels(text: str) -> list[int]:
 
 
 def _wastes(text: str) -> list[str]:
+    from inferd.public import group_waste  # (reading it loads the config parser)
+
     out: set[str] = set()
     for raw in (v.strip() for v in text.split(",")):
-        if raw.lower() == "off":
-            out.add("off")
-            continue
-        try:
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not 0 <= value < math.inf:
+        value = group_waste(raw)
+        if value is None:
             raise TuneError(
                 f"--pad-grouping-waste {text!r}: expected numbers >= 0 (the padding a batch may "
                 f"carry, as a share of its real elements) or off, e.g. 0.1,0.25,off; got {raw!r}"
             )
-        out.add(f"{value:g}")
+        out.add("off" if value < 0 else f"{value:g}")
     return sorted(out, key=lambda v: math.inf if v == "off" else float(v))
 
 
